@@ -1,0 +1,1 @@
+"""jaxbsd: B-spline decoupling of multivariate functions (R-CMTF-BSD) in JAX."""
