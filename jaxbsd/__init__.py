@@ -1,1 +1,33 @@
-"""jaxbsd: B-spline decoupling of multivariate functions (R-CMTF-BSD) in JAX."""
+"""jaxbsd: B-spline decoupling of multivariate functions (R-CMTF-BSD) in JAX.
+
+``f(x) ≈ W1 g(W0 x)`` with univariate internal functions ``g_i`` (B-splines, polynomials or
+ReLU sums), found by the robust coupled matrix–tensor factorization R-CMTF-BSD.
+"""
+
+from jaxbsd import bases, bspline, metrics, tensor
+from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Status, decouple
+from jaxbsd.decoupled import Decoupled
+from jaxbsd.sampling import sample
+from jaxbsd.tensor import DenseJacobian, StructuredJacobian
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Basis",
+    "BSpline",
+    "CMTFConfig",
+    "Decoupled",
+    "DecouplingResult",
+    "DenseJacobian",
+    "Polynomial",
+    "ReLU",
+    "Status",
+    "StructuredJacobian",
+    "bases",
+    "bspline",
+    "decouple",
+    "metrics",
+    "sample",
+    "tensor",
+]

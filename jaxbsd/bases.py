@@ -1,0 +1,190 @@
+"""Univariate bases for the internal functions g_i of a decoupled model.
+
+Every basis is a frozen, hashable dataclass (so it can be a static argument of ``jax.jit``)
+with one small interface:
+
+* ``num_coef``: number of coefficients ``ν`` of one internal function;
+* ``num_knots``: length of its data-dependent state (``0`` when it has none);
+* ``fit(u) -> knots``: ``(S,) -> (num_knots,)``, recomputed every solver iteration;
+* ``design(u, knots) -> (B, dB)``: values and first derivatives of the basis, ``(S, ν)`` each;
+* ``evaluate(u, knots, coef, derivative=0)``: ``g(u)`` or ``g'(u)`` without a dense matrix.
+
+``BSpline`` is the paper's parameterization; ``Polynomial`` (R-CMTF-PD, monomials on raw
+``u``, ill-conditioning kept on purpose) and ``ReLU`` (Zniyed et al.) are its baselines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxbsd import bspline
+
+__all__ = ["Basis", "BSpline", "Polynomial", "ReLU"]
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+class Basis:
+    """Interface shared by all bases (see the module docstring)."""
+
+    @property
+    def num_coef(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_knots(self) -> int:
+        raise NotImplementedError
+
+    def fit(self, u: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def design(self, u: jax.Array, knots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        raise NotImplementedError
+
+    def evaluate(
+        self, u: jax.Array, knots: jax.Array, coef: jax.Array, derivative: int = 0
+    ) -> jax.Array:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class BSpline(Basis):
+    """Clamped B-splines of degree ``d`` with ``ν = dof`` functions, quantile knots.
+
+    With ``dof == degree + 1`` there are no interior knots and the span is the polynomials of
+    degree ``d`` (paper, Lemma 3).
+    """
+
+    degree: int = 3
+    dof: int = 11
+
+    def __post_init__(self):
+        _check_int("degree", self.degree, 0)
+        _check_int("dof", self.dof, self.degree + 1)
+
+    @property
+    def num_coef(self) -> int:
+        return self.dof
+
+    @property
+    def num_knots(self) -> int:
+        return bspline.num_knots(self.dof, self.degree)
+
+    def fit(self, u):
+        return bspline.quantile_knots(u, self.dof, self.degree)
+
+    def design(self, u, knots):
+        return (
+            bspline.design_matrix(u, knots, self.degree, 0),
+            bspline.design_matrix(u, knots, self.degree, 1),
+        )
+
+    def evaluate(self, u, knots, coef, derivative=0):
+        return bspline.evaluate(u, knots, coef, self.degree, derivative)
+
+
+@dataclasses.dataclass(frozen=True)
+class Polynomial(Basis):
+    """Monomials ``1, u, …, u^d`` on the raw activations (R-CMTF-PD); no knots."""
+
+    degree: int = 3
+
+    def __post_init__(self):
+        _check_int("degree", self.degree, 0)
+
+    @property
+    def num_coef(self) -> int:
+        return self.degree + 1
+
+    @property
+    def num_knots(self) -> int:
+        return 0
+
+    def fit(self, u):
+        return jnp.zeros((0,), jnp.asarray(u).dtype)
+
+    def _powers(self, u, derivative):
+        """``(..., d + 1)`` derivatives of order ``derivative`` of ``u**j``, ``j = 0 … d``.
+
+        Powers by cumulative products, not ``u ** j``: no ``log`` in the gradient at ``u = 0``.
+        """
+        d = self.degree
+        ones = jnp.ones(u.shape + (1,), u.dtype)
+        powers = jnp.concatenate([ones, jnp.cumprod(jnp.repeat(u[..., None], d, -1), -1)], -1)
+        if derivative == 0:
+            return powers
+        j = jnp.arange(d + 1)
+        factor = jnp.ones((d + 1,), u.dtype)
+        for q in range(derivative):
+            factor = factor * jnp.maximum(j - q, 0)
+        zeros = jnp.zeros(u.shape + (min(derivative, d + 1),), u.dtype)
+        shifted = jnp.concatenate([zeros, powers[..., : d + 1 - derivative]], -1)
+        return factor * shifted
+
+    def design(self, u, knots):
+        return self._powers(u, 0), self._powers(u, 1)
+
+    def evaluate(self, u, knots, coef, derivative=0):
+        # Horner on the differentiated coefficients: stable and cheap.
+        j = jnp.arange(self.degree + 1)
+        factor = jnp.ones((self.degree + 1,), coef.dtype)
+        for q in range(derivative):
+            factor = factor * jnp.maximum(j - q, 0)
+        c = (coef * factor)[derivative:]
+        out = jnp.zeros_like(u)
+        for cj in c[::-1]:
+            out = out * u + cj
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ReLU(Basis):
+    """``1`` and ``ReLU(u − t_j)``, ``j = 1 … ν − 1``, breakpoints at quantiles (Zniyed et al.).
+
+    The breakpoints sit at the quantile levels ``j / ν`` of the activations, snapped to the
+    nearest sample. The span is the degree-1 splines whose leftmost piece is constant: a
+    strict subspace of the degree-1 B-splines on the same breakpoints (paper, Lemma 2).
+    """
+
+    dof: int = 4
+
+    def __post_init__(self):
+        _check_int("dof", self.dof, 1)
+
+    @property
+    def num_coef(self) -> int:
+        return self.dof
+
+    @property
+    def num_knots(self) -> int:
+        return self.dof - 1
+
+    def fit(self, u):
+        u = jnp.asarray(u)
+        if self.dof == 1:
+            return jnp.zeros((0,), u.dtype)
+        us = jnp.sort(u)
+        levels = jnp.arange(1, self.dof, dtype=us.dtype) / self.dof
+        return bspline._nearest_samples(us, jnp.quantile(us, levels))
+
+    def _columns(self, u, knots, derivative):
+        shifted = u[..., None] - knots
+        if derivative == 0:
+            ones = jnp.ones(u.shape + (1,), u.dtype)
+            return jnp.concatenate([ones, jnp.maximum(shifted, 0)], axis=-1)
+        zeros = jnp.zeros(u.shape + (1,), u.dtype)
+        if derivative == 1:
+            return jnp.concatenate([zeros, (shifted > 0).astype(u.dtype)], axis=-1)
+        return jnp.zeros(u.shape + (self.dof,), u.dtype)
+
+    def design(self, u, knots):
+        return self._columns(u, knots, 0), self._columns(u, knots, 1)
+
+    def evaluate(self, u, knots, coef, derivative=0):
+        return self._columns(u, knots, derivative) @ coef

@@ -1,0 +1,520 @@
+"""R-CMTF-BSD: robust coupled matrix–tensor factorization with basis-constrained factors.
+
+Solves (paper, eq. (final_optimization))::
+
+    min  ‖𝒥 − [[W1, W0ᵀ, G]]‖² + λ ‖F − R W1ᵀ‖²
+    s.t. G[:, i] = B'_i c_i,  R[:, i] = B_i c_i,   B_i = basis at u_i = X W0[i]ᵀ
+
+by the projected alternating least squares of the paper's Algorithms 1–3, in Gram–Hadamard
+form (the Khatri–Rao product is never formed). The pieces are pure functions:
+
+* :func:`init_state` ``(key, problem, config) -> SolverState``;
+* :func:`sweep` ``(state, problem, config) -> SolverState``: one iteration of Algorithm 1;
+* :func:`solve` one restart as a bounded ``lax.while_loop``;
+* :func:`decouple` the public entry point: validation, ``jax.vmap`` over restarts, one
+  ``jax.jit``, the best restart by the training objective.
+
+The solver keeps the best finite iterate (lowest objective) of each restart, so a restart that
+later diverges or produces non-finite numbers still returns finite factors, and reports a
+:class:`Status` per restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbsd.bases import Basis, BSpline
+from jaxbsd.decoupled import Decoupled
+from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
+
+__all__ = [
+    "CMTFConfig",
+    "Problem",
+    "SolverState",
+    "Status",
+    "DecouplingResult",
+    "init_state",
+    "sweep",
+    "solve",
+    "decouple",
+]
+
+
+class Status(enum.IntEnum):
+    """Why a restart stopped."""
+
+    CONVERGED = 0  #: relative change of the objective below ``tol``, or an exact fit
+    MAX_ITERATIONS = 1  #: ``max_iter`` sweeps done
+    DIVERGED = 2  #: the objective exceeded ``divergence`` × its initial scale
+    NONFINITE = 3  #: a sweep produced inf/NaN; the best finite iterate is returned
+
+    @property
+    def message(self) -> str:
+        return _STATUS_MESSAGES[self]
+
+
+_STATUS_MESSAGES = {
+    Status.CONVERGED: "converged",
+    Status.MAX_ITERATIONS: "reached max_iter without meeting tol",
+    Status.DIVERGED: "objective diverged; returned the best iterate",
+    Status.NONFINITE: "a sweep produced non-finite values; returned the best finite iterate",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CMTFConfig:
+    """Static configuration of a solve (hashable: a static argument of ``jax.jit``).
+
+    Attributes:
+      rank: ``r``, number of internal functions.
+      basis: univariate basis of every ``g_i``.
+      lam: ``λ``, weight of the zeroth-order term ``‖F − R W1ᵀ‖²``.
+      mu_w: Tikhonov weight on the ``W0``/``W1`` updates (robust only).
+      mu_c: Tikhonov weight on the coefficients in the projection (robust only).
+      eps: norm floor of the normalization (robust only).
+      robust: ``True`` for R-CMTF-BSD (normalization + Tikhonov); ``False`` for the paper's
+        plain CMTF-BSD/PD: no normalization and ``mu_w = mu_c = 0`` (least-squares updates by
+        pseudo-inverse).
+      max_iter: maximum number of sweeps.
+      tol: stop when the relative decrease of the objective is below ``tol``, or when the
+        objective is below ``tol`` times ``‖𝒥‖² + λ‖F‖²``.
+      divergence: stop with ``Status.DIVERGED`` when the objective exceeds this multiple of
+        ``‖𝒥‖² + λ‖F‖²``.
+    """
+
+    rank: int
+    basis: Basis = BSpline(3, 11)
+    lam: float = 0.25
+    mu_w: float = 1e-4
+    mu_c: float = 1e-5
+    eps: float = 1e-6
+    robust: bool = True
+    max_iter: int = 500
+    tol: float = 1e-10
+    divergence: float = 1e8
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
+        if not isinstance(self.basis, Basis):
+            raise ValueError(f"basis must be a jaxbsd basis (BSpline, Polynomial, ReLU), got {self.basis!r}")
+        for name in ("lam", "mu_w", "mu_c", "eps", "tol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
+            raise ValueError(f"max_iter must be an int >= 1, got {self.max_iter!r}")
+        if not self.divergence > 1:
+            raise ValueError(f"divergence must be > 1, got {self.divergence!r}")
+
+    @property
+    def effective_mu_w(self) -> float:
+        return self.mu_w if self.robust else 0.0
+
+    @property
+    def effective_mu_c(self) -> float:
+        return self.mu_c if self.robust else 0.0
+
+
+class Problem(NamedTuple):
+    """The data of a decoupling problem (a pytree).
+
+    Attributes:
+      jac: the Jacobian tensor, ``(S, n, m)`` behind a :mod:`jaxbsd.tensor` operator.
+      F: ``(S, n)`` outputs.
+      X: ``(S, m)`` sampling points.
+    """
+
+    jac: JacobianOperator
+    F: jax.Array
+    X: jax.Array
+
+
+class SolverState(NamedTuple):
+    """Factors of one restart. ``W0 (r, m)``, ``W1 (n, r)``, ``G, R (S, r)``,
+    ``coef (r, ν)``, ``knots (r, K)``."""
+
+    W0: jax.Array
+    W1: jax.Array
+    G: jax.Array
+    R: jax.Array
+    coef: jax.Array
+    knots: jax.Array
+
+
+# --------------------------------------------------------------------------- linear algebra
+
+
+def _gram_solve(A: jax.Array, B: jax.Array, mu: float) -> jax.Array:
+    """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A`` (``(r, r)``, ``B (k, r)``).
+
+    With ``μ > 0`` the system is positive definite and solved directly. With ``μ = 0`` (the
+    plain least squares of the non-robust variants) the minimum-norm least-squares solution is
+    taken through a symmetric eigendecomposition, so singular Gram matrices give finite
+    (if poor) answers instead of inf/NaN.
+    """
+    r = A.shape[0]
+    if mu > 0:
+        return jnp.linalg.solve(A + mu * jnp.eye(r, dtype=A.dtype), B.T).T
+    w, Q = jnp.linalg.eigh(A)
+    cutoff = jnp.finfo(A.dtype).eps * r * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
+    inv_w = jnp.where(jnp.abs(w) > cutoff, 1 / jnp.where(jnp.abs(w) > cutoff, w, 1), 0)
+    return ((B @ Q) * inv_w) @ Q.T
+
+
+# --------------------------------------------------------------------------- algorithm steps
+
+
+def _normalize(state: SolverState, eps: float) -> SolverState:
+    """Algorithm 2: unit-norm rows of W0 and columns of W1 with a norm floor ``eps``."""
+    beta0 = jnp.maximum(jnp.linalg.norm(state.W0, axis=1), eps)  # (r,)
+    beta1 = jnp.maximum(jnp.linalg.norm(state.W1, axis=0), eps)  # (r,)
+    return state._replace(
+        W0=state.W0 / beta0[:, None],
+        W1=state.W1 / beta1,
+        G=state.G * (beta0 * beta1),
+        R=state.R * beta1,
+    )
+
+
+def _project(
+    X: jax.Array, W0: jax.Array, G: jax.Array, R: jax.Array, config: CMTFConfig
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Algorithm 3, vmapped over ranks: refit knots and coefficients, project G and R.
+
+    Returns:
+      ``(G, R, coef, knots)`` with shapes ``(S, r), (S, r), (r, ν), (r, K)``.
+    """
+    basis, lam, mu_c = config.basis, config.lam, config.effective_mu_c
+    U = X @ W0.T  # (S, r)
+
+    def one(u, g, rr):
+        knots = basis.fit(u)
+        B, dB = basis.design(u, knots)
+        A = dB.T @ dB + lam * (B.T @ B)
+        b = dB.T @ g + lam * (B.T @ rr)
+        c = _gram_solve(A, b[None, :], mu_c)[0]
+        return dB @ c, B @ c, c, knots
+
+    G, R, coef, knots = jax.vmap(one, in_axes=(1, 1, 1), out_axes=(1, 1, 0, 0))(U, G, R)
+    return G, R, coef, knots
+
+
+def sweep(state: SolverState, problem: Problem, config: CMTFConfig) -> SolverState:
+    """One iteration of R-CMTF-BSD (paper, Algorithm 1; DESIGN.md §3 steps 1–6)."""
+    jac, F, X = problem
+    lam, mu_w = config.lam, config.effective_mu_w
+    if config.robust:
+        state = _normalize(state, config.eps)
+    W0, W1, G, R = state.W0, state.W1, state.G, state.R
+    GtG = G.T @ G
+    # W1 ← (M1 + λ Fᵀ R)(GᵀG ∘ W0W0ᵀ + λ RᵀR + μ_W I)⁻¹
+    W1 = _gram_solve(GtG * (W0 @ W0.T) + lam * (R.T @ R), jac.mttkrp_w1(W0, G) + lam * (F.T @ R), mu_w)
+    # W0ᵀ ← M2 (GᵀG ∘ W1ᵀW1 + μ_W I)⁻¹
+    W1tW1 = W1.T @ W1
+    W0 = _gram_solve(GtG * W1tW1, jac.mttkrp_w0(W1, G), mu_w).T
+    # G ← M3 (W0W0ᵀ ∘ W1ᵀW1)⁻¹ ;  R ← F W1 (W1ᵀW1)⁻¹
+    G = _gram_solve((W0 @ W0.T) * W1tW1, jac.mttkrp_g(W0, W1), 0.0)
+    R = _gram_solve(W1tW1, F @ W1, 0.0)
+    G, R, coef, knots = _project(X, W0, G, R, config)
+    return SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
+
+
+def init_state(key: jax.Array, problem: Problem, config: CMTFConfig) -> SolverState:
+    """Random initialization (Algorithm 1, line 1): Gaussian factors, scaled by fan-in.
+
+    ``coef`` starts at zero and ``knots`` are fitted to the initial activations, so the state
+    is a valid (if useless) model before the first sweep.
+    """
+    S, n, m = problem.jac.shape
+    r = config.rank
+    dtype = problem.F.dtype
+    k0, k1, k2, k3 = jax.random.split(key, 4)
+    W0 = jax.random.normal(k0, (r, m), dtype) / np.sqrt(m)
+    W1 = jax.random.normal(k1, (n, r), dtype) / np.sqrt(r)
+    G = jax.random.normal(k2, (S, r), dtype)
+    R = jax.random.normal(k3, (S, r), dtype)
+    knots = jax.vmap(config.basis.fit, in_axes=1)(problem.X @ W0.T)
+    coef = jnp.zeros((r, config.basis.num_coef), dtype)
+    return SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
+
+
+# --------------------------------------------------------------------------- objective
+
+
+class Errors(NamedTuple):
+    """Squared residuals of one iterate. ``objective = res_J + λ res_F``."""
+
+    res_J: jax.Array
+    res_F: jax.Array
+    objective: jax.Array
+
+
+def _errors(state: SolverState, problem: Problem, lam: float) -> Errors:
+    res_J = problem.jac.residual_sq_norm(state.W0, state.W1, state.G)
+    res_F = jnp.sum((problem.F - state.R @ state.W1.T) ** 2)
+    return Errors(res_J, res_F, res_J + lam * res_F)
+
+
+def _finite(tree: Any) -> jax.Array:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+# --------------------------------------------------------------------------- one restart
+
+
+class RestartResult(NamedTuple):
+    """Output of :func:`solve` for one restart (a pytree; stacked over restarts by vmap)."""
+
+    state: SolverState  #: best finite iterate
+    objective: jax.Array  #: its training objective ``‖𝒥−𝒥̂‖² + λ‖F−F̂‖²``
+    error_J: jax.Array  #: its ``‖𝒥−𝒥̂‖²/‖𝒥‖²``
+    error_F: jax.Array  #: its ``‖F−F̂‖²/‖F‖²``
+    history_J: jax.Array  #: ``(max_iter,)`` Error(𝒥) after each sweep
+    history_F: jax.Array  #: ``(max_iter,)`` Error(F) after each sweep
+    iterations: jax.Array  #: sweeps done
+    status: jax.Array  #: a :class:`Status` value
+
+
+class _Loop(NamedTuple):
+    it: jax.Array
+    state: SolverState
+    prev_objective: jax.Array
+    best: SolverState
+    best_errors: Errors
+    history_J: jax.Array
+    history_F: jax.Array
+    status: jax.Array  # -1 while running
+
+
+def solve(key: jax.Array, problem: Problem, config: CMTFConfig) -> RestartResult:
+    """One restart of R-CMTF-BSD as a bounded ``lax.while_loop`` (jittable, vmappable).
+
+    History entries after the last sweep repeat the last value, so the arrays have a static
+    shape ``(max_iter,)``; ``iterations`` says how many are real.
+    """
+    dtype = problem.F.dtype
+    norm_J = problem.jac.sq_norm()
+    norm_F = jnp.sum(problem.F**2)
+    tiny = jnp.finfo(dtype).tiny
+    scale = jnp.maximum(norm_J + config.lam * norm_F, tiny)
+    state0 = init_state(key, problem, config)
+    inf = jnp.asarray(jnp.inf, dtype)
+    errs0 = _errors(state0, problem, config.lam)
+    history_J = jnp.full((config.max_iter,), errs0.res_J / jnp.maximum(norm_J, tiny))
+    history_F = jnp.full((config.max_iter,), errs0.res_F / jnp.maximum(norm_F, tiny))
+    loop0 = _Loop(
+        it=jnp.asarray(0),
+        state=state0,
+        prev_objective=inf,
+        best=state0,
+        best_errors=Errors(inf, inf, inf),
+        history_J=history_J,
+        history_F=history_F,
+        status=jnp.asarray(-1),
+    )
+
+    def body(loop: _Loop) -> _Loop:
+        new = sweep(loop.state, problem, config)
+        errs = _errors(new, problem, config.lam)
+        finite = _finite(new) & jnp.isfinite(errs.objective)
+        improved = finite & (errs.objective < loop.best_errors.objective)
+        best = jax.tree_util.tree_map(lambda a, b: jnp.where(improved, a, b), new, loop.best)
+        best_errors = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(improved, a, b), errs, loop.best_errors
+        )
+        # A non-finite sweep records the last finite errors; entries from this sweep on are
+        # overwritten (so the tail after the final sweep repeats its value).
+        tail = jnp.arange(config.max_iter) >= loop.it
+        previous = jnp.maximum(loop.it - 1, 0)
+        err_J = jnp.where(finite, errs.res_J / jnp.maximum(norm_J, tiny), loop.history_J[previous])
+        err_F = jnp.where(finite, errs.res_F / jnp.maximum(norm_F, tiny), loop.history_F[previous])
+        history_J = jnp.where(tail, err_J, loop.history_J)
+        history_F = jnp.where(tail, err_F, loop.history_F)
+        change = jnp.abs(loop.prev_objective - errs.objective)
+        converged = (jnp.isfinite(loop.prev_objective) & (change <= config.tol * loop.prev_objective)) | (
+            errs.objective <= config.tol * scale
+        )
+        status = jnp.select(
+            [~finite, errs.objective > config.divergence * scale, converged, loop.it + 1 >= config.max_iter],
+            [Status.NONFINITE, Status.DIVERGED, Status.CONVERGED, Status.MAX_ITERATIONS],
+            -1,
+        )
+        # A non-finite sweep is not continued from: the loop stops with the best iterate.
+        return _Loop(loop.it + 1, new, errs.objective, best, best_errors, history_J, history_F, status)
+
+    loop = jax.lax.while_loop(lambda l: l.status < 0, body, loop0)
+    # If no sweep was finite, fall back to the (finite) initial state.
+    never = ~jnp.isfinite(loop.best_errors.objective)
+    best = jax.tree_util.tree_map(lambda a, b: jnp.where(never, a, b), state0, loop.best)
+    errs = _errors(best, problem, config.lam)
+    return RestartResult(
+        state=best,
+        objective=errs.objective,
+        error_J=errs.res_J / jnp.maximum(norm_J, tiny),
+        error_F=errs.res_F / jnp.maximum(norm_F, tiny),
+        history_J=loop.history_J,
+        history_F=loop.history_F,
+        iterations=loop.it,
+        status=loop.status,
+    )
+
+
+# --------------------------------------------------------------------------- public entry
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecouplingResult:
+    """Result of :func:`decouple`.
+
+    Attributes:
+      model: the best restart's :class:`~jaxbsd.Decoupled` (lowest training objective).
+      error_J: its ``‖𝒥−𝒥̂‖²/‖𝒥‖²``.
+      error_F: its ``‖F−F̂‖²/‖F‖²``.
+      objective: its training objective.
+      status: its :class:`Status` (int).
+      iterations: its number of sweeps.
+      best_restart: index of the best restart.
+      restarts: every restart, stacked on a leading axis of size ``restarts``:
+        a :class:`RestartResult` whose ``state`` is the restart's best iterate and whose
+        ``history_J``/``history_F`` are ``(restarts, max_iter)``.
+      config: the configuration (static).
+    """
+
+    model: Decoupled
+    error_J: jax.Array
+    error_F: jax.Array
+    objective: jax.Array
+    status: jax.Array
+    iterations: jax.Array
+    best_restart: jax.Array
+    restarts: RestartResult
+    config: CMTFConfig = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def history(self) -> dict[str, jax.Array]:
+        """Per restart, per iteration: ``{"error_J": (R, T), "error_F": (R, T)}``."""
+        return {"error_J": self.restarts.history_J, "error_F": self.restarts.history_F}
+
+    def restart_model(self, index: int) -> Decoupled:
+        """The model of restart ``index``."""
+        s = jax.tree_util.tree_map(lambda x: x[index], self.restarts.state)
+        return Decoupled(W0=s.W0, W1=s.W1, coef=s.coef, knots=s.knots, basis=self.config.basis)
+
+
+def _solve_restarts(key: jax.Array, problem: Problem, config: CMTFConfig, restarts: int):
+    keys = jax.random.split(key, restarts)
+    runs = jax.vmap(solve, in_axes=(0, None, None))(keys, problem, config)
+    best = jnp.argmin(jnp.where(jnp.isfinite(runs.objective), runs.objective, jnp.inf))
+    pick = lambda x: x[best]  # noqa: E731
+    s = jax.tree_util.tree_map(pick, runs.state)
+    return DecouplingResult(
+        model=Decoupled(W0=s.W0, W1=s.W1, coef=s.coef, knots=s.knots, basis=config.basis),
+        error_J=pick(runs.error_J),
+        error_F=pick(runs.error_F),
+        objective=pick(runs.objective),
+        status=pick(runs.status),
+        iterations=pick(runs.iterations),
+        best_restart=best,
+        restarts=runs,
+        config=config,
+    )
+
+
+_solve_restarts_jit = jax.jit(_solve_restarts, static_argnames=("config", "restarts"))
+
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_array(name: str, x: Any, ndim: int, shape_doc: str) -> jax.Array:
+    if not hasattr(x, "shape"):
+        x = np.asarray(x)
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+    if _is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
+        raise ValueError(f"{name} contains NaN or inf")
+    return x
+
+
+def _validate(J: Any, F: Any, X: Any, config: CMTFConfig, restarts: int) -> Problem:
+    if not isinstance(config, CMTFConfig):
+        raise ValueError(f"config must be a CMTFConfig, got {type(config).__name__}")
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 1:
+        raise ValueError(f"restarts must be an int >= 1, got {restarts!r}")
+    X = _check_array("X", X, 2, "(S, m)")
+    F = _check_array("F", F, 2, "(S, n)")
+    S, m = X.shape
+    if isinstance(J, (DenseJacobian, StructuredJacobian)):
+        jac = J
+        for field in jac._fields:
+            _check_array(f"J.{field}", getattr(jac, field), 2 if isinstance(jac, StructuredJacobian) else 3, "as documented")
+    else:
+        jac = DenseJacobian(_check_array("J", J, 3, "(S, n, m)"))
+    S_J, n, m_J = jac.shape
+    if isinstance(jac, StructuredJacobian):
+        H = jac.D.shape[1]
+        if jac.V1.shape[1] != H or jac.V0.shape[0] != H:
+            raise ValueError(
+                f"J: structured factors disagree on the hidden width: V1 {jac.V1.shape}, "
+                f"V0 {jac.V0.shape}, D {jac.D.shape}"
+            )
+    if S_J != S or m_J != m:
+        raise ValueError(f"J must have shape (S, n, m) = ({S}, n, {m}) to match X {X.shape}, got {jac.shape}")
+    if F.shape != (S, n):
+        raise ValueError(f"F must have shape (S, n) = ({S}, {n}) to match J {jac.shape}, got {F.shape}")
+    dtypes = {jnp.dtype(a.dtype) for a in jax.tree_util.tree_leaves(jac)} | {F.dtype, X.dtype}
+    if len(dtypes) != 1:
+        raise ValueError(f"J, F and X must share one floating dtype, got {sorted(map(str, dtypes))}")
+    if S < config.basis.num_coef:
+        raise ValueError(
+            f"X: the number of samples S = {S} must be >= the basis dof {config.basis.num_coef}"
+        )
+    return Problem(jac=jac, F=jnp.asarray(F), X=jnp.asarray(X))
+
+
+def decouple(
+    J: Any,
+    F: Any,
+    X: Any,
+    config: CMTFConfig,
+    *,
+    key: jax.Array,
+    restarts: int = 1,
+) -> DecouplingResult:
+    """Decouple ``f(x) ≈ W1 g(W0 x)`` from Jacobians and outputs at sampling points.
+
+    Args:
+      J: ``(S, n, m)`` Jacobians (``jax.vmap(jax.jacfwd(f))(X)``), or a
+        :class:`~jaxbsd.tensor.StructuredJacobian` (never materialized).
+      F: ``(S, n)`` outputs ``f(X)``.
+      X: ``(S, m)`` sampling points.
+      config: a :class:`CMTFConfig`.
+      key: a ``jax.random`` key; restart ``k`` uses ``jax.random.split(key, restarts)[k]``.
+      restarts: number of random restarts, run together under ``jax.vmap``.
+
+    Returns:
+      A :class:`DecouplingResult`; ``result.model`` is the best restart's model.
+
+    Raises:
+      ValueError: on mismatched shapes, non-finite values, mixed dtypes, ``S < dof``, or a bad
+        config — before anything is compiled.
+
+    Example:
+      >>> J, F = jb.sample(f, X)
+      >>> res = jb.decouple(J, F, X, jb.CMTFConfig(rank=3), key=jax.random.key(0), restarts=8)
+      >>> res.model(X).shape == F.shape
+    """
+    problem = _validate(J, F, X, config, restarts)
+    return _solve_restarts_jit(key, problem, config, restarts)

@@ -1,0 +1,69 @@
+"""The decoupled model ``f̂(x) = W1 g(W0 x)`` as a pytree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxbsd.bases import Basis
+
+__all__ = ["Decoupled"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Decoupled:
+    """A single-layer decoupled function ``f̂(x) = W1 g(W0 x)``.
+
+    A pytree (the basis is static metadata), so it can be jitted, vmapped (a leading axis
+    holds restarts), differentiated and stored.
+
+    Attributes:
+      W0: ``(r, m)`` input map.
+      W1: ``(n, r)`` output map.
+      coef: ``(r, ν)`` coefficients of each internal function ``g_i``.
+      knots: ``(r, K)`` data-dependent state of each ``g_i`` (``K = basis.num_knots``).
+      basis: the univariate basis shared by all ``g_i``.
+    """
+
+    W0: jax.Array
+    W1: jax.Array
+    coef: jax.Array
+    knots: jax.Array
+    basis: Basis = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def rank(self) -> int:
+        return self.W0.shape[-2]
+
+    @property
+    def in_features(self) -> int:
+        return self.W0.shape[-1]
+
+    @property
+    def out_features(self) -> int:
+        return self.W1.shape[-2]
+
+    def num_params(self) -> int:
+        """``m r + r n + r ν`` (paper, eq. for ``P_BSD``); knots are not learned."""
+        return int(self.W0.size + self.W1.size + self.coef.size)
+
+    def internal(self, u: jax.Array, derivative: int = 0) -> jax.Array:
+        """``g(u)`` (or ``g'(u)``) applied per rank: ``(..., r) -> (..., r)``."""
+        batch = u.shape[:-1]
+        flat = u.reshape(-1, u.shape[-1]).T  # (r, N)
+        evaluate = jax.vmap(lambda ui, ki, ci: self.basis.evaluate(ui, ki, ci, derivative))
+        return evaluate(flat, self.knots, self.coef).T.reshape(batch + (u.shape[-1],))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``(..., m) -> (..., n)``."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have trailing dimension {self.in_features}, got {x.shape}")
+        return self.internal(x @ self.W0.T) @ self.W1.T
+
+    def jacobian(self, x: jax.Array) -> jax.Array:
+        """Closed-form Jacobians ``W1 diag(g'(W0 x)) W0``: ``(S, m) -> (S, n, m)``."""
+        G = self.internal(x @ self.W0.T, derivative=1)
+        return jnp.einsum("ai,si,ib->sab", self.W1, G, self.W0)
