@@ -54,7 +54,16 @@ __all__ = [
 DATASETS = ("digits", "fashion-mnist", "mnist", "usps", "cifar10", "svhn")
 
 CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 )
 
 # Every data set here has the ten classes 0..9.
@@ -88,7 +97,8 @@ _CACHE_VERSION = 1
 _Raw = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: arrays have no boolean ==, so compare by identity
+# eq=False: numpy arrays have no boolean ==, so datasets compare (and hash) by identity.
+@dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
     """A loaded data set; ``float32`` NHWC images and ``int32`` labels in ``[0, num_classes)``.
 
@@ -114,7 +124,8 @@ class Dataset:
             labels = getattr(self, f"{split}_labels")
             if images.ndim != 4 or images.dtype != np.float32:
                 raise ValueError(
-                    f"{split}_images: expected (N, H, W, C) float32, got {images.shape} {images.dtype}"
+                    f"{split}_images: expected (N, H, W, C) float32, "
+                    f"got {images.shape} {images.dtype}"
                 )
             if labels.shape != images.shape[:1] or labels.dtype != np.int32:
                 raise ValueError(
@@ -203,13 +214,17 @@ def load_dataset(
         raise ValueError(f"limit: expected None or a positive int, got {limit!r}")
     if name == "digits":
         if root is not None:
-            raise ValueError(f"root: digits ships with scikit-learn and takes no root, got {root!r}")
+            raise ValueError(
+                f"root: digits ships with scikit-learn and takes no root, got {root!r}"
+            )
         source = "scikit-learn"
         raw = _load_digits()
     else:
         path = pathlib.Path(root) if root is not None else default_root(name)
         if path is None:
-            raise ValueError(f"root: {name} has no copy on this machine; pass the directory that holds it")
+            raise ValueError(
+                f"root: {name} has no copy on this machine; pass the directory that holds it"
+            )
         source = str(path)
         raw = _LOADERS[name](path)
 
@@ -223,7 +238,12 @@ def load_dataset(
             "pass test_fraction=None"
         )
     if limit is not None:
-        train_x, train_y, test_x, test_y = train_x[:limit], train_y[:limit], test_x[:limit], test_y[:limit]
+        train_x, train_y, test_x, test_y = (
+            train_x[:limit],
+            train_y[:limit],
+            test_x[:limit],
+            test_y[:limit],
+        )
 
     train_x, test_x = _to_unit(train_x), _to_unit(test_x)
     if normalize:
@@ -301,7 +321,11 @@ def batches(
     n = len(images)
     if len(labels) != n:
         raise ValueError(f"labels: expected {n} labels to match the images, got {len(labels)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | np.integer)
+        or batch_size < 1
+    ):
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
     stop = n - n % batch_size if drop_last else n
@@ -316,7 +340,7 @@ def _iterate_batches(
         yield images[idx], labels[idx]
 
 
-# --------------------------------------------------------------------------- scaling
+# -------------------- scaling
 
 
 def _to_unit(images: np.ndarray) -> np.ndarray:
@@ -350,7 +374,7 @@ def _channel_stats(images: np.ndarray, chunk: int = 1 << 20) -> tuple[np.ndarray
     return mean, std.astype(np.float32)
 
 
-# --------------------------------------------------------------------------- digits
+# -------------------- digits
 
 
 def _load_digits() -> _Raw:
@@ -362,7 +386,7 @@ def _load_digits() -> _Raw:
     return images, digits.target.astype(np.int32), None, None
 
 
-# --------------------------------------------------------------------------- IDX (MNIST, Fashion-MNIST)
+# -------------------- IDX (MNIST, Fashion-MNIST)
 
 
 def _read_gzip(path: pathlib.Path, expected: str) -> bytes:
@@ -372,17 +396,23 @@ def _read_gzip(path: pathlib.Path, expected: str) -> bytes:
         with gzip.open(path, "rb") as f:
             return f.read()
     except (EOFError, OSError, zlib.error) as err:
-        raise ValueError(f"{path}: truncated or corrupt gzip file ({err}); expected {expected}") from err
+        raise ValueError(
+            f"{path}: truncated or corrupt gzip file ({err}); expected {expected}"
+        ) from err
 
 
 def _read_idx(path: pathlib.Path, magic: int) -> np.ndarray:
     """The uint8 array of an IDX gz file whose magic number must be ``magic`` (2051 or 2049)."""
     ndim = magic & 0xFF
-    expected = f"a gzipped IDX file of unsigned bytes with {ndim} dimension(s) (magic number {magic})"
+    expected = (
+        f"a gzipped IDX file of unsigned bytes with {ndim} dimension(s) (magic number {magic})"
+    )
     data = _read_gzip(path, expected)
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise ValueError(f"{path}: only {len(data)} bytes, too short for an IDX header; expected {expected}")
+        raise ValueError(
+            f"{path}: only {len(data)} bytes, too short for an IDX header; expected {expected}"
+        )
     (got,) = struct.unpack(">i", data[:4])
     if got != magic:
         raise ValueError(f"{path}: IDX magic number {got}; expected {expected}")
@@ -396,13 +426,19 @@ def _read_idx(path: pathlib.Path, magic: int) -> np.ndarray:
     return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
-def _read_idx_pair(images_path: pathlib.Path, labels_path: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_idx_pair(
+    images_path: pathlib.Path, labels_path: pathlib.Path
+) -> tuple[np.ndarray, np.ndarray]:
     images = _read_idx(images_path, _IDX_IMAGES_MAGIC)
     labels = _read_idx(labels_path, _IDX_LABELS_MAGIC)
     if len(images) != len(labels):
-        raise ValueError(f"{images_path}: {len(images)} images but {labels_path} has {len(labels)} labels")
+        raise ValueError(
+            f"{images_path}: {len(images)} images but {labels_path} has {len(labels)} labels"
+        )
     if labels.size and labels.max() >= _NUM_CLASSES:
-        raise ValueError(f"{labels_path}: label {labels.max()}; expected labels 0..{_NUM_CLASSES - 1}")
+        raise ValueError(
+            f"{labels_path}: label {labels.max()}; expected labels 0..{_NUM_CLASSES - 1}"
+        )
     return images[..., None], labels.astype(np.int32)
 
 
@@ -410,7 +446,9 @@ def _load_idx_dir(root: pathlib.Path) -> _Raw:
     """MNIST-style directory: ``train-*`` and ``t10k-*`` IDX gz files, or only ``t10k-*``."""
     listing = ", ".join(_IDX_FILES["train"] + _IDX_FILES["test"])
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such directory; expected a directory holding {listing}")
+        raise FileNotFoundError(
+            f"{root}: no such directory; expected a directory holding {listing}"
+        )
     train_paths = [root / f for f in _IDX_FILES["train"]]
     test_paths = [root / f for f in _IDX_FILES["test"]]
     test_x, test_y = _read_idx_pair(*test_paths)
@@ -419,12 +457,14 @@ def _load_idx_dir(root: pathlib.Path) -> _Raw:
         return test_x, test_y, None, None  # only the test split here: load_dataset splits it
     if not all(present):
         missing = train_paths[present.index(False)]
-        raise FileNotFoundError(f"{missing}: file not found; expected it next to the other train file")
+        raise FileNotFoundError(
+            f"{missing}: file not found; expected it next to the other train file"
+        )
     train_x, train_y = _read_idx_pair(*train_paths)
     return train_x, train_y, test_x, test_y
 
 
-# --------------------------------------------------------------------------- USPS (HDF5)
+# -------------------- USPS (HDF5)
 
 
 def _load_usps(root: pathlib.Path) -> _Raw:
@@ -447,24 +487,33 @@ def _load_usps(root: pathlib.Path) -> _Raw:
                     raise ValueError(f"{path}: no group '{split}'; {expected}")
                 data, target = group.get("data"), group.get("target")
                 if not isinstance(data, h5py.Dataset) or not isinstance(target, h5py.Dataset):
-                    raise ValueError(f"{path}: group '{split}' lacks 'data' or 'target'; {expected}")
+                    raise ValueError(
+                        f"{path}: group '{split}' lacks 'data' or 'target'; {expected}"
+                    )
                 if data.ndim != 2 or data.shape[1] != 256 or target.shape != data.shape[:1]:
                     raise ValueError(
-                        f"{path}: '{split}' has data {data.shape} and target {target.shape}; {expected}"
+                        f"{path}: '{split}' has data {data.shape} and target {target.shape}; "
+                        f"{expected}"
                     )
                 x = np.asarray(data[()], dtype=np.float32)
                 y = np.asarray(target[()])
                 if not np.all((x >= 0.0) & (x <= 1.0)):  # also rejects NaN
-                    raise ValueError(f"{path}: '{split}/data' has values outside [0, 1]; {expected}")
-                if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= _NUM_CLASSES):
-                    raise ValueError(f"{path}: '{split}/target' must hold integers 0..9; {expected}")
+                    raise ValueError(
+                        f"{path}: '{split}/data' has values outside [0, 1]; {expected}"
+                    )
+                if y.size and (
+                    not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= _NUM_CLASSES
+                ):
+                    raise ValueError(
+                        f"{path}: '{split}/target' must hold integers 0..9; {expected}"
+                    )
                 out += [x.reshape(-1, 16, 16, 1), y.astype(np.int32)]
     except OSError as err:  # not HDF5, truncated, unreadable
         raise ValueError(f"{path}: cannot read as HDF5 ({err}); {expected}") from err
     return out[0], out[1], out[2], out[3]
 
 
-# --------------------------------------------------------------------------- CIFAR-10
+# -------------------- CIFAR-10
 
 
 def _load_cifar10(root: pathlib.Path) -> _Raw:
@@ -483,27 +532,31 @@ def _load_cifar10(root: pathlib.Path) -> _Raw:
     return _load_cifar_pickles(root)
 
 
+# The only globals a CIFAR-10 pickle batch may name: the array constructors, by both of their
+# module paths (numpy 1.x, which wrote the official files, says numpy.core), dtype, and bytes.
+_RECONSTRUCT = np.zeros(0).__reduce__()[0]  # pickle protocols 0-4
+_FROMBUFFER = np.zeros(1, np.uint8).__reduce_ex__(5)[0]  # pickle protocol 5
+_PICKLE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
+}
+
+
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles plain containers and numpy arrays only: a data file must not run code."""
 
-    # The array constructors by both of their module paths (numpy 1.x wrote numpy.core).
-    _reconstruct = np.zeros(0).__reduce__()[0]  # protocols 0-4
-    _frombuffer = np.zeros(1, np.uint8).__reduce_ex__(5)[0]  # protocol 5
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-        ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-        ("numpy.core.numeric", "_frombuffer"): _frombuffer,
-        ("numpy._core.numeric", "_frombuffer"): _frombuffer,
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
-    }
-
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return self._ALLOWED[(module, name)]
+            return _PICKLE_GLOBALS[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a data file") from None
+            raise pickle.UnpicklingError(
+                f"global {module}.{name} is not allowed in a data file"
+            ) from None
 
 
 def _read_cifar_batch(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
@@ -516,14 +569,28 @@ def _read_cifar_batch(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
             batch = _ArrayUnpickler(f, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, LookupError, AttributeError) as err:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        LookupError,
+        AttributeError,
+    ) as err:
         raise ValueError(f"{path}: cannot unpickle ({err}); {expected}") from err
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         raise ValueError(f"{path}: no b'data' and b'labels' entries; {expected}")
     data = np.asarray(batch[b"data"])
     labels = np.asarray(batch[b"labels"])
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or labels.shape != data.shape[:1]:
-        raise ValueError(f"{path}: data {data.shape} {data.dtype}, labels {labels.shape}; {expected}")
+    if (
+        data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3072
+        or labels.shape != data.shape[:1]
+    ):
+        raise ValueError(
+            f"{path}: data {data.shape} {data.dtype}, labels {labels.shape}; {expected}"
+        )
     if labels.size and (labels.min() < 0 or labels.max() >= _NUM_CLASSES):
         raise ValueError(f"{path}: labels outside 0..9; {expected}")
     # Each row is three 32x32 planes (R, G, B), each row-major: (N, C, H, W) -> NHWC.
@@ -588,7 +655,9 @@ def _image_folder_label(where: pathlib.Path, class_name: str) -> int:
     return CIFAR10_CLASSES.index(class_name)
 
 
-def _require_both_splits(where: pathlib.Path, entries: dict[str, list[tuple[int, str, Any]]]) -> None:
+def _require_both_splits(
+    where: pathlib.Path, entries: dict[str, list[tuple[int, str, Any]]]
+) -> None:
     for split in ("train", "test"):
         if not entries[split]:
             raise ValueError(
@@ -626,7 +695,11 @@ def _decode_image_zip(path: pathlib.Path) -> dict[str, np.ndarray]:
         entries: dict[str, list[tuple[int, str, Any]]] = {"train": [], "test": []}
         for member in archive.namelist():
             parts = member.split("/")
-            if len(parts) == 3 and parts[0] in entries and parts[2].lower().endswith(_IMAGE_SUFFIXES):
+            if (
+                len(parts) == 3
+                and parts[0] in entries
+                and parts[2].lower().endswith(_IMAGE_SUFFIXES)
+            ):
                 entries[parts[0]].append((_image_folder_label(path, parts[1]), parts[2], member))
         _require_both_splits(path, entries)
         train_x, train_y = _decode_images(path, entries["train"], archive.read)
@@ -654,12 +727,19 @@ def _read_cache(path: pathlib.Path) -> dict[str, np.ndarray] | None:
     try:
         with np.load(path, allow_pickle=False) as cached:
             arrays = {key: cached[key] for key in ("train_x", "train_y", "test_x", "test_y")}
-    except () as err:
-        warnings.warn(f"{path}: ignoring unreadable cache file ({err}); rebuilding it", stacklevel=3)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        warnings.warn(
+            f"{path}: ignoring unreadable cache file ({err}); rebuilding it", stacklevel=3
+        )
         return None
     for split in ("train", "test"):
         x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
-        if x.dtype != np.uint8 or x.shape[1:] != (32, 32, 3) or y.dtype != np.int32 or y.shape != x.shape[:1]:
+        if (
+            x.dtype != np.uint8
+            or x.shape[1:] != (32, 32, 3)
+            or y.dtype != np.int32
+            or y.shape != x.shape[:1]
+        ):
             warnings.warn(f"{path}: ignoring malformed cache file; rebuilding it", stacklevel=3)
             return None
     return arrays
@@ -691,7 +771,7 @@ def _cached_image_zip(path: pathlib.Path) -> _Raw:
     return arrays["train_x"], arrays["train_y"], arrays["test_x"], arrays["test_y"]
 
 
-# --------------------------------------------------------------------------- SVHN (MATLAB v5)
+# -------------------- SVHN (MATLAB v5)
 
 
 def _load_svhn(root: pathlib.Path) -> _Raw:
@@ -700,7 +780,8 @@ def _load_svhn(root: pathlib.Path) -> _Raw:
 
     if not root.is_dir():
         raise FileNotFoundError(
-            f"{root}: no such directory; expected a directory holding {', '.join(_SVHN_FILES.values())}"
+            f"{root}: no such directory; expected a directory holding "
+            f"{', '.join(_SVHN_FILES.values())}"
         )
     out: list[np.ndarray] = []
     for filename in _SVHN_FILES.values():
@@ -712,12 +793,21 @@ def _load_svhn(root: pathlib.Path) -> _Raw:
             mat = scipy.io.loadmat(path, variable_names=("X", "y"))
         # scipy's MATLAB reader fails in many ways on a malformed file (IndexError on garbage,
         # OSError when truncated, NotImplementedError for v7.3).
-        except (OSError, ValueError, TypeError, LookupError, NotImplementedError, zlib.error,
-                scipy.io.matlab.MatReadError) as err:
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            LookupError,
+            NotImplementedError,
+            zlib.error,
+            scipy.io.matlab.MatReadError,
+        ) as err:
             raise ValueError(f"{path}: cannot read ({err}); {expected}") from err
         x, y = mat.get("X"), mat.get("y")
         if x is None or y is None:
-            raise ValueError(f"{path}: variables {sorted(k for k in mat if not k.startswith('__'))}; {expected}")
+            raise ValueError(
+                f"{path}: variables {sorted(k for k in mat if not k.startswith('__'))}; {expected}"
+            )
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[:3] != (32, 32, 3) or y.size != x.shape[3]:
             raise ValueError(f"{path}: X {x.shape} {x.dtype}, y {y.shape}; {expected}")
         y = y.reshape(-1)
