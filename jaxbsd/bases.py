@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxbsd import bspline
+from jaxbsd.bspline import _trailing
 
 __all__ = ["Basis", "BSpline", "Polynomial", "ReLU"]
 
@@ -125,7 +126,7 @@ class Polynomial(Basis):
             factor = factor * jnp.maximum(j - q, 0)
         zeros = jnp.zeros(u.shape + (min(derivative, d + 1),), u.dtype)
         shifted = jnp.concatenate([zeros, powers[..., : d + 1 - derivative]], -1)
-        return factor * shifted
+        return _trailing(factor, u.ndim) * shifted
 
     def design(self, u, knots):
         return self._powers(u, 0), self._powers(u, 1)
@@ -174,7 +175,7 @@ class ReLU(Basis):
         return bspline._nearest_samples(us, jnp.quantile(us, levels))
 
     def _columns(self, u, knots, derivative):
-        shifted = u[..., None] - knots
+        shifted = u[..., None] - _trailing(knots, u.ndim)
         if derivative == 0:
             ones = jnp.ones(u.shape + (1,), u.dtype)
             return jnp.concatenate([ones, jnp.maximum(shifted, 0)], axis=-1)

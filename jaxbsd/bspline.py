@@ -91,13 +91,37 @@ def quantile_knots(x: jax.Array, dof: int, degree: int) -> jax.Array:
     lo = jnp.where(narrow, mid - 0.5 * min_width, lo)
     hi = jnp.where(narrow, mid + 0.5 * min_width, hi)
     n_interior = dof - degree - 1
-    parts = [jnp.full((degree + 1,), lo, xs.dtype)]
-    if n_interior > 0:
-        levels = jnp.arange(1, n_interior + 1, dtype=xs.dtype) / (dof - degree)
-        interior = _nearest_samples(xs, jnp.quantile(xs, levels))
-        parts.append(jnp.clip(interior, lo, hi))
-    parts.append(jnp.full((degree + 1,), hi, xs.dtype))
-    return jnp.concatenate(parts)
+    if n_interior == 0:
+        return jnp.concatenate([jnp.full((degree + 1,), lo, xs.dtype), jnp.full((degree + 1,), hi, xs.dtype)])
+    levels = jnp.arange(1, n_interior + 1, dtype=xs.dtype) / (dof - degree)
+    interior = jnp.clip(_nearest_samples(xs, jnp.quantile(xs, levels)), lo, hi)
+    inner = _merge_close(jnp.concatenate([lo[None], interior, hi[None]]))[1:-1]
+    return jnp.concatenate(
+        [jnp.full((degree + 1,), lo, xs.dtype), inner, jnp.full((degree + 1,), hi, xs.dtype)]
+    )
+
+
+def _merge_close(t: jax.Array) -> jax.Array:
+    """Make knots closer than ``sqrt(eps) · (t[-1] − t[0])`` exactly equal.
+
+    Distinct knots a few ulps apart (ties broken by rounding, activations of a collapsed rank)
+    make the Cox–de Boor ratios overflow; exactly repeated knots are handled by ``0/0 := 0``.
+    A run of close knots collapses onto its first member (a sample value); the run that
+    reaches the upper boundary collapses onto it.
+
+    Args:
+      t: ``(k,)`` sorted knots, ``t[0]`` and ``t[-1]`` the boundaries.
+    """
+    tol = jnp.sqrt(jnp.finfo(t.dtype).eps) * (t[-1] - t[0])
+    group = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(jnp.diff(t) >= tol, dtype=jnp.int32)])
+    first = jax.ops.segment_min(t, group, num_segments=t.shape[0])[group]
+    return jnp.where(group == group[-1], t[-1], first)
+
+
+def _trailing(v: jax.Array, ndim: int) -> jax.Array:
+    """Reshape a 1-d ``v`` to broadcast against an array of rank ``ndim + 1`` (no implicit rank
+    promotion)."""
+    return v.reshape((1,) * ndim + v.shape)
 
 
 def _span(x: jax.Array, knots: jax.Array, dof: int, degree: int) -> jax.Array:
@@ -136,7 +160,7 @@ def local_basis(
     xe = x[..., None]
     for p in range(1, degree + 1):
         # Raise the degree from p - 1 to p on the functions i = k - p … k.
-        i = k[..., None] + jnp.arange(-p, 1)
+        i = k[..., None] + _trailing(jnp.arange(-p, 1), k.ndim)
         t_i, t_ip = knots[i], knots[i + p]
         t_i1, t_ip1 = knots[i + 1], knots[i + p + 1]
         zero = jnp.zeros(x.shape + (1,), knots.dtype)
@@ -168,8 +192,8 @@ def design_matrix(x: jax.Array, knots: jax.Array, degree: int, derivative: int =
             f"got {knots.shape[-1]}"
         )
     k, values = local_basis(x, knots, degree, derivative)
-    cols = k[..., None] - degree + jnp.arange(degree + 1)
-    onehot = cols[..., None] == jnp.arange(dof)
+    cols = k[..., None] - degree + _trailing(jnp.arange(degree + 1), k.ndim)
+    onehot = cols[..., None] == _trailing(jnp.arange(dof), cols.ndim)
     return jnp.sum(jnp.where(onehot, values[..., None], 0), axis=-2)
 
 
@@ -189,5 +213,5 @@ def evaluate(
       ``(...)`` values.
     """
     k, values = local_basis(x, knots, degree, derivative)
-    idx = k[..., None] - degree + jnp.arange(degree + 1)
+    idx = k[..., None] - degree + _trailing(jnp.arange(degree + 1), k.ndim)
     return jnp.sum(values * coef[idx], axis=-1)

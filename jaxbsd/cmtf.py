@@ -151,21 +151,26 @@ class SolverState(NamedTuple):
 # --------------------------------------------------------------------------- linear algebra
 
 
-def _gram_solve(A: jax.Array, B: jax.Array, mu: float) -> jax.Array:
+def _gram_solve(A: jax.Array, B: jax.Array, mu: float, *, spectral: bool = False) -> jax.Array:
     """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A`` (``(r, r)``, ``B (k, r)``).
 
-    With ``μ > 0`` the system is positive definite and solved directly. With ``μ = 0`` (the
-    plain least squares of the non-robust variants) the minimum-norm least-squares solution is
-    taken through a symmetric eigendecomposition, so singular Gram matrices give finite
-    (if poor) answers instead of inf/NaN.
+    With ``μ > 0`` (and ``spectral=False``) the system is positive definite and solved
+    directly (LU: the fast path for the big ``r × r`` updates of W0 and W1). Otherwise the
+    minimum-norm least-squares solution is taken through a symmetric eigendecomposition whose
+    eigenvalues below ``sqrt(eps) · max|λ|`` are dropped: Gram matrices that are singular at
+    the solution (e.g. ``W0 W0ᵀ`` when several ``g_i`` share an input direction) then give
+    finite, bounded answers instead of amplifying rounding noise by ``1/eps`` into inf/NaN.
     """
     r = A.shape[0]
-    if mu > 0:
+    if mu > 0 and not spectral:
         return jnp.linalg.solve(A + mu * jnp.eye(r, dtype=A.dtype), B.T).T
     w, Q = jnp.linalg.eigh(A)
-    cutoff = jnp.finfo(A.dtype).eps * r * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
-    inv_w = jnp.where(jnp.abs(w) > cutoff, 1 / jnp.where(jnp.abs(w) > cutoff, w, 1), 0)
-    return ((B @ Q) * inv_w) @ Q.T
+    w = w + mu
+    rcond = jnp.sqrt(jnp.finfo(A.dtype).eps)
+    cutoff = rcond * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
+    keep = jnp.abs(w) > cutoff
+    inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
+    return ((B @ Q) * inv_w[None, :]) @ Q.T
 
 
 # --------------------------------------------------------------------------- algorithm steps
@@ -177,9 +182,9 @@ def _normalize(state: SolverState, eps: float) -> SolverState:
     beta1 = jnp.maximum(jnp.linalg.norm(state.W1, axis=0), eps)  # (r,)
     return state._replace(
         W0=state.W0 / beta0[:, None],
-        W1=state.W1 / beta1,
-        G=state.G * (beta0 * beta1),
-        R=state.R * beta1,
+        W1=state.W1 / beta1[None, :],
+        G=state.G * (beta0 * beta1)[None, :],
+        R=state.R * beta1[None, :],
     )
 
 
@@ -199,7 +204,7 @@ def _project(
         B, dB = basis.design(u, knots)
         A = dB.T @ dB + lam * (B.T @ B)
         b = dB.T @ g + lam * (B.T @ rr)
-        c = _gram_solve(A, b[None, :], mu_c)[0]
+        c = _gram_solve(A, b[None, :], mu_c, spectral=True)[0]
         return dB @ c, B @ c, c, knots
 
     G, R, coef, knots = jax.vmap(one, in_axes=(1, 1, 1), out_axes=(1, 1, 0, 0))(U, G, R)

@@ -25,6 +25,7 @@ the zip CRCs and the checksum and reported as ``ValueError`` naming the file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -186,15 +187,24 @@ def make_optimizer(model, *, lr: float = 1e-4, schedule: str = "constant", total
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     if schedule not in _SCHEDULES:
         raise ValueError(f"schedule must be one of {_SCHEDULES}, got {schedule!r}")
+    total_steps = max(int(total_steps), 1)
+    warmup = min(max(int(warmup_steps), 0), total_steps - 1) if schedule == "cosine" else 0
+    return nnx.Optimizer(model, _adam(float(lr), schedule, total_steps, warmup), wrt=nnx.Param)
+
+
+@functools.lru_cache(maxsize=64)
+def _adam(lr: float, schedule: str, total_steps: int, warmup: int) -> optax.GradientTransformation:
+    # The transformation is a static part of the optimizer's graph, so jitted steps are
+    # cached per transformation object: reusing it for equal settings avoids a recompile
+    # on every call of train() (the compression pipeline fine-tunes many times).
     if schedule == "cosine":
-        warmup = min(max(int(warmup_steps), 0), max(total_steps - 1, 0))
         rate = optax.warmup_cosine_decay_schedule(
             init_value=0.0 if warmup else lr, peak_value=lr, warmup_steps=warmup,
-            decay_steps=max(int(total_steps), 1), end_value=0.0,
+            decay_steps=total_steps, end_value=0.0,
         )
     else:
         rate = lr
-    return nnx.Optimizer(model, optax.adam(rate), wrt=nnx.Param)
+    return optax.adam(rate)
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
