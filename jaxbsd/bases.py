@@ -170,9 +170,8 @@ class ReLU(Basis):
         u = jnp.asarray(u)
         if self.dof == 1:
             return jnp.zeros((0,), u.dtype)
-        us = jnp.sort(u)
-        levels = jnp.arange(1, self.dof, dtype=us.dtype) / self.dof
-        return bspline._nearest_samples(us, jnp.quantile(us, levels))
+        idx = bspline.quantile_indices(u.shape[0], range(1, self.dof), self.dof)
+        return jnp.sort(u)[idx]
 
     def _columns(self, u, knots, derivative):
         shifted = u[..., None] - _trailing(knots, u.ndim)

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "num_knots",
     "quantile_knots",
+    "quantile_indices",
     "local_basis",
     "design_matrix",
     "evaluate",
@@ -51,13 +53,24 @@ def _safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
     return jnp.where(nonzero, num / jnp.where(nonzero, den, 1), 0)
 
 
-def _nearest_samples(sorted_x: jax.Array, q: jax.Array) -> jax.Array:
-    """For each ``q[j]`` the closest entry of ``sorted_x`` (ties go to the lower one)."""
-    n = sorted_x.shape[0]
-    hi = jnp.clip(jnp.searchsorted(sorted_x, q, side="left"), 0, n - 1)
-    lo = jnp.clip(hi - 1, 0, n - 1)
-    below, above = sorted_x[lo], sorted_x[hi]
-    return jnp.where(jnp.abs(q - below) <= jnp.abs(above - q), below, above)
+def quantile_indices(num_samples: int, levels_num: range | list[int], levels_den: int) -> np.ndarray:
+    """Indices into the sorted samples of the samples nearest to the quantiles ``k / den``.
+
+    With numpy's default (linear) quantile the ``q``-quantile of sorted ``xs`` lies at the
+    fractional position ``q (S − 1)`` between two neighbours, so the nearest sample is the one
+    at the rounded position. Computed in exact integer arithmetic (ties round up), the choice
+    is static and cannot flip with rounding between jit and eager execution.
+
+    Args:
+      num_samples: ``S``.
+      levels_num: the numerators ``k``.
+      levels_den: the common denominator.
+
+    Returns:
+      ``(len(levels_num),)`` int array of static indices.
+    """
+    k = np.asarray(list(levels_num), dtype=np.int64)
+    return (2 * k * (num_samples - 1) + levels_den) // (2 * levels_den)
 
 
 def quantile_knots(x: jax.Array, dof: int, degree: int) -> jax.Array:
@@ -93,8 +106,8 @@ def quantile_knots(x: jax.Array, dof: int, degree: int) -> jax.Array:
     n_interior = dof - degree - 1
     if n_interior == 0:
         return jnp.concatenate([jnp.full((degree + 1,), lo, xs.dtype), jnp.full((degree + 1,), hi, xs.dtype)])
-    levels = jnp.arange(1, n_interior + 1, dtype=xs.dtype) / (dof - degree)
-    interior = jnp.clip(_nearest_samples(xs, jnp.quantile(xs, levels)), lo, hi)
+    idx = quantile_indices(xs.shape[0], range(1, n_interior + 1), dof - degree)
+    interior = jnp.clip(xs[idx], lo, hi)
     inner = _merge_close(jnp.concatenate([lo[None], interior, hi[None]]))[1:-1]
     return jnp.concatenate(
         [jnp.full((degree + 1,), lo, xs.dtype), inner, jnp.full((degree + 1,), hi, xs.dtype)]

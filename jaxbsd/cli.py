@@ -92,16 +92,18 @@ def _run_train(args: argparse.Namespace) -> int:
         "teacher": args.teacher,
         "params": count_params(model),
     }
+    def report(h):
+        print(
+            f"epoch {h['epoch']:3d}  loss {h['loss']:.4f}  train_acc {h['train_acc']:.4f}  "
+            f"test_acc {h['test_acc']:.4f}  {h['seconds']:.1f} s",
+            flush=True,
+        )
+
     history = train(
         model, dataset, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
         teacher=teacher, schedule=args.schedule, warmup_epochs=args.warmup_epochs,
-        progress=not args.no_progress, checkpoint=args.out, metadata=metadata,
+        progress=not args.no_progress, checkpoint=args.out, metadata=metadata, on_epoch=report,
     )
-    for h in history:
-        print(
-            f"epoch {h['epoch']:3d}  loss {h['loss']:.4f}  train_acc {h['train_acc']:.4f}  "
-            f"test_acc {h['test_acc']:.4f}  {h['seconds']:.1f} s"
-        )
     final = history[-1]["test_acc"]
     wall = time.perf_counter() - start
     print(f"final test accuracy {final:.4f} ({100 * final:.2f} %) after {args.epochs} epochs, {wall:.0f} s")

@@ -156,8 +156,9 @@ def _gram_solve(A: jax.Array, B: jax.Array, mu: float, *, spectral: bool = False
 
     With ``μ > 0`` (and ``spectral=False``) the system is positive definite and solved
     directly (LU: the fast path for the big ``r × r`` updates of W0 and W1). Otherwise the
-    minimum-norm least-squares solution is taken through a symmetric eigendecomposition whose
-    eigenvalues below ``sqrt(eps) · max|λ|`` are dropped: Gram matrices that are singular at
+    solution is taken through a symmetric eigendecomposition: with ``μ > 0`` every eigenvalue
+    is shifted by ``μ`` (bounded, continuous); with ``μ = 0`` the minimum-norm least-squares
+    solution drops eigenvalues below ``sqrt(eps) · max|λ|``, so Gram matrices that are singular at
     the solution (e.g. ``W0 W0ᵀ`` when several ``g_i`` share an input direction) then give
     finite, bounded answers instead of amplifying rounding noise by ``1/eps`` into inf/NaN.
     """
@@ -165,11 +166,14 @@ def _gram_solve(A: jax.Array, B: jax.Array, mu: float, *, spectral: bool = False
     if mu > 0 and not spectral:
         return jnp.linalg.solve(A + mu * jnp.eye(r, dtype=A.dtype), B.T).T
     w, Q = jnp.linalg.eigh(A)
-    w = w + mu
-    rcond = jnp.sqrt(jnp.finfo(A.dtype).eps)
-    cutoff = rcond * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
-    keep = jnp.abs(w) > cutoff
-    inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
+    if mu > 0:
+        # Regularized: every eigenvalue is >= mu, so the inverse is bounded and continuous.
+        inv_w = 1 / (jnp.maximum(w, 0) + mu)
+    else:
+        rcond = jnp.sqrt(jnp.finfo(A.dtype).eps)
+        cutoff = rcond * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
+        keep = jnp.abs(w) > cutoff
+        inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
     return ((B @ Q) * inv_w[None, :]) @ Q.T
 
 

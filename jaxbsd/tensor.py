@@ -142,4 +142,4 @@ def mlp_jacobian(
     Returns:
       A :class:`StructuredJacobian` with ``D = h'(X V0ᵀ + b0)`` of shape ``(S, H)``.
     """
-    return StructuredJacobian(V1=V1, V0=V0, D=activation_derivative(X @ V0.T + b0))
+    return StructuredJacobian(V1=V1, V0=V0, D=activation_derivative(X @ V0.T + b0[None, :]))

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -227,6 +227,7 @@ def train(
     checkpoint: str | os.PathLike | None = None,
     metadata: dict | None = None,
     eval_batch_size: int = 512,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``model`` in place on ``dataset`` with Adam; evaluate on the test split each epoch.
 
@@ -248,6 +249,7 @@ def train(
             ``metadata`` plus the history and the training settings.
         metadata: extra JSON-serialisable data for the checkpoint.
         eval_batch_size: batch size for test evaluation.
+        on_epoch: called with each epoch's record as soon as it is complete (e.g. to log).
 
     Returns:
         One dict per epoch: ``epoch``, ``loss`` (mean training loss), ``train_acc``,
@@ -319,7 +321,7 @@ def train(
         if not math.isfinite(record["loss"]):
             raise FloatingPointError(f"training loss became {record['loss']} in epoch {epoch}")
         history.append(record)
-        if progress:
+        if progress and on_epoch is None:
             print(
                 f"epoch {epoch:3d}/{epochs}  loss {record['loss']:.4f}  train {record['train_acc']:.4f}"
                 f"  test {test_acc:.4f}  ({record['seconds']:.1f} s)",
@@ -327,6 +329,8 @@ def train(
             )
         if checkpoint is not None:
             save_checkpoint(checkpoint, model, {**(metadata or {}), "history": history, "train": settings})
+        if on_epoch is not None:
+            on_epoch(record)
     model.eval()
     return history
 

@@ -1,0 +1,99 @@
+"""The three bases: shared interface, the paper's Lemmas 2 and 3, polynomial and ReLU oracles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbsd as jb
+from jaxbsd import bspline
+
+BASES = [jb.BSpline(3, 7), jb.BSpline(1, 4), jb.BSpline(0, 3), jb.Polynomial(4), jb.ReLU(5)]
+
+
+def residual_norm(A, B):
+    """Relative norm of the part of the columns of ``B`` outside the column span of ``A``."""
+    coef, *_ = np.linalg.lstsq(A, B, rcond=None)
+    return np.linalg.norm(A @ coef - B) / np.linalg.norm(B)
+
+
+@pytest.mark.parametrize("basis", BASES, ids=str)
+def test_interface_shapes_and_fast_evaluation(basis):
+    rng = np.random.default_rng(0)
+    u = jnp.asarray(rng.normal(size=50))
+    knots = basis.fit(u)
+    assert knots.shape == (basis.num_knots,)
+    B, dB = basis.design(u, knots)
+    assert B.shape == dB.shape == (50, basis.num_coef)
+    c = jnp.asarray(rng.normal(size=basis.num_coef))
+    # evaluate() never builds the dense matrix but must agree with it, also off the data
+    v = jnp.asarray(rng.uniform(-4, 4, size=30))
+    Bv, dBv = basis.design(v, knots)
+    np.testing.assert_allclose(basis.evaluate(v, knots, c), Bv @ c, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(basis.evaluate(v, knots, c, 1), dBv @ c, rtol=1e-10, atol=1e-10)
+    # the derivative column is the derivative of the value column (autodiff oracle)
+    grad = jax.vmap(jax.grad(lambda z: basis.evaluate(z, knots, c)))(v)
+    np.testing.assert_allclose(grad, dBv @ c, rtol=1e-9, atol=1e-9)
+    hash(basis)  # static argument of jax.jit
+
+
+def test_polynomial_matches_numpy():
+    u = jnp.linspace(-2, 3, 17)
+    c = np.array([0.5, -1.0, 2.0, 0.25])
+    basis = jb.Polynomial(3)
+    np.testing.assert_allclose(basis.evaluate(u, basis.fit(u), jnp.asarray(c)), np.polyval(c[::-1], u), rtol=1e-12)
+    dc = np.polyder(c[::-1])
+    np.testing.assert_allclose(basis.evaluate(u, basis.fit(u), jnp.asarray(c), 1), np.polyval(dc, u), rtol=1e-12)
+    B, dB = basis.design(u, basis.fit(u))
+    np.testing.assert_allclose(B, np.vander(np.asarray(u), 4, increasing=True), rtol=1e-12)
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 5, 10])
+def test_lemma3_spline_without_interior_knots_spans_the_polynomials(degree):
+    """Lemma 3: with ν = d + 1 (no interior knots) the B-splines span exactly P_d."""
+    rng = np.random.default_rng(degree)
+    u = jnp.asarray(rng.uniform(-1.0, 1.0, 200))
+    spline, poly = jb.BSpline(degree, degree + 1), jb.Polynomial(degree)
+    B_s, dB_s = spline.design(u, spline.fit(u))
+    B_p, dB_p = poly.design(u, poly.fit(u))
+    assert residual_norm(np.asarray(B_s), np.asarray(B_p)) < 1e-8  # P_d ⊂ S_d
+    assert residual_norm(np.asarray(B_p), np.asarray(B_s)) < 1e-8  # S_d ⊂ P_d
+    assert np.linalg.matrix_rank(np.asarray(B_s)) == degree + 1
+    # ...and with one interior knot the spline space is strictly larger than P_d
+    B_big, _ = jb.BSpline(degree, degree + 2).design(u, jb.BSpline(degree, degree + 2).fit(u))
+    assert residual_norm(np.asarray(B_p), np.asarray(B_big)) > 1e-3
+
+
+@pytest.mark.parametrize("dof", [2, 4, 7])
+def test_lemma2_relu_span_is_a_strict_subspace_of_linear_splines(dof):
+    """Lemma 2: span{1, ReLU(u − t_j)} ⊂ S_{1,Δ} with Δ = {t0, t1, …}, strictly."""
+    rng = np.random.default_rng(dof)
+    u = jnp.asarray(rng.uniform(-2.0, 3.0, 300))
+    relu = jb.ReLU(dof)
+    breaks = relu.fit(u)
+    B_relu, _ = relu.design(u, breaks)
+    lo, hi = float(u.min()), float(u.max())
+    knots = jnp.concatenate([jnp.array([lo, lo]), breaks, jnp.array([hi, hi])])
+    B_lin = bspline.design_matrix(u, knots, 1)  # degree-1 splines on the same breakpoints
+    assert residual_norm(np.asarray(B_lin), np.asarray(B_relu)) < 1e-10  # inclusion
+    # strict: the first hat function has a non-zero slope on (t0, t1): not a ReLU combination
+    assert residual_norm(np.asarray(B_relu), np.asarray(B_lin[:, :1])) > 1e-2
+    # and every ReLU combination is flat left of the first breakpoint
+    c = jnp.asarray(rng.normal(size=dof))
+    left = jnp.linspace(lo - 1.0, float(breaks[0]) - 1e-9, 5) if dof > 1 else jnp.array([lo])
+    np.testing.assert_allclose(relu.evaluate(left, breaks, c, 1), 0.0)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: jb.BSpline(3, 3), "dof"),
+        (lambda: jb.BSpline(-1, 3), "degree"),
+        (lambda: jb.BSpline(2.5, 5), "degree"),
+        (lambda: jb.Polynomial(-2), "degree"),
+        (lambda: jb.ReLU(0), "dof"),
+    ],
+)
+def test_bad_basis_arguments_raise(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

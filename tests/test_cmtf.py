@@ -1,0 +1,209 @@
+"""R-CMTF-BSD: planted decouplings, determinism, jit parity, validation, degenerate data."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbsd as jb
+from jaxbsd import cmtf
+
+
+def planted_problem(key, m=4, n=3, S=120):
+    """f(x) = W1 g(W0 x) with cubic g: exactly representable by every basis below."""
+    k0, k1, k2 = jax.random.split(key, 3)
+    W0 = jax.random.normal(k0, (2, m)) / np.sqrt(m)
+    W1 = jax.random.normal(k1, (n, 2))
+
+    def f(x):
+        u = W0 @ x
+        return W1 @ jnp.stack([u[0] ** 3 - u[0], 0.5 * u[1] ** 2 + 1.0])
+
+    X = jax.random.uniform(k2, (S, m), minval=-1.0, maxval=1.0)
+    J, F = jb.sample(f, X)
+    return f, X, J, F
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return planted_problem(jax.random.key(7))
+
+
+@pytest.mark.parametrize("basis", [jb.BSpline(3, 4), jb.BSpline(3, 6), jb.Polynomial(3)], ids=str)
+def test_planted_exact_decoupling_is_recovered(planted, basis):
+    f, X, J, F = planted
+    config = jb.CMTFConfig(rank=2, basis=basis, max_iter=1500, tol=1e-13)
+    res = jb.decouple(J, F, X, config, key=jax.random.key(0), restarts=4)
+    assert float(res.error_J) < 1e-6 and float(res.error_F) < 1e-6
+    # The returned model reproduces f on fresh points inside the sampled box (oracle: f itself),
+    # and its autodiff Jacobian is the reported one.
+    X_new = jax.random.uniform(jax.random.key(99), (50, X.shape[1]), minval=-0.9, maxval=0.9)
+    F_new = jax.vmap(f)(X_new)
+    assert float(jb.metrics.error_F(F_new, res.model(X_new))) < 1e-5
+    J_model = jax.vmap(jax.jacrev(res.model))(X)
+    np.testing.assert_allclose(float(jb.metrics.error_J(J, J_model)), float(res.error_J), rtol=1e-6, atol=1e-12)
+
+
+def test_structured_jacobian_gives_the_dense_result():
+    key = jax.random.key(3)
+    k0, k1, k2, k3 = jax.random.split(key, 4)
+    m, H, S = 5, 12, 60
+    V0, b0 = jax.random.normal(k0, (H, m)) / np.sqrt(m), jax.random.normal(k1, (H,)) * 0.1
+    V1 = jax.random.normal(k2, (m, H)) / np.sqrt(H)
+    f = lambda x: V1 @ jnp.tanh(V0 @ x + b0)  # noqa: E731
+    X = jax.random.normal(k3, (S, m))
+    J, F = jb.sample(f, X)
+    structured = jb.tensor.mlp_jacobian(X, V0, b0, V1, lambda z: 1 - jnp.tanh(z) ** 2)
+    np.testing.assert_allclose(structured.dense(), J, rtol=1e-12, atol=1e-12)
+    config = jb.CMTFConfig(rank=4, basis=jb.BSpline(3, 6), max_iter=30)
+    dense_res = jb.decouple(J, F, X, config, key=key, restarts=2)
+    struct_res = jb.decouple(structured, F, X, config, key=key, restarts=2)
+    for a, b in [(dense_res.model.W0, struct_res.model.W0), (dense_res.model.W1, struct_res.model.W1),
+                 (dense_res.model.coef, struct_res.model.coef)]:
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(dense_res.error_J, struct_res.error_J, rtol=1e-6)
+    np.testing.assert_allclose(dense_res.history["error_J"], struct_res.history["error_J"], rtol=1e-6, atol=1e-12)
+
+
+def test_same_key_same_result_and_restarts_are_independent_solves(planted):
+    _, X, J, F = planted
+    config = jb.CMTFConfig(rank=2, basis=jb.BSpline(2, 5), max_iter=20)
+    a = jb.decouple(J, F, X, config, key=jax.random.key(1), restarts=3)
+    b = jb.decouple(J, F, X, config, key=jax.random.key(1), restarts=3)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    c = jb.decouple(J, F, X, config, key=jax.random.key(2), restarts=3)
+    assert not np.allclose(a.restarts.state.W0, c.restarts.state.W0)
+    # restart k of the vmapped solve is the single solve with key split(key, R)[k]
+    key_1 = jax.random.split(jax.random.key(1), 3)[1]
+    single = jax.jit(cmtf.solve, static_argnums=2)(key_1, cmtf.Problem(jb.DenseJacobian(J), F, X), config)
+    np.testing.assert_allclose(a.restarts.state.W0[1], single.state.W0, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(a.restarts.history_J[1], single.history_J, rtol=1e-10, atol=1e-14)
+
+
+def test_jit_and_eager_agree(planted):
+    _, X, J, F = planted
+    config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 5), max_iter=3)
+    problem = cmtf.Problem(jb.DenseJacobian(J), F, X)
+    key = jax.random.key(5)
+    jitted = jax.jit(cmtf.solve, static_argnums=2)(key, problem, config)
+    with jax.disable_jit():
+        eager = cmtf.solve(key, problem, config)
+    for x, y in zip(jax.tree_util.tree_leaves(jitted), jax.tree_util.tree_leaves(eager)):
+        np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
+
+
+def test_result_contents(planted):
+    _, X, J, F = planted
+    config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=40)
+    res = jb.decouple(J, F, X, config, key=jax.random.key(0), restarts=5)
+    assert res.history["error_J"].shape == res.history["error_F"].shape == (5, 40)
+    assert np.all(np.isfinite(res.history["error_J"])) and np.all(np.isfinite(res.history["error_F"]))
+    best = int(res.best_restart)
+    assert float(res.objective) == pytest.approx(float(np.min(res.restarts.objective)))
+    assert res.model.W0.shape == (3, 4) and res.model.W1.shape == (3, 3)
+    assert res.model.coef.shape == (3, 6) and res.model.knots.shape == (3, 10)
+    assert int(res.status) in {s.value for s in jb.Status}
+    np.testing.assert_array_equal(res.restart_model(best).W0, res.model.W0)
+    assert 1 <= int(res.iterations) <= 40
+    assert res.model.num_params() == jb.metrics.params_bsd(4, 3, 3, 6)
+
+
+def test_decoupled_model_is_jittable_and_differentiable(planted):
+    _, X, J, F = planted
+    res = jb.decouple(J, F, X, jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 6), max_iter=10), key=jax.random.key(0))
+    model = res.model
+    np.testing.assert_allclose(jax.jit(lambda mdl, x: mdl(x))(model, X), model(X), rtol=1e-12)
+    np.testing.assert_allclose(model.jacobian(X), jax.vmap(jax.jacrev(model))(X), rtol=1e-10, atol=1e-12)
+    batch = X.reshape(4, 30, 4)
+    assert model(batch).shape == (4, 30, 3)
+    grads = jax.grad(lambda mdl: jnp.sum(mdl(X) ** 2))(model)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_no_python_loop_over_ranks():
+    """The traced sweep has the same number of operations whatever the rank."""
+
+    def count(rank):
+        S, n, m = 40, 3, 5
+        problem = cmtf.Problem(jb.DenseJacobian(jnp.ones((S, n, m))), jnp.ones((S, n)), jnp.ones((S, m)))
+        config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 6))
+        state = cmtf.init_state(jax.random.key(0), problem, config)
+        return len(jax.make_jaxpr(cmtf.sweep, static_argnums=2)(state, problem, config).jaxpr.eqns)
+
+    assert count(2) == count(9)
+
+
+def _bad_inputs():
+    S, n, m = 30, 2, 3
+    J, F, X = np.ones((S, n, m)), np.ones((S, n)), np.ones((S, m))
+    nan_J = J.copy()
+    nan_J[0, 0, 0] = np.nan
+    inf_X = X.copy()
+    inf_X[3, 1] = np.inf
+    ok = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 6))
+    return [
+        ((J[:, :, :2], F, X, ok), "J"),
+        ((J, F[:, :1], X, ok), "F"),
+        ((J, F, X[:-1], ok), "J"),
+        ((J[0], F, X, ok), "J"),
+        ((nan_J, F, X, ok), "J contains NaN"),
+        ((J, F, inf_X, ok), "X contains NaN or inf"),
+        ((J[:5], F[:5], X[:5], ok), "S = 5 must be >= the basis dof 6"),
+        ((J.astype(np.float32), F, X, ok), "dtype"),
+        ((J, F, X, "rank=2"), "config"),
+    ]
+
+
+@pytest.mark.parametrize("args, match", _bad_inputs())
+def test_bad_input_raises_before_compiling(args, match, monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("compiled before validating")
+
+    monkeypatch.setattr(cmtf, "_solve_restarts_jit", fail)
+    with pytest.raises(ValueError, match=match):
+        jb.decouple(*args, key=jax.random.key(0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(rank=0), "rank"), (dict(rank=2, lam=-1.0), "lam"), (dict(rank=2, max_iter=0), "max_iter"),
+     (dict(rank=2, basis="bspline"), "basis"), (dict(rank=2, tol=float("nan")), "tol")],
+)
+def test_bad_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jb.CMTFConfig(**kwargs)
+
+
+def test_restarts_must_be_positive(planted):
+    _, X, J, F = planted
+    with pytest.raises(ValueError, match="restarts"):
+        jb.decouple(J, F, X, jb.CMTFConfig(rank=2), key=jax.random.key(0), restarts=0)
+
+
+@pytest.mark.parametrize("robust", [True, False])
+@pytest.mark.parametrize("basis", [jb.BSpline(3, 6), jb.Polynomial(3), jb.ReLU(4)], ids=str)
+def test_degenerate_data_never_gives_nan(robust, basis):
+    """Tied samples, a constant input coordinate and an all-zero output stay finite."""
+    S, m = 40, 3
+    base = jax.random.normal(jax.random.key(0), (S // 4, m))
+    X = jnp.concatenate([base] * 4)  # every sample four times
+    X = X.at[:, 2].set(1.0)  # a constant coordinate
+    f = lambda x: jnp.stack([jnp.tanh(x[0] + x[1]), 0.0 * x[0]])  # noqa: E731
+    J, F = jb.sample(f, X)
+    config = jb.CMTFConfig(rank=4, basis=basis, robust=robust, max_iter=30, lam=1e-6)
+    res = jb.decouple(J, F, X, config, key=jax.random.key(1), restarts=2)
+    for leaf in jax.tree_util.tree_leaves(res):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+
+
+@pytest.mark.parametrize("robust", [True, False])
+def test_zero_row_of_W0_gives_a_finite_sweep(planted, robust):
+    _, X, J, F = planted
+    problem = cmtf.Problem(jb.DenseJacobian(J), F, X)
+    config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), robust=robust)
+    state = cmtf.init_state(jax.random.key(0), problem, config)
+    state = state._replace(W0=state.W0.at[1].set(0.0), W1=state.W1.at[:, 2].set(0.0))
+    new = jax.jit(cmtf.sweep, static_argnums=2)(state, problem, config)
+    for leaf in new:
+        assert np.all(np.isfinite(np.asarray(leaf)))
