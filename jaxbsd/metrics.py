@@ -58,7 +58,7 @@ def relative_rmse(Y, Y_hat):
     if Y.shape != Y_hat.shape or Y.ndim != 2:
         raise ValueError(f"Y and Y_hat must both have shape (S, n), got {Y.shape} and {Y_hat.shape}")
     num = jnp.sum((Y - Y_hat) ** 2, axis=0)
-    den = jnp.sum((Y - jnp.mean(Y, axis=0)) ** 2, axis=0)
+    den = jnp.sum((Y - jnp.mean(Y, axis=0, keepdims=True)) ** 2, axis=0)
     return 100 * jnp.sqrt(num / den)
 
 
