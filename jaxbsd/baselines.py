@@ -1,0 +1,146 @@
+"""Low-rank baselines for MLP compression: truncated SVD and DRONE, and budget helpers.
+
+Both replace each dense layer ``y = x K + b`` of a block's MLP (``K`` of shape ``(in, out)``) by
+``y = (x A) B + b`` with ``A (in, k)`` and ``B (k, out)``, keeping the activation and biases:
+
+* **SVD** (Hajimolahoseini et al. 2022): ``A B`` is the best rank-``k`` approximation of ``K``
+  in the Frobenius norm (Eckart–Young), split as ``U_k Σ_k^½`` and ``Σ_k^½ V_kᵀ``.
+* **DRONE** (Chen et al. 2021): data-aware, ``A B = argmin_{rank k} ‖X K − X K'‖_F`` for the
+  layer's real inputs ``X``. With the thin SVD ``X = U Σ Vᵀ`` (rank ρ) this is
+  ``K' = V Σ⁻¹ [Σ Vᵀ K]_k``, ``[·]_k`` the truncated SVD: closed form, no iterations.
+
+The parameter helpers pick each method's rank so that its count fits a budget; counts are those
+of the modules actually placed in the model (no dense weights are kept).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxbsd.metrics import params_bsd
+from jaxbsd.models.layers import ACTIVATIONS, MLP
+
+__all__ = [
+    "LowRankLinear",
+    "LowRankMLP",
+    "truncated_svd_factors",
+    "drone_factors",
+    "svd_mlp",
+    "drone_mlp",
+    "lowrank_mlp_params",
+    "lowrank_rank_for_budget",
+    "bsd_rank_for_budget",
+]
+
+
+class LowRankLinear(nnx.Module):
+    """``x ↦ (x A) B + bias``: ``(..., in) -> (..., out)`` with ``A (in, k)``, ``B (k, out)``."""
+
+    def __init__(self, A: jax.Array, B: jax.Array, bias: jax.Array):
+        if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
+            raise ValueError(f"A (in, k) and B (k, out) must share k, got {A.shape} and {B.shape}")
+        if bias.shape != (B.shape[1],):
+            raise ValueError(f"bias must have shape ({B.shape[1]},), got {bias.shape}")
+        self.A = nnx.Param(jnp.asarray(A))
+        self.B = nnx.Param(jnp.asarray(B))
+        self.bias = nnx.Param(jnp.asarray(bias))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (x @ self.A[...]) @ self.B[...] + self.bias[...]
+
+
+class LowRankMLP(nnx.Module):
+    """An MLP whose two dense layers are low-rank: ``fc2(h(fc1(x)))``, ``(..., m) -> (..., m)``."""
+
+    def __init__(self, fc1: LowRankLinear, fc2: LowRankLinear, activation: str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.fc1, self.fc2, self.activation = fc1, fc2, activation
+
+    @property
+    def ranks(self) -> tuple[int, int]:
+        return self.fc1.A[...].shape[1], self.fc2.A[...].shape[1]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
+
+
+def truncated_svd_factors(K: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """Best rank-``k`` factors ``A (in, k)``, ``B (k, out)`` of ``K (in, out)``."""
+    _check_rank(k, K)
+    U, s, Vt = jnp.linalg.svd(K, full_matrices=False)
+    root = jnp.sqrt(s[:k])
+    return U[:, :k] * root[None, :], root[:, None] * Vt[:k]
+
+
+def drone_factors(X: jax.Array, K: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """DRONE: rank-``k`` ``A B`` minimizing ``‖X K − X A B‖_F`` for inputs ``X (S, in)``.
+
+    Directions of the input space that ``X`` never visits (singular values below
+    ``sqrt(eps) · σ_max``) get no weight: the minimum-norm minimizer.
+    """
+    _check_rank(k, K)
+    if X.ndim != 2 or X.shape[1] != K.shape[0]:
+        raise ValueError(f"X must have shape (S, {K.shape[0]}), got {X.shape}")
+    _, sx, Vxt = jnp.linalg.svd(X, full_matrices=False)  # X = U diag(sx) Vxt
+    keep = sx > jnp.sqrt(jnp.finfo(X.dtype).eps) * sx[0]
+    inv = jnp.where(keep, 1 / jnp.where(keep, sx, 1), 0)
+    M = sx[:, None] * (Vxt @ K)  # Σ Vᵀ K: what X K looks like in X's own coordinates
+    P, sm, Qt = jnp.linalg.svd(M, full_matrices=False)
+    root = jnp.sqrt(sm[:k])
+    A = Vxt.T @ (inv[:, None] * (P[:, :k] * root[None, :]))
+    return A, root[:, None] * Qt[:k]
+
+
+def _check_rank(k: int, K: jax.Array) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(K.shape):
+        raise ValueError(f"rank must be an int in [1, {min(K.shape)}], got {k!r}")
+
+
+def _kernels(mlp: MLP):
+    return (mlp.fc1.kernel[...], mlp.fc1.bias[...]), (mlp.fc2.kernel[...], mlp.fc2.bias[...])
+
+
+def svd_mlp(mlp: MLP, rank: int) -> LowRankMLP:
+    """Truncated SVD of both dense layers of ``mlp`` at the same ``rank``."""
+    (K1, b1), (K2, b2) = _kernels(mlp)
+    return LowRankMLP(
+        LowRankLinear(*truncated_svd_factors(K1, rank), b1),
+        LowRankLinear(*truncated_svd_factors(K2, rank), b2),
+        mlp.activation,
+    )
+
+
+def drone_mlp(mlp: MLP, X: jax.Array, rank: int) -> LowRankMLP:
+    """DRONE on both dense layers of ``mlp``; their inputs are ``X (S, m)`` and ``h(fc1(X))``."""
+    (K1, b1), (K2, b2) = _kernels(mlp)
+    hidden = ACTIVATIONS[mlp.activation](X @ K1 + b1[None, :])
+    return LowRankMLP(
+        LowRankLinear(*drone_factors(X, K1, rank), b1),
+        LowRankLinear(*drone_factors(hidden, K2, rank), b2),
+        mlp.activation,
+    )
+
+
+def lowrank_mlp_params(m: int, hidden: int, rank: int) -> int:
+    """Parameters of a :class:`LowRankMLP`: two rank-``k`` layers plus both biases."""
+    return rank * (m + hidden) + rank * (hidden + m) + hidden + m
+
+
+def lowrank_rank_for_budget(m: int, hidden: int, budget: int) -> int:
+    """Largest rank whose :class:`LowRankMLP` has at most ``budget`` parameters (>= 1)."""
+    rank = (budget - hidden - m) // (2 * (m + hidden))
+    if rank < 1:
+        raise ValueError(f"budget {budget} is below a rank-1 low-rank MLP ({lowrank_mlp_params(m, hidden, 1)})")
+    return int(rank)
+
+
+def bsd_rank_for_budget(m: int, n: int, dof: int, budget: int) -> int:
+    """Largest rank whose decoupled MLP (``P_BSD = r (m + n + ν)``) fits ``budget`` (>= 1)."""
+    rank = budget // (m + n + dof)
+    if rank < 1:
+        raise ValueError(f"budget {budget} is below a rank-1 decoupling ({params_bsd(m, n, 1, dof)})")
+    assert params_bsd(m, n, rank, dof) <= budget
+    return int(rank)
