@@ -48,7 +48,8 @@ class LowRankLinear(nnx.Module):
         self.bias = nnx.Param(jnp.asarray(bias))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return (x @ self.A[...]) @ self.B[...] + self.bias[...]
+        y = (x @ self.A[...]) @ self.B[...]
+        return y + self.bias[...].reshape((1,) * (y.ndim - 1) + (-1,))
 
 
 class LowRankMLP(nnx.Module):

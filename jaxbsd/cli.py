@@ -53,6 +53,9 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=_positive_float, default=1e-4, help="peak learning rate")
     p.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--warmup-epochs", type=float, default=0.0, help="cosine warm-up length")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decay (0: Adam, paper)")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--drop-path", type=float, default=None, help="override the stochastic-depth rate")
     p.add_argument("--batch-size", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0, help="initialisation, shuffling and split seed")
     p.add_argument("--limit", type=_positive_int, default=None, help="use only the first N examples")
@@ -75,7 +78,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     dataset = data.load_dataset(args.dataset, args.data_root, seed=args.seed, limit=args.limit)
-    config = config_for_dataset(args.model, dataset)
+    overrides = {} if args.drop_path is None else {"drop_path": args.drop_path}
+    config = config_for_dataset(args.model, dataset, **overrides)
     model = build_model(args.model, config, seed=args.seed)
     teacher = None
     if args.teacher is not None:
@@ -102,6 +106,7 @@ def _run_train(args: argparse.Namespace) -> int:
     history = train(
         model, dataset, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
         teacher=teacher, schedule=args.schedule, warmup_epochs=args.warmup_epochs,
+        weight_decay=args.weight_decay, label_smoothing=args.label_smoothing,
         progress=not args.no_progress, checkpoint=args.out, metadata=metadata, on_epoch=report,
     )
     final = history[-1]["test_acc"]
@@ -111,7 +116,8 @@ def _run_train(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({**metadata, "config": config_to_dict(config), "model": args.model,
                        "epochs": args.epochs, "lr": args.lr, "schedule": args.schedule,
-                       "batch_size": args.batch_size, "seed": args.seed, "history": history,
+                       "batch_size": args.batch_size, "seed": args.seed, "weight_decay": args.weight_decay,
+                       "label_smoothing": args.label_smoothing, "history": history,
                        "test_acc": final, "wall_seconds": wall, "checkpoint": args.out}, f, indent=1)
     return 0
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -245,8 +246,8 @@ def init_state(key: jax.Array, problem: Problem, config: CMTFConfig) -> SolverSt
     r = config.rank
     dtype = problem.F.dtype
     k0, k1, k2, k3 = jax.random.split(key, 4)
-    W0 = jax.random.normal(k0, (r, m), dtype) / np.sqrt(m)
-    W1 = jax.random.normal(k1, (n, r), dtype) / np.sqrt(r)
+    W0 = jax.random.normal(k0, (r, m), dtype) / math.sqrt(m)
+    W1 = jax.random.normal(k1, (n, r), dtype) / math.sqrt(r)
     G = jax.random.normal(k2, (S, r), dtype)
     R = jax.random.normal(k3, (S, r), dtype)
     knots = jax.vmap(config.basis.fit, in_axes=1)(problem.X @ W0.T)

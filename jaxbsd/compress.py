@@ -297,11 +297,12 @@ def compress(
         if steps and progress:
             print(f"resuming after step {len(steps)} of {len(indices)} from {state_dir}", file=sys.stderr)
     key = jax.random.key(config.seed)
-    rng = np.random.default_rng(config.seed)
     n_capture = min(config.capture_images, dataset.train_images.shape[0])
     for step, block in enumerate(indices, start=1):
         if step <= len(steps):
             continue
+        # Per-step streams, so a resumed run draws exactly what an uninterrupted one would.
+        rng = np.random.default_rng([config.seed, step])
         images = jnp.asarray(dataset.train_images[rng.choice(dataset.train_images.shape[0], n_capture, replace=False)])
         old = model.blocks[block].mlp
         old_params = mlp_params(old)

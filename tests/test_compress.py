@@ -1,0 +1,142 @@
+"""Compression: exact replacement, fine-tuning, baselines against closed-form optima, resume."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxbsd as jb
+from jaxbsd import baselines, compress
+from jaxbsd.data import Dataset
+from jaxbsd.models import ViTConfig, build_model, count_params
+from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.train import train
+
+
+def tiny_dataset(n_train=96, n_test=48, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n_train + n_test).astype(np.int32)
+    images = rng.normal(size=(n_train + n_test, 8, 8, 1)).astype(np.float32)
+    images[np.arange(len(labels)), labels % 8, :, 0] += 2.0  # a learnable signal
+    return Dataset("toy", images[:n_train], labels[:n_train], images[n_train:], labels[n_train:], 10)
+
+
+def tiny_vit(seed=0):
+    return build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=3, num_heads=2, mlp_dim=16), seed=seed)
+
+
+def test_block_order():
+    assert compress.block_order("front-to-back", 3) == (0, 1, 2)
+    assert compress.block_order("bf", 3) == (2, 1, 0)
+    assert compress.block_order([1, 0], 3) == (1, 0)
+    for bad in ("sideways", [0, 0], [3], []):
+        with pytest.raises(ValueError, match="order"):
+            compress.block_order(bad, 3)
+
+
+def test_truncated_svd_is_the_eckart_young_optimum():
+    K = jax.random.normal(jax.random.key(0), (12, 30))
+    A, B = baselines.truncated_svd_factors(K, 4)
+    s = np.linalg.svd(np.asarray(K), compute_uv=False)
+    np.testing.assert_allclose(np.linalg.norm(K - A @ B), np.sqrt(np.sum(s[4:] ** 2)), rtol=1e-10)
+
+
+def test_drone_attains_the_data_aware_optimum():
+    k0, k1 = jax.random.split(jax.random.key(1))
+    # inputs concentrated in a few directions, as token representations are
+    X = jax.random.normal(k0, (300, 10)) * jnp.array([5.0, 3.0, 2.0, 1, 0.5, 0.1, 0.1, 0.05, 0.01, 0.01])[None, :]
+    K = jax.random.normal(k1, (10, 16))
+    A, B = baselines.drone_factors(X, K, 3)
+    residual = np.linalg.norm(X @ K - X @ (A @ B))
+    s = np.linalg.svd(np.asarray(X @ K), compute_uv=False)  # best rank-3 approx of XK is attainable
+    np.testing.assert_allclose(residual, np.sqrt(np.sum(s[3:] ** 2)), rtol=1e-8)
+    A_svd, B_svd = baselines.truncated_svd_factors(K, 3)
+    assert residual < np.linalg.norm(X @ K - X @ (A_svd @ B_svd))
+
+
+@pytest.mark.parametrize("budget", [700, 1500, 5000])
+def test_rank_for_budget_is_the_largest_that_fits(budget):
+    m, H, dof = 8, 32, 4
+    k = baselines.lowrank_rank_for_budget(m, H, budget)
+    assert baselines.lowrank_mlp_params(m, H, k) <= budget < baselines.lowrank_mlp_params(m, H, k + 1)
+    r = baselines.bsd_rank_for_budget(m, m, dof, budget)
+    assert jb.metrics.params_bsd(m, m, r, dof) <= budget < jb.metrics.params_bsd(m, m, r + 1, dof)
+
+
+@pytest.mark.parametrize("method", ["svd", "drone"])
+def test_lowrank_replacement_counts_real_parameters(method):
+    model = tiny_vit()
+    images = jnp.asarray(tiny_dataset().train_images)
+    config = compress.CompressionConfig(method=method, rank=3, num_samples=32)
+    module, info = compress.compress_block(model, 0, images, config, jax.random.key(0))
+    before = count_params(model)
+    old = count_params(model.blocks[0].mlp)
+    model.blocks[0].mlp = module
+    assert count_params(model) == before - old + baselines.lowrank_mlp_params(8, 16, 3)
+    assert np.isfinite(info["error_F"])
+
+
+def test_exact_decoupling_leaves_logits_unchanged_and_finetuning_keeps_knots():
+    model = tiny_vit(seed=3)
+    ds = tiny_dataset()
+    images = jnp.asarray(ds.train_images[:32])
+    # Plant an exactly decouplable block MLP: cubic polynomial internal functions.
+    k = jax.random.split(jax.random.key(4), 3)
+    planted = jb.Decoupled(
+        W0=jax.random.normal(k[0], (3, 8), jnp.float32) * 0.5,
+        W1=jax.random.normal(k[1], (8, 3), jnp.float32) * 0.5,
+        coef=jax.random.normal(k[2], (3, 4), jnp.float32) * 0.3,
+        knots=jnp.zeros((3, 0), jnp.float32),
+        basis=jb.Polynomial(3),
+    )
+    model.blocks[1].mlp = DecoupledMLP.from_decoupled(planted)
+    logits = model(images)
+    X, J, F = jb.models.capture(model, images, 1, 60, key=jax.random.key(5))
+    X, J, F = (jnp.asarray(a, jnp.float64) for a in (X, J, F))
+    res = jb.decouple(J, F, X, jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 4), max_iter=2000, tol=1e-14),
+                      key=jax.random.key(6), restarts=4)
+    assert float(res.error_J) < 1e-8
+    model.blocks[1].mlp = DecoupledMLP.from_decoupled(res.model, dtype=jnp.float32)
+    np.testing.assert_allclose(model(images), logits, atol=1e-5, rtol=0)
+
+    mlp = model.blocks[1].mlp
+    before = {name: np.array(getattr(mlp, name)[...]) for name in ("W0", "W1", "coef", "knots")}
+    train(model, ds, epochs=1, lr=1e-2, batch_size=32, progress=False)
+    for name in ("W0", "W1", "coef"):
+        assert not np.allclose(getattr(mlp, name)[...], before[name]), name
+    np.testing.assert_array_equal(mlp.knots[...], before["knots"])
+
+
+def test_compress_records_and_resumes_after_interruption(tmp_path, monkeypatch):
+    ds = tiny_dataset()
+    config = compress.CompressionConfig(basis=jb.BSpline(2, 4), rank=4, num_samples=40, capture_images=16,
+                                        max_iter=20, finetune_epochs=1, batch_size=32)
+    reference = compress.compress(tiny_vit(), ds, order="bf", config=config, progress=False)
+    assert [r["block"] for r in reference] == [2, 1, 0]
+    last = reference[-1]
+    assert last["params_model"] == last["params_original"] - 3 * (last["params_mlp_old"] - last["params_mlp_new"])
+    assert last["params_mlp_new"] == jb.metrics.params_bsd(8, 8, 4, 4)
+    assert last["savings_model"] == pytest.approx(100 * (1 - last["params_model"] / last["params_original"]))
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_first(record):
+        if record["step"] == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        compress.compress(tiny_vit(), ds, order="bf", config=config, state_dir=tmp_path, progress=False,
+                          on_step=stop_after_first)
+    calls = []
+    real = compress.compress_block
+    monkeypatch.setattr(compress, "compress_block", lambda model, block, *a: calls.append(block) or real(model, block, *a))
+    resumed = compress.compress(tiny_vit(), ds, order="bf", config=config, state_dir=tmp_path, progress=False)
+    assert calls == [1, 0]  # step 1 (block 2) was not redone
+    assert len(resumed) == 3
+    for a, b in zip(resumed, reference):
+        assert a["acc_ft"] == pytest.approx(b["acc_ft"]) and a["params_model"] == b["params_model"]
+    # a different configuration refuses to reuse the state
+    with pytest.raises(ValueError, match="different run"):
+        compress.compress(tiny_vit(), ds, order="fb", config=config, state_dir=tmp_path, progress=False)
