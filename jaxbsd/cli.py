@@ -68,6 +68,10 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
 
 SUBCOMMANDS.append(add_train_command)
 
+from jaxbsd.cli_compress import add_compress_command  # noqa: E402  (the main job)
+
+SUBCOMMANDS.append(add_compress_command)
+
 
 def _run_train(args: argparse.Namespace) -> int:
     import time
