@@ -24,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, NamedTuple
+import sys
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbsd.bases import Basis, BSpline
 from jaxbsd.decoupled import Decoupled
@@ -304,32 +306,39 @@ class _Loop(NamedTuple):
     status: jax.Array  # -1 while running
 
 
-def solve(key: jax.Array, problem: Problem, config: CMTFConfig) -> RestartResult:
-    """One restart of R-CMTF-BSD as a bounded ``lax.while_loop`` (jittable, vmappable).
+class _Norms(NamedTuple):
+    J: jax.Array  # ‖𝒥‖² (floored at tiny)
+    F: jax.Array  # ‖F‖² (floored at tiny)
+    scale: jax.Array  # ‖𝒥‖² + λ‖F‖² (floored at tiny)
 
-    History entries after the last sweep repeat the last value, so the arrays have a static
-    shape ``(max_iter,)``; ``iterations`` says how many are real.
-    """
-    dtype = problem.F.dtype
-    norm_J = problem.jac.sq_norm()
-    norm_F = jnp.sum(problem.F**2)
-    tiny = jnp.finfo(dtype).tiny
-    scale = jnp.maximum(norm_J + config.lam * norm_F, tiny)
+
+def _norms(problem: Problem, lam: float) -> _Norms:
+    tiny = jnp.finfo(problem.F.dtype).tiny
+    norm_J, norm_F = problem.jac.sq_norm(), jnp.sum(problem.F**2)
+    return _Norms(jnp.maximum(norm_J, tiny), jnp.maximum(norm_F, tiny), jnp.maximum(norm_J + lam * norm_F, tiny))
+
+
+def _start(key: jax.Array, problem: Problem, config: CMTFConfig) -> _Loop:
+    """Loop state before the first sweep (the initial state is the fallback best iterate)."""
+    norms = _norms(problem, config.lam)
     state0 = init_state(key, problem, config)
-    inf = jnp.asarray(jnp.inf, dtype)
+    inf = jnp.asarray(jnp.inf, problem.F.dtype)
     errs0 = _errors(state0, problem, config.lam)
-    history_J = jnp.full((config.max_iter,), errs0.res_J / jnp.maximum(norm_J, tiny))
-    history_F = jnp.full((config.max_iter,), errs0.res_F / jnp.maximum(norm_F, tiny))
-    loop0 = _Loop(
+    return _Loop(
         it=jnp.asarray(0),
         state=state0,
         prev_objective=inf,
         best=state0,
         best_errors=Errors(inf, inf, inf),
-        history_J=history_J,
-        history_F=history_F,
+        history_J=jnp.full((config.max_iter,), errs0.res_J / norms.J),
+        history_F=jnp.full((config.max_iter,), errs0.res_F / norms.F),
         status=jnp.asarray(-1),
     )
+
+
+def _advance(loop: _Loop, problem: Problem, config: CMTFConfig, stop_at: jax.Array | int) -> _Loop:
+    """Sweep until the restart stops or ``stop_at`` sweeps are done (a bounded while loop)."""
+    norms = _norms(problem, config.lam)
 
     def body(loop: _Loop) -> _Loop:
         new = sweep(loop.state, problem, config)
@@ -337,44 +346,55 @@ def solve(key: jax.Array, problem: Problem, config: CMTFConfig) -> RestartResult
         finite = _finite(new) & jnp.isfinite(errs.objective)
         improved = finite & (errs.objective < loop.best_errors.objective)
         best = jax.tree_util.tree_map(lambda a, b: jnp.where(improved, a, b), new, loop.best)
-        best_errors = jax.tree_util.tree_map(
-            lambda a, b: jnp.where(improved, a, b), errs, loop.best_errors
-        )
+        best_errors = jax.tree_util.tree_map(lambda a, b: jnp.where(improved, a, b), errs, loop.best_errors)
         # A non-finite sweep records the last finite errors; entries from this sweep on are
         # overwritten (so the tail after the final sweep repeats its value).
         tail = jnp.arange(config.max_iter) >= loop.it
         previous = jnp.maximum(loop.it - 1, 0)
-        err_J = jnp.where(finite, errs.res_J / jnp.maximum(norm_J, tiny), loop.history_J[previous])
-        err_F = jnp.where(finite, errs.res_F / jnp.maximum(norm_F, tiny), loop.history_F[previous])
-        history_J = jnp.where(tail, err_J, loop.history_J)
-        history_F = jnp.where(tail, err_F, loop.history_F)
+        err_J = jnp.where(finite, errs.res_J / norms.J, loop.history_J[previous])
+        err_F = jnp.where(finite, errs.res_F / norms.F, loop.history_F[previous])
         change = jnp.abs(loop.prev_objective - errs.objective)
         converged = (jnp.isfinite(loop.prev_objective) & (change <= config.tol * loop.prev_objective)) | (
-            errs.objective <= config.tol * scale
+            errs.objective <= config.tol * norms.scale
         )
         status = jnp.select(
-            [~finite, errs.objective > config.divergence * scale, converged, loop.it + 1 >= config.max_iter],
+            [~finite, errs.objective > config.divergence * norms.scale, converged, loop.it + 1 >= config.max_iter],
             [Status.NONFINITE, Status.DIVERGED, Status.CONVERGED, Status.MAX_ITERATIONS],
             -1,
         )
         # A non-finite sweep is not continued from: the loop stops with the best iterate.
-        return _Loop(loop.it + 1, new, errs.objective, best, best_errors, history_J, history_F, status)
+        return _Loop(
+            loop.it + 1, new, errs.objective, best, best_errors,
+            jnp.where(tail, err_J, loop.history_J), jnp.where(tail, err_F, loop.history_F), status,
+        )
 
-    loop = jax.lax.while_loop(lambda l: l.status < 0, body, loop0)
-    # If no sweep was finite, fall back to the (finite) initial state.
-    never = ~jnp.isfinite(loop.best_errors.objective)
-    best = jax.tree_util.tree_map(lambda a, b: jnp.where(never, a, b), state0, loop.best)
-    errs = _errors(best, problem, config.lam)
+    return jax.lax.while_loop(lambda l: (l.status < 0) & (l.it < stop_at), body, loop)
+
+
+def _finish(loop: _Loop, problem: Problem, config: CMTFConfig) -> RestartResult:
+    """The restart's result from its best iterate (the initial state if no sweep was finite)."""
+    norms = _norms(problem, config.lam)
+    errs = _errors(loop.best, problem, config.lam)
     return RestartResult(
-        state=best,
+        state=loop.best,
         objective=errs.objective,
-        error_J=errs.res_J / jnp.maximum(norm_J, tiny),
-        error_F=errs.res_F / jnp.maximum(norm_F, tiny),
+        error_J=errs.res_J / norms.J,
+        error_F=errs.res_F / norms.F,
         history_J=loop.history_J,
         history_F=loop.history_F,
         iterations=loop.it,
         status=loop.status,
     )
+
+
+def solve(key: jax.Array, problem: Problem, config: CMTFConfig) -> RestartResult:
+    """One restart of R-CMTF-BSD as a bounded ``lax.while_loop`` (jittable, vmappable).
+
+    History entries after the last sweep repeat the last value, so the arrays have a static
+    shape ``(max_iter,)``; ``iterations`` says how many are real.
+    """
+    loop = _advance(_start(key, problem, config), problem, config, config.max_iter)
+    return _finish(loop, problem, config)
 
 
 # --------------------------------------------------------------------------- public entry
@@ -420,9 +440,8 @@ class DecouplingResult:
         return Decoupled(W0=s.W0, W1=s.W1, coef=s.coef, knots=s.knots, basis=self.config.basis)
 
 
-def _solve_restarts(key: jax.Array, problem: Problem, config: CMTFConfig, restarts: int):
-    keys = jax.random.split(key, restarts)
-    runs = jax.vmap(solve, in_axes=(0, None, None))(keys, problem, config)
+def _select(runs: RestartResult, config: CMTFConfig) -> DecouplingResult:
+    """The result of stacked restarts: the best one by training objective, and all of them."""
     best = jnp.argmin(jnp.where(jnp.isfinite(runs.objective), runs.objective, jnp.inf))
     pick = lambda x: x[best]  # noqa: E731
     s = jax.tree_util.tree_map(pick, runs.state)
@@ -439,7 +458,82 @@ def _solve_restarts(key: jax.Array, problem: Problem, config: CMTFConfig, restar
     )
 
 
-_solve_restarts_jit = jax.jit(_solve_restarts, static_argnames=("config", "restarts"))
+def _solve_restarts(keys: jax.Array, problem: Problem, config: CMTFConfig) -> DecouplingResult:
+    return _select(jax.vmap(solve, in_axes=(0, None, None))(keys, problem, config), config)
+
+
+# The whole solve as one compiled function.
+_solve_restarts_jit = jax.jit(_solve_restarts, static_argnames=("config",))
+# The same solve in three compiled pieces, for progress reports between chunks of sweeps
+# (``stop_at`` is traced, so every chunk reuses one compilation).
+_start_jit = jax.jit(jax.vmap(_start, in_axes=(0, None, None)), static_argnums=2)
+_advance_jit = jax.jit(jax.vmap(_advance, in_axes=(0, None, None, None)), static_argnums=2)
+_finish_jit = jax.jit(
+    lambda loop, problem, config: _select(jax.vmap(_finish, in_axes=(0, None, None))(loop, problem, config), config),
+    static_argnums=2,
+)
+
+
+ProgressCallback = Callable[[int, np.ndarray, np.ndarray], None]
+
+
+def _solve_in_chunks(keys, problem, config, every: int, report: ProgressCallback) -> DecouplingResult:
+    loop = _start_jit(keys, problem, config)
+    done = 0
+    while done < config.max_iter:
+        done = min(done + every, config.max_iter)
+        loop = _advance_jit(loop, problem, config, done)
+        it = np.asarray(loop.it)
+        last = np.maximum(it - 1, 0)[:, None]
+        report(int(it.max()), np.take_along_axis(np.asarray(loop.history_J), last, 1)[:, 0],
+               np.take_along_axis(np.asarray(loop.history_F), last, 1)[:, 0])
+        if np.all(np.asarray(loop.status) >= 0):
+            break
+    return _finish_jit(loop, problem, config)
+
+
+def _tqdm_report(config: CMTFConfig) -> tuple[ProgressCallback, Callable[[], None]]:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=config.max_iter, desc="R-CMTF sweeps", file=sys.stderr, leave=False)
+
+    def report(iteration, error_J, error_F):
+        bar.update(iteration - bar.n)
+        bar.set_postfix(error_J=f"{np.min(error_J):.3e}", error_F=f"{np.min(error_F):.3e}")
+
+    return report, bar.close
+
+
+def _place(keys: jax.Array, problem: Problem, shard: str | None) -> tuple[jax.Array, Problem]:
+    """Spread restarts, or the sample axis, over ``jax.devices()`` (a no-op on one device).
+
+    ``"restarts"`` shards the restart axis (it must divide evenly); ``"samples"`` shards the
+    sample axis ``S`` of ``X``, ``F`` and the Jacobian (``D`` of a structured Jacobian, ``J`` of a
+    dense one); ``"auto"`` picks restarts when they divide evenly, else samples when ``S`` does.
+    The compiled program is the same SPMD program on one CPU, several GPUs or a TPU slice.
+    """
+    devices = jax.devices()
+    count = len(devices)
+    if shard is None or count == 1:
+        return keys, problem
+    restarts, S = keys.shape[0], problem.X.shape[0]
+    if shard == "auto":
+        shard = "restarts" if restarts % count == 0 else "samples" if S % count == 0 else None
+        if shard is None:
+            return keys, problem
+    mesh = Mesh(np.asarray(devices), ("d",))
+    if shard == "restarts":
+        if restarts % count:
+            raise ValueError(f"restarts ({restarts}) must be a multiple of the {count} devices to shard them")
+        return jax.device_put(keys, NamedSharding(mesh, P("d"))), problem
+    if shard == "samples":
+        if S % count:
+            raise ValueError(f"S ({S}) must be a multiple of the {count} devices to shard samples")
+        rows = lambda x: jax.device_put(x, NamedSharding(mesh, P("d", *([None] * (x.ndim - 1)))))  # noqa: E731
+        jac = problem.jac
+        jac = jac._replace(D=rows(jac.D)) if isinstance(jac, StructuredJacobian) else jac._replace(J=rows(jac.J))
+        return keys, Problem(jac=jac, F=rows(problem.F), X=rows(problem.X))
+    raise ValueError(f"shard must be 'auto', 'restarts', 'samples' or None, got {shard!r}")
 
 
 def _is_concrete(x: Any) -> bool:
@@ -502,6 +596,9 @@ def decouple(
     *,
     key: jax.Array,
     restarts: int = 1,
+    progress: bool | ProgressCallback = False,
+    progress_every: int | None = None,
+    shard: str | None = "auto",
 ) -> DecouplingResult:
     """Decouple ``f(x) ≈ W1 g(W0 x)`` from Jacobians and outputs at sampling points.
 
@@ -513,6 +610,13 @@ def decouple(
       config: a :class:`CMTFConfig`.
       key: a ``jax.random`` key; restart ``k`` uses ``jax.random.split(key, restarts)[k]``.
       restarts: number of random restarts, run together under ``jax.vmap``.
+      progress: ``False`` runs the whole solve as one compiled function. ``True`` shows a
+        progress bar with the best Error(𝒥) and Error(F); a callable is called as
+        ``progress(iteration, error_J, error_F)`` with per-restart ``(restarts,)`` arrays. Either
+        way the sweeps run in compiled chunks of ``progress_every`` (default ``max_iter / 20``).
+      progress_every: sweeps between reports.
+      shard: how to use several devices: ``"auto"``, ``"restarts"``, ``"samples"`` or ``None``
+        (see :func:`_place`); nothing changes on a single device.
 
     Returns:
       A :class:`DecouplingResult`; ``result.model`` is the best restart's model.
@@ -527,4 +631,16 @@ def decouple(
       >>> res.model(X).shape == F.shape
     """
     problem = _validate(J, F, X, config, restarts)
-    return _solve_restarts_jit(key, problem, config, restarts)
+    if progress_every is not None and (not isinstance(progress_every, int) or progress_every < 1):
+        raise ValueError(f"progress_every must be a positive int, got {progress_every!r}")
+    keys, problem = _place(jax.random.split(key, restarts), problem, shard)
+    if not progress:
+        return _solve_restarts_jit(keys, problem, config)
+    every = progress_every or max(1, config.max_iter // 20)
+    if callable(progress):
+        return _solve_in_chunks(keys, problem, config, every, progress)
+    report, close = _tqdm_report(config)
+    try:
+        return _solve_in_chunks(keys, problem, config, every, report)
+    finally:
+        close()
