@@ -293,6 +293,7 @@ class RestartResult(NamedTuple):
     history_F: jax.Array  #: ``(max_iter,)`` Error(F) after each sweep
     iterations: jax.Array  #: sweeps done
     status: jax.Array  #: a :class:`Status` value
+    dead_ranks: jax.Array  #: ranks whose W0 row or W1 column norm is at or below ``eps``
 
 
 class _Loop(NamedTuple):
@@ -384,7 +385,14 @@ def _finish(loop: _Loop, problem: Problem, config: CMTFConfig) -> RestartResult:
         history_F=loop.history_F,
         iterations=loop.it,
         status=loop.status,
+        dead_ranks=_dead_ranks(loop.best, config.eps),
     )
+
+
+def _dead_ranks(state: SolverState, eps: float) -> jax.Array:
+    """Number of collapsed ranks: their ``g_i`` no longer contributes to the model."""
+    dead = (jnp.linalg.norm(state.W0, axis=1) <= eps) | (jnp.linalg.norm(state.W1, axis=0) <= eps)
+    return jnp.sum(dead)
 
 
 def solve(key: jax.Array, problem: Problem, config: CMTFConfig) -> RestartResult:
@@ -412,6 +420,7 @@ class DecouplingResult:
       objective: its training objective.
       status: its :class:`Status` (int).
       iterations: its number of sweeps.
+      dead_ranks: its number of collapsed ranks (W0 row or W1 column norm ``<= eps``).
       best_restart: index of the best restart.
       restarts: every restart, stacked on a leading axis of size ``restarts``:
         a :class:`RestartResult` whose ``state`` is the restart's best iterate and whose
@@ -425,6 +434,7 @@ class DecouplingResult:
     objective: jax.Array
     status: jax.Array
     iterations: jax.Array
+    dead_ranks: jax.Array
     best_restart: jax.Array
     restarts: RestartResult
     config: CMTFConfig = dataclasses.field(metadata=dict(static=True))
@@ -452,6 +462,7 @@ def _select(runs: RestartResult, config: CMTFConfig) -> DecouplingResult:
         objective=pick(runs.objective),
         status=pick(runs.status),
         iterations=pick(runs.iterations),
+        dead_ranks=pick(runs.dead_ranks),
         best_restart=best,
         restarts=runs,
         config=config,
@@ -459,7 +470,13 @@ def _select(runs: RestartResult, config: CMTFConfig) -> DecouplingResult:
 
 
 def _solve_restarts(keys: jax.Array, problem: Problem, config: CMTFConfig) -> DecouplingResult:
-    return _select(jax.vmap(solve, in_axes=(0, None, None))(keys, problem, config), config)
+    if keys.shape[0] == 1:
+        # Unbatched, so a single restart is bit-identical to ``jax.jit(solve)`` with its key
+        # (XLA's batched kernels may sum in another order).
+        runs = jax.tree_util.tree_map(lambda x: x[None], solve(keys[0], problem, config))
+    else:
+        runs = jax.vmap(solve, in_axes=(0, None, None))(keys, problem, config)
+    return _select(runs, config)
 
 
 # The whole solve as one compiled function.
@@ -547,8 +564,16 @@ def _check_array(name: str, x: Any, ndim: int, shape_doc: str) -> jax.Array:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    if _is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
-        raise ValueError(f"{name} contains NaN or inf")
+    if _is_concrete(x):
+        values = np.asarray(x)
+        if not bool(np.all(np.isfinite(values))):
+            raise ValueError(f"{name} contains NaN or inf")
+        with np.errstate(over="ignore"):
+            sq_sum = np.sum(np.square(values))
+        if not np.isfinite(sq_sum):
+            raise ValueError(
+                f"{name} is too large for {values.dtype}: its sum of squares overflows; rescale the data"
+            )
     return x
 
 
