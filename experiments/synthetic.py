@@ -19,7 +19,6 @@ method; true and fitted outputs against x1 + x2).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxbsd as jb
+from jaxbsd.io import write_json_atomic
 
 jax.config.update("jax_enable_x64", True)
 
@@ -143,10 +143,7 @@ def main(argv=None) -> int:
         "results": results,
     }
     name = "synthetic_quick" if args.quick else "synthetic"
-    json_path = args.out / f"{name}.json"
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(json_path)
+    json_path = write_json_atomic(args.out / f"{name}.json", payload)
     plot(models, args.out / f"{name}.png")
     print(f"wrote {json_path} and {args.out / (name + '.png')}")
     return 0

@@ -10,7 +10,6 @@ step records (JSON) and a PNG of the accuracy per step.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -69,6 +68,7 @@ def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title
 
 def _run(args: argparse.Namespace) -> int:
     from jaxbsd import compress, data, train
+    from jaxbsd.io import write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, count_params
 
     start = time.perf_counter()
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         "steps": steps,
         "wall_seconds": time.perf_counter() - start,
     }
-    (out / "compression.json").write_text(json.dumps(payload, indent=1))
+    write_json_atomic(out / "compression.json", payload)
     print(f"wrote {out / 'compression.json'} and {out / 'accuracy.png'} ({payload['wall_seconds']:.0f} s)")
     return 0
 

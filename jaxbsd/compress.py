@@ -24,7 +24,6 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -36,6 +35,7 @@ from flax import nnx
 from jaxbsd import baselines, metrics
 from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
 from jaxbsd.cmtf import CMTFConfig, decouple
+from jaxbsd.io import write_json_atomic
 from jaxbsd.models import count_params
 from jaxbsd.models.capture import capture, mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
@@ -212,17 +212,6 @@ def _placeholder(record: dict, old: nnx.Module) -> nnx.Module:
     )
 
 
-def _write_json_atomic(path: pathlib.Path, payload: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _run_id(config: CompressionConfig, order: tuple[int, ...], params_before: int) -> str:
     text = json.dumps({"config": config.to_dict(), "order": order, "params": params_before}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -343,7 +332,7 @@ def compress(
         steps.append(record)
         if state_dir is not None:
             save_checkpoint(state_dir / "model.npz", model, {"run_id": run_id, "steps": steps})
-            _write_json_atomic(state_dir / "steps.json", {"run_id": run_id, "steps": steps})
+            write_json_atomic(state_dir / "steps.json", {"run_id": run_id, "steps": steps})
         if progress:
             err = f"  Error(J) {record['error_J']:.2e}" if "error_J" in record else ""
             print(
