@@ -91,7 +91,7 @@ def problems(draw):
     return m, n, rank, basis, S, kind, scale, robust, seed
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_solver_never_returns_nan(spec):
     m, n, rank, basis, S, kind, scale, robust, seed = spec
