@@ -55,6 +55,8 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-epochs", type=float, default=0.0, help="cosine warm-up length")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decay (0: Adam, paper)")
     p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--shift", type=int, default=0,
+                   help="augment with random translations of up to this many pixels (0: none, paper)")
     p.add_argument("--drop-path", type=float, default=None, help="override the stochastic-depth rate")
     p.add_argument("--batch-size", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0, help="initialisation, shuffling and split seed")
@@ -110,7 +112,7 @@ def _run_train(args: argparse.Namespace) -> int:
     history = train(
         model, dataset, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
         teacher=teacher, schedule=args.schedule, warmup_epochs=args.warmup_epochs,
-        weight_decay=args.weight_decay, label_smoothing=args.label_smoothing,
+        weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, shift=args.shift,
         progress=not args.no_progress, checkpoint=args.out, metadata=metadata, on_epoch=report,
     )
     final = history[-1]["test_acc"]
@@ -121,7 +123,8 @@ def _run_train(args: argparse.Namespace) -> int:
             json.dump({**metadata, "config": config_to_dict(config), "model": args.model,
                        "epochs": args.epochs, "lr": args.lr, "schedule": args.schedule,
                        "batch_size": args.batch_size, "seed": args.seed, "weight_decay": args.weight_decay,
-                       "label_smoothing": args.label_smoothing, "history": history,
+                       "label_smoothing": args.label_smoothing, "shift": args.shift,
+                       "drop_path": config.drop_path, "history": history,
                        "test_acc": final, "wall_seconds": wall, "checkpoint": args.out}, f, indent=1)
     return 0
 

@@ -52,6 +52,7 @@ __all__ = [
     "evaluate",
     "predict",
     "make_optimizer",
+    "random_shift",
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint_header",
@@ -222,6 +223,22 @@ def _adam(lr: float, schedule: str, total_steps: int, warmup: int,
     return optax.adam(rate)
 
 
+def random_shift(images: np.ndarray, max_shift: int, rng: np.random.Generator) -> np.ndarray:
+    """Translate each image by a random (dy, dx) in [-max_shift, max_shift]², edge-padded.
+
+    ``(B, H, W, C) -> (B, H, W, C)``, vectorised with one gather (no loop over images).
+    """
+    if max_shift == 0:
+        return images
+    b, h, w, _ = images.shape
+    k = int(max_shift)
+    padded = np.pad(images, ((0, 0), (k, k), (k, k), (0, 0)), mode="edge")
+    dy, dx = rng.integers(0, 2 * k + 1, size=(2, b))
+    rows = dy[:, None] + np.arange(h)[None, :]  # (B, H)
+    cols = dx[:, None] + np.arange(w)[None, :]  # (B, W)
+    return padded[np.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     # Distinct, reproducible shuffles per (seed, epoch); SeedSequence mixes the pair well.
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
@@ -240,6 +257,7 @@ def train(
     warmup_epochs: float = 0.0,
     weight_decay: float = 0.0,
     label_smoothing: float = 0.0,
+    shift: int = 0,
     progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
     metadata: dict | None = None,
@@ -263,6 +281,8 @@ def train(
         warmup_epochs: linear warm-up length for the cosine schedule.
         weight_decay: AdamW decay on weight matrices (0: plain Adam, the paper's setting).
         label_smoothing: smoothing of the one-hot targets (0: the paper's setting).
+        shift: data augmentation by random translations of up to ``shift`` pixels
+            (0: none, the paper's setting).
         progress: show a tqdm bar with running loss and accuracy.
         checkpoint: if given, :func:`save_checkpoint` there after every epoch, with
             ``metadata`` plus the history and the training settings.
@@ -284,6 +304,8 @@ def train(
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must lie in [0, 1), got {label_smoothing!r}")
+    if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)) or shift < 0:
+        raise ValueError(f"shift must be a non-negative int, got {shift!r}")
     if warmup_epochs < 0:
         raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs!r}")
     if teacher is not None and not getattr(model, "distilled", False):
@@ -295,7 +317,10 @@ def train(
     batch = min(batch_size, n)
     steps_per_epoch = n // batch
 
+    per_batch_teacher = teacher is not None and shift > 0
     if teacher is not None:
+        teacher.eval()
+    if teacher is not None and not per_batch_teacher:
         # The teacher is fixed and there is no augmentation, so its hard labels are
         # computed once instead of once per step.
         teacher_labels = np.argmax(predict(teacher, images, eval_batch_size), axis=-1).astype(np.int32)
@@ -315,7 +340,7 @@ def train(
     step = nnx.cached_partial(_train_step, model, optimizer)
     settings = dict(epochs=epochs, lr=lr, batch_size=batch, seed=int(seed), schedule=schedule,
                     warmup_epochs=warmup_epochs, weight_decay=weight_decay,
-                    label_smoothing=label_smoothing, teacher=teacher is not None)
+                    label_smoothing=label_smoothing, shift=int(shift), teacher=teacher is not None)
     history: list[dict[str, Any]] = []
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
@@ -327,8 +352,13 @@ def train(
             total=steps_per_epoch, desc=f"epoch {epoch}/{epochs}", disable=not progress,
             file=sys.stderr, mininterval=1.0 if sys.stderr.isatty() else 30.0, leave=False,
         )
+        augment_rng = np.random.default_rng(_epoch_seed(int(seed) + 1, epoch))
         for i, (x, t) in enumerate(bar):
-            loss, c = step(jnp.asarray(x), jnp.asarray(t[:, 0]), jnp.asarray(t[:, 1]), float(label_smoothing))
+            x = jnp.asarray(random_shift(x, shift, augment_rng))
+            y_dist = jnp.asarray(t[:, 1])
+            if per_batch_teacher:  # the teacher labels the augmented images it is shown
+                y_dist = jnp.argmax(_logits_step(teacher, x), axis=-1).astype(jnp.int32)
+            loss, c = step(x, jnp.asarray(t[:, 0]), y_dist, float(label_smoothing))
             loss_sum = loss_sum + loss * x.shape[0]
             correct = correct + c
             seen += x.shape[0]

@@ -1,0 +1,258 @@
+"""Training, evaluation, checkpoints and the CLI."""
+
+import json
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxbsd import cli
+from jaxbsd.data import Dataset
+from jaxbsd.models import CONFIGS, build_model
+from jaxbsd.train import (
+    evaluate,
+    load_checkpoint,
+    random_shift,
+    read_checkpoint_header,
+    save_checkpoint,
+    train,
+)
+
+
+def _synthetic(n_train=384, n_test=192, classes=3, seed=0, size=8):
+    """Each class lights up its own 2-row band of an 8x8 image, plus noise."""
+    rng = np.random.default_rng(seed)
+
+    def make(n):
+        y = rng.integers(0, classes, n).astype(np.int32)
+        x = 0.3 * rng.normal(size=(n, size, size, 1)).astype(np.float32)
+        for c in range(classes):
+            x[y == c, 2 * c : 2 * c + 2] += 1.0
+        return x, y
+
+    return Dataset("digits", *make(n_train), *make(n_test), num_classes=classes)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _synthetic()
+
+
+def _params(model):
+    return [np.asarray(a) for a in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+# Tiny ViT with stochastic depth, shared by the tests below so the train step compiles once.
+TINY = CONFIGS["vit"].tiny(drop_path=0.1)
+forward = nnx.jit(lambda model, x: model(x))
+
+
+def test_tiny_model_learns(data):
+    model = build_model("vit", TINY)
+    assert evaluate(model, data.test_images, data.test_labels) < 0.7
+    history = train(model, data, epochs=8, lr=3e-3, batch_size=32, seed=0, progress=False)
+    assert [h["epoch"] for h in history] == list(range(1, 9))
+    assert set(history[0]) == {"epoch", "loss", "train_acc", "test_acc", "seconds"}
+    assert history[-1]["loss"] < history[0]["loss"]
+    acc = evaluate(model, data.test_images, data.test_labels, batch_size=50)
+    assert acc == pytest.approx(history[-1]["test_acc"])
+    assert acc > 0.9  # chance is 1/3
+
+
+def test_same_seed_same_params(data):
+    def run(seed):
+        model = build_model("vit", TINY, seed=0)  # has stochastic depth: RNG streams too
+        train(model, data, epochs=1, lr=3e-3, batch_size=32, seed=seed, progress=False)
+        return _params(model)
+
+    a, b, c = run(1), run(1), run(2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_stochastic_depth_is_active_in_training(data):
+    model = build_model("vit", TINY)
+    train(model, data, epochs=1, lr=3e-3, batch_size=32, seed=0, progress=False)
+    counts = [int(v[...]) for _, v in nnx.to_flat_state(nnx.state(model, nnx.RngCount))]
+    assert counts and all(c == 2 * (len(data.train_labels) // 32) for c in counts)  # 2 draws per step
+    assert model.blocks[-1].drop_path.deterministic  # left in eval mode
+
+
+class _ConstantTeacher(nnx.Module):
+    """Always predicts class 2."""
+
+    def __init__(self, classes):
+        self.classes = classes
+
+    def __call__(self, images):
+        return jnp.broadcast_to(jax.nn.one_hot(2, self.classes), (images.shape[0], self.classes))
+
+
+@pytest.mark.parametrize("shift", [0, 1])  # teacher labels precomputed / per augmented batch
+def test_deit_hard_distillation(data, shift):
+    model = build_model("deit", CONFIGS["deit"].tiny())
+    history = train(model, data, epochs=8, lr=3e-3, batch_size=32, seed=0, progress=False,
+                    teacher=_ConstantTeacher(3), shift=shift)
+    assert np.isfinite(history[-1]["loss"])
+    x = jnp.asarray(data.test_images)
+    cls_logits, dist_logits = nnx.jit(lambda m, x: m.heads(x))(model, x)
+    # The distillation head follows the teacher, the class head the labels.
+    assert np.mean(np.argmax(dist_logits, -1) == 2) > 0.9
+    assert np.mean(np.argmax(cls_logits, -1) == data.test_labels) > 0.8
+    with pytest.raises(ValueError, match="teacher"):
+        train(build_model("vit", CONFIGS["vit"].tiny()), data, epochs=1, teacher=model, progress=False)
+
+
+def test_train_after_surgery_only_trains_params(data):
+    class Frozen(nnx.Module):
+        """An MLP stand-in with a non-trainable buffer."""
+
+        def __init__(self, dim):
+            self.lin = nnx.Linear(dim, dim, rngs=nnx.Rngs(0))
+            self.buffer = nnx.Variable(jnp.ones((dim,), jnp.float32))
+
+        def __call__(self, x):
+            return self.lin(x) * self.buffer[...].reshape((1,) * (x.ndim - 1) + (-1,))
+
+    model = build_model("vit", CONFIGS["vit"].tiny())
+    model.blocks[0].mlp = Frozen(16)
+    kernel = np.asarray(model.blocks[0].mlp.lin.kernel[...])
+    train(model, data, epochs=1, lr=1e-3, batch_size=64, seed=0, progress=False)
+    assert not np.array_equal(model.blocks[0].mlp.lin.kernel[...], kernel)
+    np.testing.assert_array_equal(model.blocks[0].mlp.buffer[...], np.ones(16))
+
+
+def test_train_bad_input(data):
+    model = build_model("vit", CONFIGS["vit"].tiny())
+    with pytest.raises(ValueError, match="epochs"):
+        train(model, data, epochs=0)
+    with pytest.raises(ValueError, match="lr"):
+        train(model, data, epochs=1, lr=-1.0, progress=False)
+    with pytest.raises(ValueError, match="schedule"):
+        train(model, data, epochs=1, schedule="step", progress=False)
+    with pytest.raises(ValueError, match="labels"):
+        evaluate(model, data.test_images, data.test_labels[:3])
+    with pytest.raises(ValueError, match="weight_decay"):
+        train(model, data, epochs=1, weight_decay=-1.0, progress=False)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        train(model, data, epochs=1, label_smoothing=1.0, progress=False)
+    with pytest.raises(ValueError, match="shift"):
+        train(model, data, epochs=1, shift=-1, progress=False)
+
+
+def test_random_shift_translates():
+    images = np.random.default_rng(0).normal(size=(64, 6, 6, 2)).astype(np.float32)
+    out = random_shift(images, 2, np.random.default_rng(1))
+    assert out.shape == images.shape and out.dtype == images.dtype
+    padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)), mode="edge")
+    for b in range(64):  # each output is one crop of the edge-padded image
+        crops = [padded[b, i : i + 6, j : j + 6] for i in range(5) for j in range(5)]
+        assert any(np.array_equal(out[b], c) for c in crops)
+    assert not np.array_equal(out, images)
+    assert random_shift(images, 0, np.random.default_rng(1)) is images
+
+
+def test_regularised_training_runs(data):
+    model = build_model("vit", TINY)
+    history = train(model, data, epochs=1, lr=3e-3, batch_size=32, seed=0, progress=False,
+                    weight_decay=0.05, label_smoothing=0.1, shift=1)
+    assert np.isfinite(history[0]["loss"])
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["vit", "swin", "deit"])
+def test_checkpoint_round_trip(kind, tmp_path, data):
+    model = build_model(kind, CONFIGS[kind].tiny(), seed=3)
+    path = tmp_path / "model.npz"
+    save_checkpoint(path, model, {"dataset": "synthetic", "acc": 0.5})
+    x = jnp.asarray(data.test_images[:16])
+    restored, metadata = load_checkpoint(path)
+    assert type(restored) is type(model) and restored.config == model.config
+    assert metadata == {"dataset": "synthetic", "acc": 0.5}
+    np.testing.assert_array_equal(forward(restored, x), forward(model, x))
+    # Loading into an existing (differently initialised) model.
+    other = build_model(kind, CONFIGS[kind].tiny(), seed=4)
+    load_checkpoint(path, other)
+    np.testing.assert_array_equal(forward(other, x), forward(model, x))
+    header = read_checkpoint_header(path)
+    assert header["kind"] == kind and header["config"]["dim"] == 16
+    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was moved into place
+
+
+def test_checkpoint_of_modified_model(tmp_path, data):
+    model = build_model("vit", CONFIGS["vit"].tiny())
+    model.blocks[1].mlp = nnx.Linear(16, 16, rngs=nnx.Rngs(5))
+    path = tmp_path / "surgery.npz"
+    save_checkpoint(path, model, {})
+    with pytest.raises(ValueError, match="does not match") as err:
+        load_checkpoint(path)  # a plain rebuilt ViT has an MLP there
+    assert str(path) in str(err.value)
+    skeleton = build_model("vit", CONFIGS["vit"].tiny(), seed=9)
+    skeleton.blocks[1].mlp = nnx.Linear(16, 16, rngs=nnx.Rngs(0))
+    load_checkpoint(path, skeleton)
+    x = jnp.asarray(data.test_images[:8])
+    np.testing.assert_array_equal(forward(skeleton, x), forward(model, x))
+
+
+def test_checkpoint_truncated_corrupt_mismatched(tmp_path):
+    model = build_model("swin", CONFIGS["swin"].tiny())
+    path = tmp_path / "good.npz"
+    save_checkpoint(path, model, {"note": "x"})
+    raw = path.read_bytes()
+
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="truncated") as err:
+        load_checkpoint(truncated)
+    assert str(truncated) in str(err.value)
+
+    # Flip bytes inside the largest array's data: caught by the zip CRC or our checksum.
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    corrupt = tmp_path / "corrupt.npz"
+    buf = bytearray(raw)
+    offset = info.header_offset + 30 + len(info.filename) + len(info.extra) + 200
+    buf[offset : offset + 8] = bytes(255 - b for b in buf[offset : offset + 8])
+    corrupt.write_bytes(bytes(buf))
+    with pytest.raises(ValueError) as err:
+        load_checkpoint(corrupt)
+    assert str(corrupt) in str(err.value)
+
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="garbage.npz"):
+        load_checkpoint(garbage)
+
+    with pytest.raises(ValueError, match="does not match|expected"):
+        load_checkpoint(path, build_model("swin", CONFIGS["swin"].tiny(dim=8)))
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.npz")
+    with pytest.raises(ValueError, match="metadata"):
+        save_checkpoint(tmp_path / "bad.npz", model, {"f": object()})
+
+
+# --- CLI ----------------------------------------------------------------------------------
+
+
+def test_cli_train(tmp_path, capsys):
+    parser = cli.build_parser()
+    assert "train" in parser.subcommands.choices
+    out = tmp_path / "vit.npz"
+    report = tmp_path / "run.json"
+    status = cli.main(["train", "--model", "vit", "--dataset", "digits", "--epochs", "1",
+                       "--limit", "300", "--lr", "1e-3", "--out", str(out), "--json", str(report),
+                       "--no-progress"])
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "final test accuracy" in text
+    model, metadata = load_checkpoint(out)
+    assert metadata["dataset"] == "digits" and len(metadata["history"]) == 1
+    result = json.loads(report.read_text())
+    assert 0.0 <= result["test_acc"] <= 1.0 and result["epochs"] == 1
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--model", "resnet", "--dataset", "digits"])
