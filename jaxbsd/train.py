@@ -410,6 +410,12 @@ def _checksum(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_checkpoint(path: str | os.PathLike, model, metadata: dict | None = None) -> pathlib.Path:
     """Write ``model``'s full state and ``metadata`` to one ``.npz`` file, atomically.
 
@@ -458,6 +464,7 @@ def save_checkpoint(path: str | os.PathLike, model, metadata: dict | None = None
             np.savez(f, **{_HEADER_KEY: np.frombuffer(blob, np.uint8)}, **arrays)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; use the usual file mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
