@@ -1,0 +1,400 @@
+"""Shared helpers of the paper-reproduction experiments (``experiments/*.py``).
+
+* :func:`configure_cpu` — thread settings for small, shared CPU machines (call before
+  importing numpy or JAX; the scripts do it on import of this module);
+* :func:`load_or_train` — a trained model from ``checkpoints/<kind>-<dataset>.npz``, or trains
+  it with the exact command recorded in ``experiments/results/training.json`` and caches it;
+* :func:`solve_lambdas` — R-CMTF-BSD restarts for several λ in one compiled program, each
+  restart run one after the other (see the function for why);
+* :func:`subset`, :func:`write_json`, :func:`command_line`, :func:`mean_std`.
+
+The scripts import this file as ``common`` (``experiments/`` is put on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+
+# OpenBLAS/MKL threads fighting XLA's own pool over two shared cores made a 114 × 114 eigh
+# take 7–160 ms instead of 1 ms here; one BLAS thread per process is faster on such machines.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import copy  # noqa: E402
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import pathlib  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxbsd import cmtf  # noqa: E402
+from jaxbsd.data import Dataset  # noqa: E402
+from jaxbsd.decoupled import Decoupled  # noqa: E402
+
+__all__ = [
+    "ROOT",
+    "RESULTS",
+    "CHECKPOINTS",
+    "configure_cpu",
+    "enable_compilation_cache",
+    "command_line",
+    "write_json",
+    "read_json",
+    "jsonable",
+    "subset",
+    "training_command",
+    "load_or_train",
+    "solve_lambdas",
+    "finished_steps",
+    "mean_std",
+    "Timer",
+]
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+CHECKPOINTS = ROOT / "checkpoints"
+TRAINING_JSON = RESULTS / "training.json"
+
+#: Training commands used when ``training.json`` has no run for a model/data set: the recipe
+#: the training runs of this project settled on for the same data (see training.json).
+FALLBACK_TRAINING = {
+    ("vit", "mnist"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --drop-path 0.1 "
+                      "--weight-decay 0.05 --label-smoothing 0.1 --shift 1",
+    ("vit", "fashion-mnist"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --drop-path 0.1 "
+                              "--weight-decay 0.05 --label-smoothing 0.1",
+    ("vit", "usps"): "--epochs 60 --lr 1e-3 --schedule cosine --warmup-epochs 2 --drop-path 0.1 "
+                     "--weight-decay 0.05 --label-smoothing 0.1 --shift 1",
+    ("vit", "cifar10"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --drop-path 0.1 "
+                        "--weight-decay 0.05 --label-smoothing 0.1 --shift 2",
+    ("swin", "cifar10"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --weight-decay 0.05 "
+                         "--label-smoothing 0.1 --shift 2",
+    ("swin", "fashion-mnist"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 "
+                               "--weight-decay 0.05 --label-smoothing 0.1",
+    ("deit", "usps"): "--epochs 40 --lr 1e-3 --schedule cosine --warmup-epochs 3 --drop-path 0.1 "
+                      "--weight-decay 0.05 --label-smoothing 0.1 --shift 1 --teacher checkpoints/vit-usps.npz",
+}
+
+
+def configure_cpu() -> None:
+    """Nothing left to do at call time (the BLAS thread variables are set on import); kept so
+    scripts state the intent explicitly."""
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> pathlib.Path:
+    """Persist compiled XLA programs on disk, so reruns and other data sets skip compilation.
+
+    The ablation compiles one solver program per (rank, basis, variant): ~200 programs of
+    ~5–10 s each on two cores. Default location: ``$JAXBSD_CACHE/xla`` (``~/.cache/jaxbsd/xla``).
+    """
+    if path is None:
+        base = os.environ.get("JAXBSD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxbsd")
+        path = os.path.join(base, "xla")
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces this run (``python experiments/<script> ...``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python", f"experiments/{script}", *map(shlex.quote, map(str, args))])
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy/JAX scalars and arrays turned into Python numbers and lists, and
+    non-finite floats into ``None`` (strict JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (np.ndarray, jax.Array)):
+        return jsonable(np.asarray(x).tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, pathlib.Path):
+        return str(x)
+    return x
+
+
+def write_json(path: str | os.PathLike, payload: Any) -> pathlib.Path:
+    """Write ``payload`` as strict JSON, atomically (temporary file + rename)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(jsonable(payload), indent=1, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def subset(dataset: Dataset, train: int | None = None, test: int | None = None, seed: int = 0) -> Dataset:
+    """A seeded random subset of the splits, keeping the full set's normalization.
+
+    (``load_dataset(limit=...)`` would renormalize with the subset's statistics, which a model
+    trained on the full split never saw.)
+    """
+    rng = np.random.default_rng(seed)
+
+    def pick(images, labels, n):
+        if n is None or n >= images.shape[0]:
+            return images, labels
+        idx = np.sort(rng.choice(images.shape[0], n, replace=False))
+        return images[idx], labels[idx]
+
+    tr_x, tr_y = pick(dataset.train_images, dataset.train_labels, train)
+    te_x, te_y = pick(dataset.test_images, dataset.test_labels, test)
+    return dataclasses.replace(dataset, train_images=tr_x, train_labels=tr_y, test_images=te_x, test_labels=te_y)
+
+
+def training_command(kind: str, dataset: str) -> tuple[list[str], str]:
+    """``jaxbsd train`` arguments (without ``--out``/``--json``) for ``kind`` on ``dataset``,
+    and where they come from: the run recorded in ``training.json``, else a fallback recipe."""
+    if TRAINING_JSON.exists():
+        for run in read_json(TRAINING_JSON).get("runs", []):
+            if run.get("model") == kind and run.get("dataset") == dataset and run.get("command"):
+                args = shlex.split(run["command"])[1:]  # drop the program name
+                keep, skip = [], False
+                for a in args:
+                    if skip:
+                        skip = False
+                        continue
+                    if a in ("--out", "--json"):
+                        skip = True
+                        continue
+                    if a.startswith(("--out=", "--json=")):
+                        continue
+                    keep.append(a)
+                return keep, f"{TRAINING_JSON.relative_to(ROOT)}: {run['command']}"
+    if (kind, dataset) not in FALLBACK_TRAINING:
+        raise ValueError(f"no training recipe for {kind} on {dataset}; pass --checkpoint")
+    extra = shlex.split(FALLBACK_TRAINING[(kind, dataset)])
+    return ["train", "--model", kind, "--dataset", dataset, *extra, "--no-progress"], "fallback recipe in experiments/common.py"
+
+
+#: Model config overrides where the library has no preset: Swin's patch is image_size // 8,
+#: which 28×28 images do not allow; patch 7 gives a 4×4 token grid (one 4×4 window, then 2×2).
+MODEL_OVERRIDES = {("swin", "fashion-mnist"): {"patch_size": 7}, ("swin", "mnist"): {"patch_size": 7}}
+
+
+def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | None = None,
+                  quick_dir: str | os.PathLike | None = None, quick_epochs: int = 2,
+                  quick_limit: int = 2000, log=print):
+    """A trained ``kind`` model for ``dataset`` and a dict describing where it came from.
+
+    Order: ``checkpoint`` if given; else ``checkpoints/<kind>-<dataset>.npz`` if it exists; else
+    * with ``quick_dir`` (CI): train ``quick_epochs`` on ``quick_limit`` training images (no
+      teacher) and cache the weak model as ``<quick_dir>/<kind>-<dataset>-quick.npz``;
+    * otherwise train with the recorded ``jaxbsd train`` command (``training.json``, else the
+      fallback recipe above), writing ``checkpoints/<kind>-<dataset>.npz`` once it has finished.
+    """
+    from jaxbsd.train import load_checkpoint
+
+    if checkpoint is not None:
+        path = pathlib.Path(checkpoint)
+        model, meta = load_checkpoint(path)
+        return model, {"checkpoint": str(path), "trained_now": False, "command": meta.get("command")}
+    path = CHECKPOINTS / f"{kind}-{dataset}.npz"
+    if path.exists():
+        model, meta = load_checkpoint(path)
+        return model, {"checkpoint": _rel(path), "trained_now": False, "command": meta.get("command")}
+    args, source = training_command(kind, dataset)
+    overrides = MODEL_OVERRIDES.get((kind, dataset), {})
+    if quick_dir is not None:
+        quick = pathlib.Path(quick_dir) / f"{kind}-{dataset}-quick.npz"
+        if not quick.exists():
+            args = _set_option(args, "--epochs", str(quick_epochs))
+            args = _set_option(args, "--warmup-epochs", "0")
+            if "--teacher" in args:  # the teacher may be missing in CI: train without one
+                i = args.index("--teacher")
+                del args[i:i + 2]
+            log(f"[quick] training {kind} on {quick_limit} {dataset} images: jaxbsd {' '.join(args)}")
+            train_from_args(args, quick, overrides=overrides, train_limit=quick_limit, log=log)
+        model, meta = load_checkpoint(quick)
+        return model, {"checkpoint": str(quick), "trained_now": True, "quick": True,
+                       "command": meta.get("command"), "recipe": source, "config_overrides": overrides}
+    if "--teacher" in args:
+        teacher = pathlib.Path(args[args.index("--teacher") + 1])
+        if not (ROOT / teacher).exists() and not teacher.exists():
+            t_kind, t_data = teacher.stem.split("-", 1)
+            load_or_train(t_kind, t_data, log=log)
+    log(f"training {kind} on {dataset} ({source}): jaxbsd {' '.join(args)}"
+        + (f" with config overrides {overrides}" if overrides else ""))
+    train_from_args(args, path, overrides=overrides, log=log)
+    model, meta = load_checkpoint(path)
+    return model, {"checkpoint": _rel(path), "trained_now": True, "command": meta.get("command"),
+                   "recipe": source, "config_overrides": overrides}
+
+
+def _rel(path: pathlib.Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _set_option(args: list[str], name: str, value: str) -> list[str]:
+    args = list(args)
+    if name in args:
+        args[args.index(name) + 1] = value
+    else:
+        args += [name, value]
+    return args
+
+
+def train_from_args(args: list[str], path: pathlib.Path, *, overrides: dict | None = None,
+                    train_limit: int | None = None, log=print) -> pathlib.Path:
+    """What ``jaxbsd train <args> --out <path>`` does, plus model-config ``overrides`` and a
+    random ``train_limit`` subset that keeps the full split's normalization; the checkpoint
+    appears only once training has finished (training writes ``<path>.partial`` each epoch)."""
+    from jaxbsd import cli, data
+    from jaxbsd.models import build_model, config_for_dataset, count_params
+    from jaxbsd.train import load_checkpoint, train
+
+    ns = cli.build_parser().parse_args(args)
+    dataset = data.load_dataset(ns.dataset, ns.data_root, seed=ns.seed, limit=ns.limit)
+    if train_limit is not None:
+        dataset = subset(dataset, train=train_limit, seed=ns.seed)
+    over = dict(overrides or {})
+    if ns.drop_path is not None:
+        over["drop_path"] = ns.drop_path
+    model = build_model(ns.model, config_for_dataset(ns.model, dataset, **over), seed=ns.seed)
+    teacher = None
+    if ns.teacher:
+        teacher_path = pathlib.Path(ns.teacher)
+        teacher, _ = load_checkpoint(teacher_path if teacher_path.is_absolute() else ROOT / teacher_path)
+    command = "jaxbsd " + " ".join(args)
+    metadata = {"dataset": ns.dataset, "data_root": ns.data_root, "command": command, "teacher": ns.teacher,
+                "params": count_params(model), "config_overrides": overrides or {},
+                "train_limit": train_limit, "written_by": "experiments/common.py train_from_args"}
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+
+    def report(h):
+        log(f"  epoch {h['epoch']:3d}  loss {h['loss']:.4f}  test_acc {h['test_acc']:.4f}  {h['seconds']:.1f} s")
+
+    train(model, dataset, epochs=ns.epochs, lr=ns.lr, batch_size=ns.batch_size, seed=ns.seed, teacher=teacher,
+          schedule=ns.schedule, warmup_epochs=ns.warmup_epochs, weight_decay=ns.weight_decay,
+          label_smoothing=ns.label_smoothing, shift=ns.shift, progress=False, checkpoint=partial,
+          metadata=metadata, on_epoch=report)
+    os.replace(partial, path)
+    return path
+
+
+# --------------------------------------------------------------------------- solver
+
+
+def _with_lam(config: cmtf.CMTFConfig, lam) -> cmtf.CMTFConfig:
+    """``config`` with a traced λ (the frozen dataclass only checks its fields in __init__)."""
+    cfg = copy.copy(config)
+    object.__setattr__(cfg, "lam", lam)
+    return cfg
+
+
+@functools.partial(jax.jit, static_argnames=("config", "restarts"))
+def _solve_lambdas(key, problem, lams, config, restarts):
+    keys = jax.random.split(key, restarts)  # the keys decouple(key=key, restarts=...) uses
+
+    def per_lam(lam):
+        cfg = _with_lam(config, lam)
+        return jax.lax.map(lambda k: cmtf.solve(k, problem, cfg), keys)
+
+    return jax.lax.map(per_lam, lams)
+
+
+def solve_lambdas(jac, F, X, config: cmtf.CMTFConfig, lams: Sequence[float], *, key: jax.Array,
+                  restarts: int) -> list[cmtf.DecouplingResult]:
+    """``[decouple(jac, F, X, replace(config, lam=λ), key=key, restarts=restarts) for λ in lams]``,
+    as one compiled program.
+
+    Two deliberate differences from calling :func:`jaxbsd.decouple` per λ:
+
+    * λ is an argument of the program, not part of the static config, so the ablation compiles
+      one program per (rank, basis, variant) instead of three (compilation dominated its cost);
+    * restarts run one after the other (``lax.map``), not under ``jax.vmap``: with jaxlib 0.10.2
+      on a 2-core CPU, vmapped restarts batch the solver's independent LAPACK calls (the LU solve
+      of W0 and the eigh of the R update), and two batched LAPACK kernels running concurrently
+      deadlock XLA's intra-op thread pool (each waits for work queued behind the other).
+
+    Each restart uses the same key and the same :func:`jaxbsd.cmtf.solve` as ``decouple``; the
+    best restart is picked the same way, so ``res.restart_model(k)``, ``res.restarts.error_J``,
+    ``res.model`` mean what they mean for ``decouple``.
+    """
+    X, F = jnp.asarray(X), jnp.asarray(F)
+    S, n, m = jac.shape
+    if X.shape != (S, m) or F.shape != (S, n):
+        raise ValueError(f"X {X.shape} and F {F.shape} must be ({S}, {m}) and ({S}, {n}) to match J {jac.shape}")
+    problem = cmtf.Problem(jac=jac, F=F, X=X)
+    lam_arr = jnp.asarray(np.asarray(lams, dtype=np.float64), dtype=problem.F.dtype)
+    runs = _solve_lambdas(key, problem, lam_arr, config, restarts)
+    out = []
+    for i, lam in enumerate(lams):
+        r = jax.tree_util.tree_map(lambda x: x[i], runs)
+        cfg = dataclasses.replace(config, lam=float(lam))
+        best = jnp.argmin(jnp.where(jnp.isfinite(r.objective), r.objective, jnp.inf))
+        pick = lambda x: x[best]  # noqa: E731
+        s = jax.tree_util.tree_map(pick, r.state)
+        # Every per-restart summary the result type mirrors (error_J, status, ...) of the best one.
+        fields = {f.name for f in dataclasses.fields(cmtf.DecouplingResult)}
+        mirrored = {name: pick(getattr(r, name)) for name in fields & set(r._fields) - {"state"}}
+        out.append(cmtf.DecouplingResult(
+            **mirrored,
+            model=Decoupled(W0=s.W0, W1=s.W1, coef=s.coef, knots=s.knots, basis=config.basis),
+            best_restart=best, restarts=r, config=cfg,
+        ))
+    return out
+
+
+# --------------------------------------------------------------------------- small things
+
+
+def finished_steps(state_dir: str | os.PathLike) -> int:
+    """How many steps a ``jaxbsd.compress(state_dir=...)`` run has already finished (0 if none)."""
+    path = pathlib.Path(state_dir) / "steps.json"
+    try:
+        return len(read_json(path).get("steps", []))
+    except (OSError, ValueError):
+        return 0
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and (population, ddof=0) standard deviation; ``(nan, nan)`` when empty."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if v.size == 0:
+        return float("nan"), float("nan")
+    return float(v.mean()), float(v.std())
+
+
+class Timer:
+    """Wall-clock seconds since construction (``Timer()()``)."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start
