@@ -260,6 +260,10 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
                     "savings_with_bias": jb.metrics.savings_percentage(p_bsd, p_fc_bias),
                     "best_restart": int(res.best_restart) == k,
                 })
+        # Every configuration compiles its own solver and evaluation programs; without this an
+        # hour-long grid exhausts the process's memory mappings (LLVM "Cannot allocate memory"
+        # after ~95 configurations here). Programs come back from the on-disk cache if needed.
+        jax.clear_caches()
         seconds = t0()
         for r in new_runs:
             r["seconds_config"] = seconds
