@@ -229,10 +229,12 @@ def sweep(state: SolverState, problem: Problem, config: CMTFConfig) -> SolverSta
     # W1 ← (M1 + λ Fᵀ R)(GᵀG ∘ W0W0ᵀ + λ RᵀR + μ_W I)⁻¹
     W1 = _gram_solve(GtG * (W0 @ W0.T) + lam * (R.T @ R), jac.mttkrp_w1(W0, G) + lam * (F.T @ R), mu_w)
     # W0ᵀ ← M2 (GᵀG ∘ W1ᵀW1 + μ_W I)⁻¹
+    # (M2 and M3 both contract 𝒥 with the new W1: done once, see jaxbsd.tensor.)
     W1tW1 = W1.T @ W1
-    W0 = _gram_solve(GtG * W1tW1, jac.mttkrp_w0(W1, G), mu_w).T
+    U = jac.contract_w1(W1)
+    W0 = _gram_solve(GtG * W1tW1, jac.mttkrp_w0_from(U, G), mu_w).T
     # G ← M3 (W0W0ᵀ ∘ W1ᵀW1)⁻¹ ;  R ← F W1 (W1ᵀW1)⁻¹
-    G = _gram_solve((W0 @ W0.T) * W1tW1, jac.mttkrp_g(W0, W1), 0.0)
+    G = _gram_solve((W0 @ W0.T) * W1tW1, jac.mttkrp_g_from(U, W0), 0.0)
     R = _gram_solve(W1tW1, F @ W1, 0.0)
     G, R, coef, knots = _project(X, W0, G, R, config)
     return SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)

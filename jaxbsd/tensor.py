@@ -5,6 +5,9 @@ The solver never touches the Jacobian tensor directly; it only needs
 * ``mttkrp_w1(W0, G)``: ``M1 = Σ_s J[s] W0ᵀ diag(G[s])``, shape ``(n, r)``;
 * ``mttkrp_w0(W1, G)``: ``M2 = Σ_s J[s]ᵀ W1 diag(G[s])``, shape ``(m, r)``;
 * ``mttkrp_g(W0, W1)``: ``M3[s, i] = W1[:, i]ᵀ J[s] W0[i]ᵀ``, shape ``(S, r)``;
+* ``contract_w1(W1)``, ``mttkrp_w0_from(U, G)``, ``mttkrp_g_from(U, W0)``: the same ``M2`` and
+  ``M3`` from one shared contraction ``U`` of ``𝒥`` with ``W1`` (a sweep updates ``W0`` and then
+  ``G`` with the same ``W1``, so the dense path pays for the ``S·n·m·r`` product once, not twice);
 * ``sq_norm()``: ``‖𝒥‖²``;
 * ``residual_sq_norm(W0, W1, G)``: ``‖𝒥 − [[W1, W0ᵀ, G]]‖²``.
 
@@ -60,10 +63,20 @@ class DenseJacobian(NamedTuple):
         return jnp.einsum("sab,ib,si->ai", self.J, W0, G, optimize=True)
 
     def mttkrp_w0(self, W1, G):
-        return jnp.einsum("sab,ai,si->bi", self.J, W1, G, optimize=True)
+        return self.mttkrp_w0_from(self.contract_w1(W1), G)
 
     def mttkrp_g(self, W0, W1):
-        return jnp.einsum("sab,ai,ib->si", self.J, W1, W0, optimize=True)
+        return self.mttkrp_g_from(self.contract_w1(W1), W0)
+
+    def contract_w1(self, W1):
+        """``U[s, b, i] = Σ_a J[s, a, b] W1[a, i]``, shape ``(S, m, r)``."""
+        return jnp.einsum("sab,ai->sbi", self.J, W1)
+
+    def mttkrp_w0_from(self, U, G):
+        return jnp.einsum("sbi,si->bi", U, G)
+
+    def mttkrp_g_from(self, U, W0):
+        return jnp.einsum("sbi,ib->si", U, W0)
 
     def sq_norm(self):
         return jnp.sum(self.J**2)
@@ -104,10 +117,20 @@ class StructuredJacobian(NamedTuple):
         return self.V1 @ ((self.V0 @ W0.T) * (self.D.T @ G))
 
     def mttkrp_w0(self, W1, G):
-        return self.V0.T @ ((self.V1.T @ W1) * (self.D.T @ G))
+        return self.mttkrp_w0_from(self.contract_w1(W1), G)
 
     def mttkrp_g(self, W0, W1):
-        return self.D @ ((self.V1.T @ W1) * (self.V0 @ W0.T))
+        return self.mttkrp_g_from(self.contract_w1(W1), W0)
+
+    def contract_w1(self, W1):
+        """``V1ᵀ W1``, shape ``(H, r)``: all of ``W1`` the two MTTKRPs below need."""
+        return self.V1.T @ W1
+
+    def mttkrp_w0_from(self, U, G):
+        return self.V0.T @ (U * (self.D.T @ G))
+
+    def mttkrp_g_from(self, U, W0):
+        return self.D @ (U * (self.V0 @ W0.T))
 
     def sq_norm(self):
         return cpd_sq_norm(self.V0, self.V1, self.D)

@@ -41,6 +41,9 @@ def test_mttkrps_match_explicit_unfoldings(operators):
         np.testing.assert_allclose(op.mttkrp_w1(jnp.asarray(W0), jnp.asarray(G)), M1, rtol=1e-10)
         np.testing.assert_allclose(op.mttkrp_w0(jnp.asarray(W1), jnp.asarray(G)), M2, rtol=1e-10)
         np.testing.assert_allclose(op.mttkrp_g(jnp.asarray(W0), jnp.asarray(W1)), M3, rtol=1e-10)
+        U = op.contract_w1(jnp.asarray(W1))  # the sweep's shared contraction
+        np.testing.assert_allclose(op.mttkrp_w0_from(U, jnp.asarray(G)), M2, rtol=1e-10)
+        np.testing.assert_allclose(op.mttkrp_g_from(U, jnp.asarray(W0)), M3, rtol=1e-10)
         np.testing.assert_allclose(op.sq_norm(), np.sum(J**2), rtol=1e-10)
         J_hat = np.einsum("ai,si,ib->sab", W1, G, W0)
         np.testing.assert_allclose(
