@@ -53,6 +53,13 @@ class Basis:
     ) -> jax.Array:
         raise NotImplementedError
 
+    def rescale_input(self, knots: jax.Array, coef: jax.Array, alpha: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(knots', coef')`` of the function ``v ↦ g(α v)``, where ``g`` has ``(knots, coef)``.
+
+        Lets a rank's input be rescaled (``u = α v``) without changing what it computes.
+        """
+        raise NotImplementedError
+
 
 @dataclasses.dataclass(frozen=True)
 class BSpline(Basis):
@@ -88,6 +95,10 @@ class BSpline(Basis):
 
     def evaluate(self, u, knots, coef, derivative=0):
         return bspline.evaluate(u, knots, coef, self.degree, derivative)
+
+    def rescale_input(self, knots, coef, alpha):
+        # B-splines are invariant under scaling the argument and the knots together.
+        return knots / alpha, coef
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +154,10 @@ class Polynomial(Basis):
             out = out * u + cj
         return out
 
+    def rescale_input(self, knots, coef, alpha):
+        # Σ c_j (α v)^j = Σ (c_j α^j) v^j.
+        return knots, coef * alpha ** jnp.arange(self.degree + 1, dtype=coef.dtype)
+
 
 @dataclasses.dataclass(frozen=True)
 class ReLU(Basis):
@@ -188,3 +203,7 @@ class ReLU(Basis):
 
     def evaluate(self, u, knots, coef, derivative=0):
         return self._columns(u, knots, derivative) @ coef
+
+    def rescale_input(self, knots, coef, alpha):
+        # max(α v − k, 0) = α max(v − k/α, 0) for α > 0; the constant column is unchanged.
+        return knots / alpha, coef * jnp.concatenate([jnp.ones((1,), coef.dtype), jnp.full((self.dof - 1,), alpha, coef.dtype)])

@@ -63,6 +63,27 @@ class Decoupled:
             raise ValueError(f"x must have trailing dimension {self.in_features}, got {x.shape}")
         return self.internal(x @ self.W0.T) @ self.W1.T
 
+    def balanced(self) -> "Decoupled":
+        """The same function with every ``W0`` row and ``W1`` column at unit norm.
+
+        ``W1 g(W0 x)`` is unchanged by ``W0[i] → W0[i]/α``, ``g_i(u) → g_i(α u)`` and
+        ``W1[:, i] → W1[:, i]/β``, ``g_i → β g_i``. The solver's non-robust variants can end
+        with rows of norm ~1e-16 and columns of ~1e5; such a model is exact in float64 but its
+        knots and coefficients under- or overflow in float32. Ranks with a zero row or column
+        are left as they are. Works on stacked models (leading restart axes) too.
+        """
+        tiny = jnp.finfo(self.W0.dtype).tiny
+        alpha = jnp.linalg.norm(self.W0, axis=-1)  # (..., r)
+        alpha = jnp.where(alpha > tiny, alpha, 1)
+        beta = jnp.linalg.norm(self.W1, axis=-2)  # (..., r)
+        beta = jnp.where(beta > tiny, beta, 1)
+        rescale = self.basis.rescale_input
+        for _ in range(alpha.ndim):
+            rescale = jax.vmap(rescale)
+        knots, coef = rescale(self.knots, self.coef, alpha)
+        return Decoupled(W0=self.W0 / alpha[..., None], W1=self.W1 / beta[..., None, :],
+                         coef=coef * beta[..., None], knots=knots, basis=self.basis)
+
     def jacobian(self, x: jax.Array) -> jax.Array:
         """Closed-form Jacobians ``W1 diag(g'(W0 x)) W0``: ``(S, m) -> (S, n, m)``."""
         G = self.internal(x @ self.W0.T, derivative=1)

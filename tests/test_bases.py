@@ -97,3 +97,45 @@ def test_lemma2_relu_span_is_a_strict_subspace_of_linear_splines(dof):
 def test_bad_basis_arguments_raise(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("basis", [jb.BSpline(3, 7), jb.BSpline(1, 4), jb.Polynomial(3), jb.ReLU(5)], ids=repr)
+@pytest.mark.parametrize("alpha", [3.7, 1e-3])
+def test_rescale_input_gives_g_of_alpha_v(basis, alpha):
+    """``rescale_input`` returns the basis parameters of ``v ↦ g(α v)``, checked pointwise."""
+    rng = np.random.default_rng(3)
+    u = jnp.asarray(rng.normal(size=200) * 2)
+    knots = basis.fit(u)
+    coef = jnp.asarray(rng.normal(size=basis.num_coef))
+    knots2, coef2 = basis.rescale_input(knots, coef, jnp.asarray(alpha))
+    v = u / alpha
+    np.testing.assert_allclose(basis.evaluate(v, knots2, coef2), basis.evaluate(u, knots, coef), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("basis", [jb.BSpline(3, 7), jb.Polynomial(3), jb.ReLU(5)], ids=repr)
+def test_balanced_model_is_the_same_function_and_survives_float32(basis):
+    """A model with a near-dead rank (W0 row ~1e-16, compensated in W1), as the non-robust
+    solver can return: exact in float64, but its raw float32 copy is not. Balancing keeps the
+    function (oracle: the unbalanced float64 model) and makes the float32 layer finite."""
+    from jaxbsd.models.decoupled_mlp import DecoupledMLP
+
+    rng = np.random.default_rng(0)
+    m, n, r = 6, 5, 4
+    x = jnp.asarray(rng.normal(size=(300, m)))
+    W0 = rng.normal(size=(r, m)) * np.array([1.0, 1e-16, 40.0, 1e-3])[:, None]
+    W1 = rng.normal(size=(n, r)) * np.array([1.0, 1e5, 1e-9, 2.0])[None, :]
+    u = x @ W0.T
+    knots = jax.vmap(basis.fit, in_axes=1)(u)
+    coef = jnp.asarray(rng.normal(size=(r, basis.num_coef)) * 0.1)
+    model = jb.Decoupled(W0=jnp.asarray(W0), W1=jnp.asarray(W1), coef=coef, knots=knots, basis=basis)
+    reference = model(x)
+
+    balanced = model.balanced()
+    np.testing.assert_allclose(np.linalg.norm(balanced.W0, axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(balanced.W1, axis=0), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(balanced(x), reference, rtol=1e-8, atol=1e-10 * float(jnp.max(jnp.abs(reference))))
+
+    layer = DecoupledMLP.from_decoupled(model, dtype=jnp.float32)
+    out = layer(x.astype(jnp.float32))
+    assert bool(jnp.all(jnp.isfinite(out)))
+    np.testing.assert_allclose(out, reference, rtol=0, atol=1e-4 * float(jnp.max(jnp.abs(reference))))

@@ -50,7 +50,12 @@ class DecoupledMLP(nnx.Module):
 
     @classmethod
     def from_decoupled(cls, model: Decoupled, dtype=None) -> "DecoupledMLP":
-        """Build from a solver result's model, optionally cast (e.g. float64 solve → float32 net)."""
+        """Build from a solver result's model, optionally cast (e.g. float64 solve → float32 net).
+
+        The model is first :meth:`~jaxbsd.Decoupled.balanced` (unit-norm ``W0`` rows and ``W1``
+        columns, the same function), so that a float64 solution stays finite in float32.
+        """
+        model = model.balanced()
         cast = (lambda x: x) if dtype is None else (lambda x: jnp.asarray(x, dtype))
         return cls(cast(model.W0), cast(model.W1), cast(model.coef), cast(model.knots), model.basis)
 
