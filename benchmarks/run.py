@@ -395,7 +395,7 @@ def restarts_worker(case: str, size: dict, restarts: int, sweeps: int, repeats: 
     key = jax.random.key(0)
     compiled = {}
     for R in (1, restarts):
-        fn = jax.jit(lambda J, F, X, key, R=R: jb.decouple(J, F, X, config, key=key, restarts=R))
+        fn = jax.jit(lambda J, F, X, key, R=R: jb.decouple(J, F, X, config, key=key, restarts=R, batch="vmap"))
         compiled[R] = fn.lower(J, F, X, key).compile()
     results = {R: _block(c(J, F, X, key)) for R, c in compiled.items()}
     iterations = {R: np.asarray(res.restarts.iterations).tolist() for R, res in results.items()}

@@ -471,44 +471,71 @@ def _select(runs: RestartResult, config: CMTFConfig) -> DecouplingResult:
     )
 
 
-def _solve_restarts(keys: jax.Array, problem: Problem, config: CMTFConfig) -> DecouplingResult:
+def _over_restarts(fn: Callable, batch: str) -> Callable:
+    """``fn(restart_args, *shared)`` applied along the leading axis of ``restart_args``:
+    ``jax.vmap`` (``batch="vmap"``) or one restart after the other (``"map"``, ``lax.map``)."""
+    if batch == "vmap":
+        return lambda xs, *shared: jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
+    return lambda xs, *shared: jax.lax.map(lambda x: fn(x, *shared), xs)
+
+
+def _solve_restarts(keys: jax.Array, problem: Problem, config: CMTFConfig, batch: str) -> DecouplingResult:
     if keys.shape[0] == 1:
         # Unbatched, so a single restart is bit-identical to ``jax.jit(solve)`` with its key
         # (XLA's batched kernels may sum in another order).
         runs = jax.tree_util.tree_map(lambda x: x[None], solve(keys[0], problem, config))
     else:
-        runs = jax.vmap(solve, in_axes=(0, None, None))(keys, problem, config)
+        runs = _over_restarts(solve, batch)(keys, problem, config)
     return _select(runs, config)
 
 
 # The whole solve as one compiled function.
-_solve_restarts_jit = jax.jit(_solve_restarts, static_argnames=("config",))
+_solve_restarts_jit = jax.jit(_solve_restarts, static_argnames=("config", "batch"))
 # The same solve in three compiled pieces, for progress reports between chunks of sweeps
 # (``stop_at`` is traced, so every chunk reuses one compilation).
-_start_jit = jax.jit(jax.vmap(_start, in_axes=(0, None, None)), static_argnums=2)
-_advance_jit = jax.jit(jax.vmap(_advance, in_axes=(0, None, None, None)), static_argnums=2)
-_finish_jit = jax.jit(
-    lambda loop, problem, config: _select(jax.vmap(_finish, in_axes=(0, None, None))(loop, problem, config), config),
-    static_argnums=2,
+_start_jit = jax.jit(lambda keys, problem, config, batch: _over_restarts(_start, batch)(keys, problem, config),
+                     static_argnums=(2, 3))
+_advance_jit = jax.jit(
+    lambda loop, problem, config, stop_at, batch: _over_restarts(_advance, batch)(loop, problem, config, stop_at),
+    static_argnums=(2, 4),
 )
+_finish_jit = jax.jit(
+    lambda loop, problem, config, batch: _select(_over_restarts(_finish, batch)(loop, problem, config), config),
+    static_argnums=(2, 3),
+)
+
+
+def _restart_batching(batch: str | None, shard_restarts: bool) -> str:
+    """``"vmap"`` or ``"map"`` for ``decouple(batch=...)``; ``None`` picks per platform.
+
+    On CPU, vmapped restarts buy nothing (the batched LAPACK kernels loop over the batch) and
+    jaxlib 0.10's batched eigh/LU kernels can deadlock XLA's CPU thread pool when two run at
+    once (seen at m = n = r = 64 with 16 restarts): there, restarts run one after the other.
+    On accelerators, or when restarts are sharded over devices, they are vmapped.
+    """
+    if batch is None:
+        return "vmap" if shard_restarts or jax.default_backend() != "cpu" else "map"
+    if batch not in ("vmap", "map"):
+        raise ValueError(f"batch must be 'vmap', 'map' or None, got {batch!r}")
+    return batch
 
 
 ProgressCallback = Callable[[int, np.ndarray, np.ndarray], None]
 
 
-def _solve_in_chunks(keys, problem, config, every: int, report: ProgressCallback) -> DecouplingResult:
-    loop = _start_jit(keys, problem, config)
+def _solve_in_chunks(keys, problem, config, every: int, report: ProgressCallback, batch: str) -> DecouplingResult:
+    loop = _start_jit(keys, problem, config, batch)
     done = 0
     while done < config.max_iter:
         done = min(done + every, config.max_iter)
-        loop = _advance_jit(loop, problem, config, done)
+        loop = _advance_jit(loop, problem, config, done, batch)
         it = np.asarray(loop.it)
         last = np.maximum(it - 1, 0)[:, None]
         report(int(it.max()), np.take_along_axis(np.asarray(loop.history_J), last, 1)[:, 0],
                np.take_along_axis(np.asarray(loop.history_F), last, 1)[:, 0])
         if np.all(np.asarray(loop.status) >= 0):
             break
-    return _finish_jit(loop, problem, config)
+    return _finish_jit(loop, problem, config, batch)
 
 
 def _tqdm_report(config: CMTFConfig) -> tuple[ProgressCallback, Callable[[], None]]:
@@ -626,6 +653,7 @@ def decouple(
     progress: bool | ProgressCallback = False,
     progress_every: int | None = None,
     shard: str | None = "auto",
+    batch: str | None = None,
 ) -> DecouplingResult:
     """Decouple ``f(x) ≈ W1 g(W0 x)`` from Jacobians and outputs at sampling points.
 
@@ -636,7 +664,7 @@ def decouple(
       X: ``(S, m)`` sampling points.
       config: a :class:`CMTFConfig`.
       key: a ``jax.random`` key; restart ``k`` uses ``jax.random.split(key, restarts)[k]``.
-      restarts: number of random restarts, run together under ``jax.vmap``.
+      restarts: number of random restarts, run together in one compiled program.
       progress: ``False`` runs the whole solve as one compiled function. ``True`` shows a
         progress bar with the best Error(𝒥) and Error(F); a callable is called as
         ``progress(iteration, error_J, error_F)`` with per-restart ``(restarts,)`` arrays. Either
@@ -644,6 +672,9 @@ def decouple(
       progress_every: sweeps between reports.
       shard: how to use several devices: ``"auto"``, ``"restarts"``, ``"samples"`` or ``None``
         (see :func:`_place`); nothing changes on a single device.
+      batch: how restarts share a device: ``"vmap"`` (batched), ``"map"`` (one after the
+        other, same results to rounding) or ``None``: ``"map"`` on CPU unless restarts are
+        sharded over several devices, ``"vmap"`` elsewhere (see :func:`_restart_batching`).
 
     Returns:
       A :class:`DecouplingResult`; ``result.model`` is the best restart's model.
@@ -661,13 +692,14 @@ def decouple(
     if progress_every is not None and (not isinstance(progress_every, int) or progress_every < 1):
         raise ValueError(f"progress_every must be a positive int, got {progress_every!r}")
     keys, problem = _place(jax.random.split(key, restarts), problem, shard)
+    batch = _restart_batching(batch, shard_restarts=_is_concrete(keys) and len(keys.sharding.device_set) > 1)
     if not progress:
-        return _solve_restarts_jit(keys, problem, config)
+        return _solve_restarts_jit(keys, problem, config, batch)
     every = progress_every or max(1, config.max_iter // 20)
     if callable(progress):
-        return _solve_in_chunks(keys, problem, config, every, progress)
+        return _solve_in_chunks(keys, problem, config, every, progress, batch)
     report, close = _tqdm_report(config)
     try:
-        return _solve_in_chunks(keys, problem, config, every, report)
+        return _solve_in_chunks(keys, problem, config, every, report, batch)
     finally:
         close()
