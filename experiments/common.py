@@ -1,7 +1,6 @@
 """Shared helpers of the paper-reproduction experiments (``experiments/*.py``).
 
-* :func:`configure_cpu` — thread settings for small, shared CPU machines (call before
-  importing numpy or JAX; the scripts do it on import of this module);
+* one BLAS thread per process, set on import (before numpy or JAX load; see below);
 * :func:`load_or_train` — a trained model from ``checkpoints/<kind>-<dataset>.npz``, or trains
   it with the exact command recorded in ``experiments/results/training.json`` and caches it;
 * :func:`solve_lambdas` — R-CMTF-BSD restarts for several λ in one compiled program, each
@@ -23,12 +22,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
@@ -37,14 +34,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxbsd import cmtf  # noqa: E402
+from jaxbsd.io import read_json, write_json_atomic  # noqa: E402
 from jaxbsd.data import Dataset  # noqa: E402
-from jaxbsd.decoupled import Decoupled  # noqa: E402
 
 __all__ = [
     "ROOT",
     "RESULTS",
     "CHECKPOINTS",
-    "configure_cpu",
     "enable_compilation_cache",
     "command_line",
     "write_json",
@@ -82,11 +78,6 @@ FALLBACK_TRAINING = {
     ("deit", "usps"): "--epochs 40 --lr 1e-3 --schedule cosine --warmup-epochs 3 --drop-path 0.1 "
                       "--weight-decay 0.05 --label-smoothing 0.1 --shift 1 --teacher checkpoints/vit-usps.npz",
 }
-
-
-def configure_cpu() -> None:
-    """Nothing left to do at call time (the BLAS thread variables are set on import); kept so
-    scripts state the intent explicitly."""
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> pathlib.Path:
@@ -132,24 +123,8 @@ def jsonable(x: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, payload: Any) -> pathlib.Path:
-    """Write ``payload`` as strict JSON, atomically (temporary file + rename)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(jsonable(payload), indent=1, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    """Write ``payload`` as strict JSON (NaN → null), atomically (:mod:`jaxbsd.io`)."""
+    return write_json_atomic(path, jsonable(payload))
 
 
 def subset(dataset: Dataset, train: int | None = None, test: int | None = None, seed: int = 0) -> Dataset:
@@ -352,22 +327,9 @@ def solve_lambdas(jac, F, X, config: cmtf.CMTFConfig, lams: Sequence[float], *, 
     problem = cmtf.Problem(jac=jac, F=F, X=X)
     lam_arr = jnp.asarray(np.asarray(lams, dtype=np.float64), dtype=problem.F.dtype)
     runs = _solve_lambdas(key, problem, lam_arr, config, restarts)
-    out = []
-    for i, lam in enumerate(lams):
-        r = jax.tree_util.tree_map(lambda x: x[i], runs)
-        cfg = dataclasses.replace(config, lam=float(lam))
-        best = jnp.argmin(jnp.where(jnp.isfinite(r.objective), r.objective, jnp.inf))
-        pick = lambda x: x[best]  # noqa: E731
-        s = jax.tree_util.tree_map(pick, r.state)
-        # Every per-restart summary the result type mirrors (error_J, status, ...) of the best one.
-        fields = {f.name for f in dataclasses.fields(cmtf.DecouplingResult)}
-        mirrored = {name: pick(getattr(r, name)) for name in fields & set(r._fields) - {"state"}}
-        out.append(cmtf.DecouplingResult(
-            **mirrored,
-            model=Decoupled(W0=s.W0, W1=s.W1, coef=s.coef, knots=s.knots, basis=config.basis),
-            best_restart=best, restarts=r, config=cfg,
-        ))
-    return out
+    # Best restart per λ, picked and summarized exactly as decouple does (jaxbsd.cmtf._select).
+    return [cmtf._select(jax.tree_util.tree_map(lambda x: x[i], runs), dataclasses.replace(config, lam=float(lam)))
+            for i, lam in enumerate(lams)]
 
 
 # --------------------------------------------------------------------------- small things

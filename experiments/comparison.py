@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     quick_dir = args.out / "checkpoints" if small else None
     dataset = load_dataset("usps")
     teacher, teacher_info = common.load_or_train("vit", "usps", checkpoint=args.teacher, quick_dir=quick_dir, log=log)
-    _, deit_info = common.load_or_train("deit", "usps", checkpoint=args.checkpoint, quick_dir=quick_dir, log=log)
+    model, deit_info = common.load_or_train("deit", "usps", checkpoint=args.checkpoint, quick_dir=quick_dir, log=log)
     data = common.subset(dataset, train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
 
     deit_path = pathlib.Path(deit_info["checkpoint"])
@@ -138,7 +138,6 @@ def main(argv=None) -> int:
     def fresh():
         return load_checkpoint(deit_path)[0]
 
-    model = fresh()
     depth = len(model.blocks)
     order = list(block_order("back-to-front", depth))
     if plan["blocks"]:

@@ -131,11 +131,10 @@ def run_pair(kind: str, name: str, plan: dict, args, log) -> dict:
     timer = common.Timer()
     small = args.quick or args.smoke
     dataset = load_dataset(name)
-    _, info = common.load_or_train(kind, name, quick_dir=args.out / "checkpoints" if small else None, log=log)
+    model, info = common.load_or_train(kind, name, quick_dir=args.out / "checkpoints" if small else None, log=log)
     ckpt = pathlib.Path(info["checkpoint"])
     ckpt = ckpt if ckpt.is_absolute() else common.ROOT / ckpt
     data = common.subset(dataset, train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
-    model = load_checkpoint(ckpt)[0]
     acc_original = evaluate(model, data.test_images, data.test_labels)
     params_original = count_params(model)
     log(f"{kind}/{name}: {params_original} parameters, test accuracy {100 * acc_original:.2f} % on "
