@@ -54,7 +54,7 @@ class Status(enum.IntEnum):
 
     CONVERGED = 0  #: relative change of the objective below ``tol``, or an exact fit
     MAX_ITERATIONS = 1  #: ``max_iter`` sweeps done
-    DIVERGED = 2  #: the objective exceeded ``divergence`` × its initial scale
+    DIVERGED = 2  #: the objective exceeded ``divergence`` × the best objective this restart reached
     NONFINITE = 3  #: a sweep produced inf/NaN; the best finite iterate is returned
 
     @property
@@ -87,8 +87,15 @@ class CMTFConfig:
       max_iter: maximum number of sweeps.
       tol: stop when the relative decrease of the objective is below ``tol``, or when the
         objective is below ``tol`` times ``‖𝒥‖² + λ‖F‖²``.
-      divergence: stop with ``Status.DIVERGED`` when the objective exceeds this multiple of
-        ``‖𝒥‖² + λ‖F‖²``.
+      divergence: stop with ``Status.DIVERGED`` when the objective has stayed above this
+        multiple of the lowest objective the restart reached so far (floored at
+        ``eps_machine · (‖𝒥‖² + λ‖F‖²)``) for ``divergence_patience`` consecutive sweeps.
+        The rule is relative to the restart's own best, never to the data's scale: a run whose
+        first iterates are huge in absolute terms but keep improving is healthy, and so is a
+        run with isolated spikes that it recovers from (R-CMTF-PD with degree-10 monomials
+        has single-sweep spikes of 1e15 × its best and then returns to it). The best finite
+        iterate is returned either way.
+      divergence_patience: consecutive sweeps above ``divergence`` × best before DIVERGED.
     """
 
     rank: int
@@ -101,6 +108,7 @@ class CMTFConfig:
     max_iter: int = 500
     tol: float = 1e-10
     divergence: float = 1e8
+    divergence_patience: int = 10
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
@@ -115,6 +123,8 @@ class CMTFConfig:
             raise ValueError(f"max_iter must be an int >= 1, got {self.max_iter!r}")
         if not self.divergence > 1:
             raise ValueError(f"divergence must be > 1, got {self.divergence!r}")
+        if not (isinstance(self.divergence_patience, int) and self.divergence_patience >= 1):
+            raise ValueError(f"divergence_patience must be an int >= 1, got {self.divergence_patience!r}")
 
     @property
     def effective_mu_w(self) -> float:
@@ -157,13 +167,15 @@ class SolverState(NamedTuple):
 def _gram_solve(A: jax.Array, B: jax.Array, mu: float, *, spectral: bool = False) -> jax.Array:
     """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A`` (``(r, r)``, ``B (k, r)``).
 
-    With ``μ > 0`` (and ``spectral=False``) the system is positive definite and solved
-    directly (LU: the fast path for the big ``r × r`` updates of W0 and W1). Otherwise the
-    solution is taken through a symmetric eigendecomposition: with ``μ > 0`` every eigenvalue
-    is shifted by ``μ`` (bounded, continuous); with ``μ = 0`` the minimum-norm least-squares
-    solution drops eigenvalues below ``sqrt(eps) · max|λ|``, so Gram matrices that are singular at
-    the solution (e.g. ``W0 W0ᵀ`` when several ``g_i`` share an input direction) then give
-    finite, bounded answers instead of amplifying rounding noise by ``1/eps`` into inf/NaN.
+    ``A`` is the Gram matrix ``KᵀK`` of a least-squares problem ``min ‖M − X Kᵀ‖`` given in
+    Gram–Hadamard form (``B = M K``), so ``B A⁺`` is that problem's minimum-norm solution.
+
+    With ``μ > 0`` (Tikhonov, robust updates of W0 and W1) the system is positive definite and
+    solved directly (LU), or through an eigendecomposition with every eigenvalue shifted by ``μ``
+    when ``spectral=True``. With ``μ = 0`` (the paper's plain least squares: the G and R updates,
+    and every update of the non-robust CMTF-BSD/PD) it is the pseudo-inverse with a
+    machine-precision cutoff, as ``jnp.linalg.pinv``: eigenvalues of ``A`` at or below
+    ``r · eps · max|λ|`` are dropped. The same rule holds for every basis.
     """
     r = A.shape[0]
     if mu > 0 and not spectral:
@@ -173,11 +185,20 @@ def _gram_solve(A: jax.Array, B: jax.Array, mu: float, *, spectral: bool = False
         # Regularized: every eigenvalue is >= mu, so the inverse is bounded and continuous.
         inv_w = 1 / (jnp.maximum(w, 0) + mu)
     else:
-        rcond = jnp.sqrt(jnp.finfo(A.dtype).eps)
-        cutoff = rcond * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
-        keep = jnp.abs(w) > cutoff
+        cutoff = r * jnp.finfo(A.dtype).eps * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
+        keep = w > cutoff
         inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
     return ((B @ Q) * inv_w[None, :]) @ Q.T
+
+
+def _lstsq(A: jax.Array, b: jax.Array) -> jax.Array:
+    """Minimum-norm ``argmin_c ‖A c − b‖²`` (``A (k, ν)``, ``b (k,)``), singular values below
+    ``max(k, ν) · eps · σ_max`` dropped (``jnp.linalg.lstsq(rcond=None)``).
+
+    Solved on ``A`` itself, not on ``AᵀA``: the normal equations would square the condition
+    number, which for monomials of degree 10 exceeds what float64 can hold.
+    """
+    return jnp.linalg.lstsq(A, b, rcond=None)[0]
 
 
 # --------------------------------------------------------------------------- algorithm steps
@@ -209,9 +230,16 @@ def _project(
     def one(u, g, rr):
         knots = basis.fit(u)
         B, dB = basis.design(u, knots)
-        A = dB.T @ dB + lam * (B.T @ B)
-        b = dB.T @ g + lam * (B.T @ rr)
-        c = _gram_solve(A, b[None, :], mu_c, spectral=True)[0]
+        if config.robust:
+            # Tikhonov-regularized normal equations (μ_c > 0 keeps them definite).
+            A = dB.T @ dB + lam * (B.T @ B)
+            b = dB.T @ g + lam * (B.T @ rr)
+            c = _gram_solve(A, b[None, :], mu_c, spectral=True)[0]
+        else:
+            # The paper's CMTF-BSD/PD: plain least squares on the stacked system
+            # [B'; √λ B] c ≈ [g; √λ r].
+            root = jnp.sqrt(jnp.asarray(lam, B.dtype))
+            c = _lstsq(jnp.concatenate([dB, root * B]), jnp.concatenate([g, root * rr]))
         return dB @ c, B @ c, c, knots
 
     G, R, coef, knots = jax.vmap(one, in_axes=(1, 1, 1), out_axes=(1, 1, 0, 0))(U, G, R)
@@ -307,6 +335,7 @@ class _Loop(NamedTuple):
     history_J: jax.Array
     history_F: jax.Array
     status: jax.Array  # -1 while running
+    strikes: jax.Array  # consecutive sweeps above divergence × best
 
 
 class _Norms(NamedTuple):
@@ -336,6 +365,7 @@ def _start(key: jax.Array, problem: Problem, config: CMTFConfig) -> _Loop:
         history_J=jnp.full((config.max_iter,), errs0.res_J / norms.J),
         history_F=jnp.full((config.max_iter,), errs0.res_F / norms.F),
         status=jnp.asarray(-1),
+        strikes=jnp.asarray(0),
     )
 
 
@@ -360,15 +390,21 @@ def _advance(loop: _Loop, problem: Problem, config: CMTFConfig, stop_at: jax.Arr
         converged = (jnp.isfinite(loop.prev_objective) & (change <= config.tol * loop.prev_objective)) | (
             errs.objective <= config.tol * norms.scale
         )
+        # Divergence is judged against this restart's own best objective, never against the
+        # data's scale: a large but improving start is healthy.
+        best_so_far = jnp.maximum(loop.best_errors.objective, jnp.finfo(norms.scale.dtype).eps * norms.scale)
+        above = jnp.isfinite(loop.best_errors.objective) & (errs.objective > config.divergence * best_so_far)
+        strikes = jnp.where(above, loop.strikes + 1, 0)
+        diverged = strikes >= config.divergence_patience
         status = jnp.select(
-            [~finite, errs.objective > config.divergence * norms.scale, converged, loop.it + 1 >= config.max_iter],
+            [~finite, diverged, converged, loop.it + 1 >= config.max_iter],
             [Status.NONFINITE, Status.DIVERGED, Status.CONVERGED, Status.MAX_ITERATIONS],
             -1,
         )
         # A non-finite sweep is not continued from: the loop stops with the best iterate.
         return _Loop(
             loop.it + 1, new, errs.objective, best, best_errors,
-            jnp.where(tail, err_J, loop.history_J), jnp.where(tail, err_F, loop.history_F), status,
+            jnp.where(tail, err_J, loop.history_J), jnp.where(tail, err_F, loop.history_F), status, strikes,
         )
 
     return jax.lax.while_loop(lambda l: (l.status < 0) & (l.it < stop_at), body, loop)
