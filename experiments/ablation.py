@@ -67,6 +67,7 @@ from flax import nnx  # noqa: E402
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compress import sample_tokens  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
+from jaxbsd.io import SOLVER_FILES, source_hash  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.models.decoupled_mlp import DecoupledMLP  # noqa: E402
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS  # noqa: E402
@@ -211,7 +212,9 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
 
     protocol = {"dataset": name, "checkpoint": source["checkpoint"], "samples": args.samples,
                 "capture_images": args.capture_images, "seed": args.seed, "restarts": grid["restarts"],
-                "max_iter": grid["max_iter"], "tol": args.tol, "eval_images": fast.n}
+                "max_iter": grid["max_iter"], "tol": args.tol, "eval_images": fast.n,
+                # finished configurations are reused only if computed by the same solver code
+                "solver_hash": source_hash(SOLVER_FILES)}
     state = args.out / "state" / f"{args.prefix}_{name}.jsonl"
     key = protocol_key(protocol)
     done: dict[str, list[dict]] = {}

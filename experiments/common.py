@@ -34,7 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxbsd import cmtf  # noqa: E402
-from jaxbsd.io import read_json, write_json_atomic  # noqa: E402
+from jaxbsd.io import provenance, read_json, write_json_atomic  # noqa: E402
 from jaxbsd.data import Dataset  # noqa: E402
 
 __all__ = [
@@ -97,10 +97,19 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> pathlib.P
     return path
 
 
+#: Provenance of the running experiment, taken when it starts (:func:`command_line`), so the
+#: commit and source hashes a result records are those of the code that computed it.
+_RUN_PROVENANCE: dict | None = None
+
+
 def command_line(script: str, argv: Sequence[str] | None) -> str:
-    """The command that reproduces this run (``python experiments/<script> ...``)."""
+    """The command that reproduces this run (``python experiments/<script> ...``); also records
+    the run's provenance (commit, source hashes) for :func:`write_json`."""
+    global _RUN_PROVENANCE
     args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(["python", f"experiments/{script}", *map(shlex.quote, map(str, args))])
+    command = " ".join(["python", f"experiments/{script}", *map(shlex.quote, map(str, args))])
+    _RUN_PROVENANCE = provenance(command)
+    return command
 
 
 def jsonable(x: Any) -> Any:
@@ -122,8 +131,12 @@ def jsonable(x: Any) -> Any:
     return x
 
 
-def write_json(path: str | os.PathLike, payload: Any) -> pathlib.Path:
-    """Write ``payload`` as strict JSON (NaN → null), atomically (:mod:`jaxbsd.io`)."""
+def write_json(path: str | os.PathLike, payload: dict) -> pathlib.Path:
+    """Write ``payload`` as strict JSON (NaN → null), atomically (:mod:`jaxbsd.io`), with a
+    ``provenance`` entry (command, commit, source hashes: see :func:`jaxbsd.io.provenance`)
+    taken when the run started, so no result can be written without one."""
+    payload = dict(payload)
+    payload.setdefault("provenance", _RUN_PROVENANCE or provenance(str(payload.get("command", "unknown"))))
     return write_json_atomic(path, jsonable(payload))
 
 

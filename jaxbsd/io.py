@@ -1,14 +1,64 @@
-"""Small, safe file I/O for results: atomic writes, reads that say what went wrong."""
+"""Small, safe file I/O for results: atomic writes, reads that say what went wrong, and the
+provenance every committed result carries (command, commit, source hashes)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
+import subprocess
 import tempfile
 from typing import Any, Iterable
 
-__all__ = ["write_json_atomic", "write_bytes_atomic", "read_json"]
+__all__ = ["write_json_atomic", "write_bytes_atomic", "read_json", "provenance", "source_hash", "SOLVER_FILES"]
+
+PACKAGE = pathlib.Path(__file__).resolve().parent
+
+#: The solver files every decoupling result depends on: a change to any of them makes every
+#: committed result computed with the solver stale (``tests/test_results_fresh.py``).
+SOLVER_FILES = ("cmtf.py", "bases.py", "bspline.py", "tensor.py")
+
+
+def source_hash(files: Iterable[str] | None = None) -> str:
+    """SHA-256 over the named files of the ``jaxbsd`` package (paths relative to it), or over
+    every ``*.py`` file of the package when ``files`` is None; names and contents both count."""
+    paths = sorted(PACKAGE.rglob("*.py")) if files is None else [PACKAGE / f for f in sorted(files)]
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def provenance(command: str, *, solver: bool = True) -> dict:
+    """What produced a result: the command, the git commit, whether the package's sources had
+    uncommitted changes, and hashes of the package sources.
+
+    Args:
+      command: the command line that reproduces the result.
+      solver: whether the result was computed with the solver (then ``solver_hash``, the hash
+        of :data:`SOLVER_FILES`, is recorded and checked for staleness).
+    """
+    dirty = _git("status", "--porcelain", "--", ".")
+    record = {
+        "command": command,
+        "commit": _git("rev-parse", "HEAD"),
+        "sources_dirty": None if dirty is None else bool(dirty),
+        "source_hash": source_hash(),
+    }
+    if solver:
+        record["solver_files"] = list(SOLVER_FILES)
+        record["solver_hash"] = source_hash(SOLVER_FILES)
+    return record
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> pathlib.Path:
