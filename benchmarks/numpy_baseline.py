@@ -36,12 +36,13 @@ class State(NamedTuple):
     knots: np.ndarray
 
 
-#: Singular values below ``RCOND · σ_max`` are dropped in the unregularized G and R solves.
-#: jaxbsd solves them through the Gram matrix and drops its eigenvalues below
-#: ``sqrt(eps) · λ_max`` (``jaxbsd.cmtf._gram_solve``), i.e. singular values below
-#: ``eps^(1/4) · σ_max``; lstsq's default (``eps · max(M, N)``) would keep them and give a
-#: different (and much larger) minimum-norm solution whenever W1 is ill-conditioned.
-RCOND = float(np.finfo(np.float64).eps ** 0.25)
+def rcond(r: int) -> float:
+    """Singular values below ``rcond(r) · σ_max`` are dropped in the unregularized G and R solves.
+
+    jaxbsd solves them through the ``r × r`` Gram matrix with the pseudo-inverse's
+    machine-precision cutoff (eigenvalues below ``r · eps · λ_max``), i.e. singular values
+    below ``sqrt(r · eps) · σ_max`` of the explicit matrix solved here."""
+    return float(np.sqrt(r * np.finfo(np.float64).eps))
 
 
 def khatri_rao(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -122,12 +123,12 @@ def sweep(
     J_m = J.transpose(2, 0, 1).reshape(m, S * n)  # column s·n + a
     W0 = _ridge_lstsq(khatri_rao(G, W1), J_m.T, mu_w)
 
-    # G: min ‖J_(S) − G (W1 ⊙ W0ᵀ)ᵀ‖² (truncated minimum-norm least squares, see RCOND).
+    # G: min ‖J_(S) − G (W1 ⊙ W0ᵀ)ᵀ‖² (minimum-norm least squares, see rcond).
     J_s = J.reshape(S, n * m)  # column a·m + b
-    G = np.linalg.lstsq(khatri_rao(W1, W0.T), J_s.T, rcond=RCOND)[0].T
+    G = np.linalg.lstsq(khatri_rao(W1, W0.T), J_s.T, rcond=rcond(r))[0].T
 
     # R: min ‖Fᵀ − W1 Rᵀ‖².
-    R = np.linalg.lstsq(W1, F.T, rcond=RCOND)[0].T
+    R = np.linalg.lstsq(W1, F.T, rcond=rcond(r))[0].T
 
     # Algorithm 3: B-spline projection, one internal function at a time.
     U = X @ W0.T

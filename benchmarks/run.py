@@ -50,6 +50,7 @@ import numpy as np  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from jaxbsd import cmtf  # noqa: E402
+from jaxbsd.io import provenance, write_json_atomic  # noqa: E402
 from jaxbsd.tensor import DenseJacobian, StructuredJacobian  # noqa: E402
 
 from benchmarks import numpy_baseline  # noqa: E402
@@ -955,6 +956,8 @@ def main(argv: list[str] | None = None) -> int:
 
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else "main(" + repr(argv) + ")"
+    # What produced the figures, taken before anything runs (tests/test_results_fresh.py checks it).
+    record = provenance("python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv))
     facts = machine_facts()
     facts["jaxlib_lapack_blas_threads"] = lapack
     print(f"jaxbsd benchmarks ({mode}) — jax {facts['jax']} on {facts['backend']} "
@@ -984,10 +987,9 @@ def main(argv: list[str] | None = None) -> int:
         "timing_method": "interleaved (alternating order), warm-up round(s), median of repeats; "
         "jax results block_until_ready; compile excluded except in the headline wall time",
         "rows": [dataclasses.asdict(r) for r in rows],
+        "provenance": record,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_jsonable(result), indent=2, ensure_ascii=False))
+    out = write_json_atomic(args.out, _jsonable(result))
     print(f"wrote {out}")
     return 0
 

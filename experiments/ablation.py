@@ -233,11 +233,15 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
     configs = [(variant, rank, col, y, basis) for variant in VARIANTS for rank in grid["ranks"]
                for col, y, basis in bases(grid["pd"], grid["dofs"], grid["spline_degrees"])]
     runs: list[dict] = []
+    missing: list[str] = []  # configurations not run (--write-partial)
     solve_key = jax.random.key(args.seed + 1)
     for i, (variant, rank, col, y, basis) in enumerate(configs, start=1):
         cfg_id = f"{variant}|r={rank}|{basis!r}"
         if cfg_id in done:
             runs += done[cfg_id]
+            continue
+        if args.write_partial:
+            missing.append(cfg_id)
             continue
         t0 = common.Timer()
         config = jb.CMTFConfig(rank=rank, basis=basis, robust=VARIANTS[variant], max_iter=grid["max_iter"],
@@ -297,6 +301,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
         "mlp": {"in": m, "hidden": hidden, "out": n, "params_fc": p_fc, "params_fc_with_bias": p_fc_bias},
         "protocol": protocol,
         "runs": runs,
+        "configurations": {"done": len(configs) - len(missing), "total": len(configs), "missing": missing},
         "grids": summarize(runs, grid),
         "wall_seconds": timer(),
     }
@@ -447,6 +452,9 @@ def main(argv=None) -> int:
     parser.add_argument("--capture-images", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile-cache", action="store_true", help="do not cache compiled programs on disk")
+    parser.add_argument("--write-partial", action="store_true",
+                        help="run nothing: write the result of the configurations already finished (resume "
+                             "state), listing the missing ones")
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     grid = dict(SMOKE if args.smoke else QUICK if args.quick else FULL)

@@ -1,0 +1,224 @@
+"""The README's result tables, generated from the committed result JSON, and the staleness guard.
+
+Usage::
+
+    python experiments/report.py            # rewrite the generated blocks of README.md
+    python experiments/report.py --check    # exit 1 if a result is stale or README.md is out of date
+
+Every generated block of ``README.md`` sits between ``<!-- report:NAME -->`` and
+``<!-- /report:NAME -->``; nothing between the markers is typed by hand.
+
+Staleness: every JSON under ``experiments/results/`` and ``benchmarks/`` records a
+``provenance`` (:func:`jaxbsd.io.provenance`: command, commit, source hashes). A result computed
+with the solver records ``solver_hash``, the hash of :data:`jaxbsd.io.SOLVER_FILES`; when any of
+those files changes, the result is stale until it is regenerated, and ``--check`` (run by the
+test suite and by ``.ci/run``) fails naming it and the command that regenerates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+from typing import Callable, Iterable
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+README = ROOT / "README.md"
+
+
+def result_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """Every committed result: ``experiments/results/*.json`` and ``benchmarks/*.json``."""
+    return sorted((root / "experiments" / "results").glob("*.json")) + sorted((root / "benchmarks").glob("*.json"))
+
+
+def stale_results(paths: Iterable[pathlib.Path], solver_hash: str | None = None) -> list[str]:
+    """Problems with the given result files: a missing or incomplete ``provenance``, or a
+    ``solver_hash`` that is not the current solver's (``solver_hash``, default: computed from
+    the package). Empty when every result is current."""
+    from jaxbsd.io import SOLVER_FILES, source_hash
+
+    current = solver_hash or source_hash(SOLVER_FILES)
+    problems = []
+    for path in paths:
+        try:
+            prov = json.loads(path.read_text()).get("provenance")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            problems.append(f"{path}: not a JSON results object ({e})")
+            continue
+        if not isinstance(prov, dict) or not all(prov.get(k) for k in ("command", "commit", "source_hash")):
+            problems.append(f"{path}: no provenance (command, commit, source_hash); regenerate it with its script")
+            continue
+        if "solver_hash" in prov and prov["solver_hash"] != current:
+            problems.append(
+                f"{path}: stale — computed with solver files {', '.join(SOLVER_FILES)} at commit "
+                f"{str(prov['commit'])[:10]}, which have changed since; regenerate: {prov['command']}")
+    return problems
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _md(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _source_line(payload: dict) -> str:
+    prov = payload["provenance"]
+    wall = payload.get("wall_seconds")
+    return (f"Generated from `{prov['command']}` at commit `{str(prov['commit'])[:10]}`"
+            + (f" ({wall / 60:.1f} min on the 2-core CPU machine)." if wall else "."))
+
+
+def synthetic_tables() -> str:
+    d = _load("synthetic.json")
+    if d is None:
+        return "_No synthetic result committed._"
+    res = d["results"]
+    strategies = list(res)
+    out = [_source_line(d), "",
+           "The paper's metric, eᵢ on the S = 200 sampling points (mean over "
+           f"{d['protocol']['draws']} draws; ± the spread of the mean over draws):", ""]
+    rows = []
+    for name in res[strategies[0]]:
+        for s in strategies:
+            r = res[s][name]
+            p = r["paper"]
+            e1, e2 = r["e_S_mean"]
+            rows.append([name.replace("nu", "ν"), s, f"{e1:.2f}", f"{p['e1']:.2f}", f"{e2:.2f}", f"{p['e2']:.2f}",
+                         f"{r['e_S_avg']:.2f} ± {r['e_S_avg_std']:.2f}", f"{p['mean']:.2f}"])
+    out.append(_md(["method", "restarts", "e₁ %", "paper", "e₂ %", "paper", "mean %", "paper"], rows))
+    out += ["", "Beside it, never instead of it: held-out points in the same square, and points outside "
+            "it (extrapolation, x ∈ [−7.5, 7.5]² \\ [−5, 5]²):", ""]
+    rows = []
+    for name in res[strategies[0]]:
+        for s in strategies:
+            r = res[s][name]
+            cells = []
+            for metric in ("e_heldout", "e_outside"):
+                e1, e2 = r[f"{metric}_mean"]
+                cells.append(f"{e1:.2f} / {e2:.2f} / {r[f'{metric}_avg']:.2f}")
+            statuses = ", ".join(f"{k} {v}" for k, v in r["status_counts"].items())
+            rows.append([name.replace("nu", "ν"), s, *cells, statuses])
+    out.append(_md(["method", "restarts", "held-out e₁ / e₂ / mean %", "outside e₁ / e₂ / mean %",
+                    "restart statuses (all draws)"], rows))
+    return "\n".join(out)
+
+
+def _ablation_table(d: dict) -> str:
+    g = d["grids"]
+    rows = []
+    for variant in g["variants"]:
+        for lam in g["lams"]:
+            cells = []
+            for col in g["columns"]:
+                counts = g["counts"][variant][repr(lam)][col]
+                runs = sum(np.sum(counts[s]) for s in counts if s != "nonfinite_logits")
+                if runs < len(g["y"][col]) * len(g["ranks"]) * d["grid"]["restarts"]:
+                    cells.append("not yet rerun")
+                    continue
+                vals = [np.nanmean(np.asarray(g[m][variant][repr(lam)][col], dtype=float))
+                        for m in ("accuracy", "error_J", "error_F")]
+                cells.append(f"{vals[0]:.2f} / {vals[1]:.3f} / {vals[2]:.3f}")
+            rows.append([variant, f"{lam:g}", *cells])
+    return _md(["variant", "λ", *g["columns"]], rows)
+
+
+def ablation_tables() -> str:
+    out = []
+    for name in ("mnist", "fashion-mnist"):
+        d = _load(f"ablation_{name}.json")
+        if d is None:
+            out.append(f"**{name}**: no current result committed (see the text above).")
+            continue
+        out += [f"**{name}** (original accuracy {d['accuracy_original_eval_subset']:.2f} % on "
+                f"{d['eval_images']} test images; cells: accuracy % / Error(𝒥) / Error(F), mean over ranks, "
+                f"degrees or ν and {d['grid']['restarts']} runs). Status counts: "
+                + ", ".join(f"{k} {v}" for k, v in d["grids"]["status_totals"].items()) + ".",
+                "", _source_line(d)
+                + (f" Partial: {d['configurations']['done']} of {d['configurations']['total']} configurations "
+                   "finished; the others are listed in the JSON and resume with the same command."
+                   if d.get("configurations", {}).get("missing") else ""),
+                "", _ablation_table(d), ""]
+    return "\n".join(out).rstrip()
+
+
+def training_table() -> str:
+    d = _load("training.json")
+    if d is None:
+        return "_No training result committed._"
+    rows = []
+    for r in d["runs"]:
+        rows.append([f"{r['model']} / {r['dataset']}", f"{r['params']:,}", str(r["epochs"]),
+                     f"{100 * r['test_acc']:.2f} %", f"{r['wall_seconds'] / 60:.1f} min"])
+    return _md(["model / data", "params", "epochs", "test accuracy", "wall time"], rows)
+
+
+def benchmark_table() -> str:
+    path = ROOT / "benchmarks" / "results.json"
+    if not path.exists():
+        return "_No benchmark result committed._"
+    d = json.loads(path.read_text())
+    rows = []
+    for r in d["rows"]:
+        ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}×"
+        passed = {True: "yes", False: "**no**", None: "—"}[r.get("passed")]
+        rows.append([r["name"], ratio, str(r.get("target") or "—"), passed])
+    head = (f"Generated from `{d['provenance']['command']}` at commit `{str(d['provenance']['commit'])[:10]}` "
+            f"({d['total_s'] / 60:.1f} min, {d['machine'].get('device_kind', '?')}, load at start "
+            f"{d['machine'].get('loadavg_start')}).")
+    return head + "\n\n" + _md(["benchmark", "ratio", "target", "met"], rows)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "synthetic": synthetic_tables,
+    "ablation": ablation_tables,
+    "training": training_table,
+    "benchmarks": benchmark_table,
+}
+BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block replaced by its current table."""
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in TABLES:
+            raise ValueError(f"README block report:{name} has no generator; known: {sorted(TABLES)}")
+        return m.group(1) + TABLES[name]().rstrip("\n") + "\n" + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail on stale results or an out-of-date README")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    new = render(text)
+    if args.check:
+        problems = stale_results(result_files())
+        if new != text:
+            problems.append("README.md: generated tables are out of date; run python experiments/report.py")
+        for p in problems:
+            print(p, file=sys.stderr)
+        print(f"report check: {len(problems)} problem(s) in {len(result_files())} results and README.md")
+        return 1 if problems else 0
+    README.write_text(new)
+    print(f"README.md: {len(BLOCK.findall(text))} generated blocks written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

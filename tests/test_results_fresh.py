@@ -1,0 +1,76 @@
+"""No committed result can go stale silently.
+
+Every JSON under ``experiments/results/`` and ``benchmarks/`` records its provenance; one
+computed with the solver is stale as soon as a solver file changes, and this test (run by
+``.ci/run`` with the default suite) fails naming it and the command that regenerates it. The
+README's result tables are generated from those files (``experiments/report.py``).
+"""
+
+import json
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+import report  # noqa: E402
+
+from jaxbsd.io import SOLVER_FILES, provenance, source_hash  # noqa: E402
+
+
+def test_every_committed_result_is_current():
+    files = report.result_files()
+    assert files, "no committed results found"
+    assert report.stale_results(files) == []
+
+
+def test_readme_tables_are_generated_from_the_results():
+    text = (ROOT / "README.md").read_text()
+    assert report.BLOCK.search(text), "README.md has no generated result block"
+    assert report.render(text) == text, "README tables out of date: run python experiments/report.py"
+
+
+def _write(path, payload):
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_the_guard_fails_on_a_stale_or_unprovenanced_result(tmp_path):
+    # A current result passes ...
+    current = _write(tmp_path / "current.json", {"provenance": provenance("python x.py")})
+    assert report.stale_results([current]) == []
+    # ... a copy of a committed result whose solver files have since changed fails, naming the
+    # file and the command that regenerates it ...
+    committed = next(p for p in report.result_files() if "solver_hash" in json.loads(p.read_text())["provenance"])
+    stale = tmp_path / committed.name
+    shutil.copy(committed, stale)
+    payload = json.loads(stale.read_text())
+    payload["provenance"]["solver_hash"] = "0" * 64
+    _write(stale, payload)
+    problems = report.stale_results([stale])
+    assert len(problems) == 1 and "stale" in problems[0] and payload["provenance"]["command"] in problems[0]
+    # ... and so does a result with no provenance at all.
+    bare = _write(tmp_path / "bare.json", {"command": "python x.py", "results": {}})
+    assert "no provenance" in report.stale_results([bare])[0]
+
+
+def test_editing_a_solver_file_makes_results_stale(tmp_path, monkeypatch):
+    """The hash really covers the solver files: a one-byte edit of a copy changes it."""
+    import jaxbsd.io as jio
+
+    package = tmp_path / "jaxbsd"
+    shutil.copytree(jio.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(jio, "PACKAGE", package)
+    before = source_hash(SOLVER_FILES)
+    result = _write(tmp_path / "r.json", {"provenance": provenance("python x.py")})
+    assert report.stale_results([result]) == []
+    (package / "cmtf.py").write_text((package / "cmtf.py").read_text() + "\n# edit\n")
+    assert source_hash(SOLVER_FILES) != before
+    assert "stale" in report.stale_results([result])[0]
+
+
+@pytest.mark.parametrize("name", sorted(report.TABLES))
+def test_each_generated_table_renders(name):
+    assert report.TABLES[name]().strip()
