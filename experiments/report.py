@@ -75,7 +75,9 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _source_line(payload: dict) -> str:
-    prov = payload["provenance"]
+    prov = payload.get("provenance")
+    if not prov:
+        return "**No provenance: this result is stale (report --check fails) and must be regenerated.**"
     wall = payload.get("wall_seconds")
     return (f"Generated from `{prov['command']}` at commit `{str(prov['commit'])[:10]}`"
             + (f" ({wall / 60:.1f} min on the 2-core CPU machine)." if wall else "."))
