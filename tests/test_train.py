@@ -1,7 +1,6 @@
-"""Training, evaluation, checkpoints and the CLI."""
+"""Training, evaluation, TrainConfig and its recipes, progress, and the CLI."""
 
 import json
-import zipfile
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +12,11 @@ from jaxbsd import cli
 from jaxbsd.data import Dataset
 from jaxbsd.models import CONFIGS, build_model
 from jaxbsd.train import (
+    RECIPES,
+    TrainConfig,
     evaluate,
     load_checkpoint,
     random_shift,
-    read_checkpoint_header,
-    save_checkpoint,
     train,
 )
 
@@ -160,80 +159,6 @@ def test_regularised_training_runs(data):
     history = train(model, data, epochs=1, lr=3e-3, batch_size=32, seed=0, progress=False,
                     weight_decay=0.05, label_smoothing=0.1, shift=1)
     assert np.isfinite(history[0]["loss"])
-
-
-# --- checkpoints --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["vit", "swin", "deit"])
-def test_checkpoint_round_trip(kind, tmp_path, data):
-    model = build_model(kind, CONFIGS[kind].tiny(), seed=3)
-    path = tmp_path / "model.npz"
-    save_checkpoint(path, model, {"dataset": "synthetic", "acc": 0.5})
-    x = jnp.asarray(data.test_images[:16])
-    restored, metadata = load_checkpoint(path)
-    assert type(restored) is type(model) and restored.config == model.config
-    assert metadata == {"dataset": "synthetic", "acc": 0.5}
-    np.testing.assert_array_equal(forward(restored, x), forward(model, x))
-    # Loading into an existing (differently initialised) model.
-    other = build_model(kind, CONFIGS[kind].tiny(), seed=4)
-    load_checkpoint(path, other)
-    np.testing.assert_array_equal(forward(other, x), forward(model, x))
-    header = read_checkpoint_header(path)
-    assert header["kind"] == kind and header["config"]["dim"] == 16
-    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was moved into place
-
-
-def test_checkpoint_of_modified_model(tmp_path, data):
-    model = build_model("vit", CONFIGS["vit"].tiny())
-    model.blocks[1].mlp = nnx.Linear(16, 16, rngs=nnx.Rngs(5))
-    path = tmp_path / "surgery.npz"
-    save_checkpoint(path, model, {})
-    with pytest.raises(ValueError, match="does not match") as err:
-        load_checkpoint(path)  # a plain rebuilt ViT has an MLP there
-    assert str(path) in str(err.value)
-    skeleton = build_model("vit", CONFIGS["vit"].tiny(), seed=9)
-    skeleton.blocks[1].mlp = nnx.Linear(16, 16, rngs=nnx.Rngs(0))
-    load_checkpoint(path, skeleton)
-    x = jnp.asarray(data.test_images[:8])
-    np.testing.assert_array_equal(forward(skeleton, x), forward(model, x))
-
-
-def test_checkpoint_truncated_corrupt_mismatched(tmp_path):
-    model = build_model("swin", CONFIGS["swin"].tiny())
-    path = tmp_path / "good.npz"
-    save_checkpoint(path, model, {"note": "x"})
-    raw = path.read_bytes()
-
-    truncated = tmp_path / "truncated.npz"
-    truncated.write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(ValueError, match="truncated") as err:
-        load_checkpoint(truncated)
-    assert str(truncated) in str(err.value)
-
-    # Flip bytes inside the largest array's data: caught by the zip CRC or our checksum.
-    with zipfile.ZipFile(path) as z:
-        info = max(z.infolist(), key=lambda i: i.file_size)
-    corrupt = tmp_path / "corrupt.npz"
-    buf = bytearray(raw)
-    offset = info.header_offset + 30 + len(info.filename) + len(info.extra) + 200
-    buf[offset : offset + 8] = bytes(255 - b for b in buf[offset : offset + 8])
-    corrupt.write_bytes(bytes(buf))
-    with pytest.raises(ValueError) as err:
-        load_checkpoint(corrupt)
-    assert str(corrupt) in str(err.value)
-
-    garbage = tmp_path / "garbage.npz"
-    garbage.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(ValueError, match="garbage.npz"):
-        load_checkpoint(garbage)
-
-    with pytest.raises(ValueError, match="does not match|expected"):
-        load_checkpoint(path, build_model("swin", CONFIGS["swin"].tiny(dim=8)))
-    with pytest.raises(FileNotFoundError):
-        load_checkpoint(tmp_path / "missing.npz")
-    with pytest.raises(ValueError, match="metadata"):
-        save_checkpoint(tmp_path / "bad.npz", model, {"f": object()})
 
 
 # --- CLI ----------------------------------------------------------------------------------
