@@ -209,13 +209,10 @@ def replaced_modules(model) -> list[dict]:
         if record is None:
             continue
         found.append({"path": list(path), **record})
-    found.sort(key=lambda r: (len(r["path"]), [str(p) for p in r["path"]]))
     # A LowRankLinear inside a recorded LowRankMLP is part of that record.
-    outer: list[dict] = []
-    for r in found:
-        if not any(r["path"][: len(o["path"])] == o["path"] for o in outer):
-            outer.append(r)
-    return outer
+    paths = [r["path"] for r in found]
+    outer = [r for r in found if not any(len(p) < len(r["path"]) and r["path"][: len(p)] == p for p in paths)]
+    return sorted(outer, key=lambda r: [(isinstance(k, str), k) for k in r["path"]])
 
 
 def _placeholder(record: dict, where: str):
