@@ -1,6 +1,9 @@
 """Training, evaluation, TrainConfig and its recipes, progress, and the CLI."""
 
+import dataclasses
 import json
+import pathlib
+import shlex
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +13,7 @@ from flax import nnx
 
 from jaxbsd import cli
 from jaxbsd.data import Dataset
-from jaxbsd.models import CONFIGS, build_model
+from jaxbsd.models import CONFIGS, build_model, config_for_dataset, config_to_dict
 from jaxbsd.train import (
     RECIPES,
     TrainConfig,
@@ -181,3 +184,102 @@ def test_cli_train(tmp_path, capsys):
     assert 0.0 <= result["test_acc"] <= 1.0 and result["epochs"] == 1
     with pytest.raises(SystemExit):
         cli.main(["train", "--model", "resnet", "--dataset", "digits"])
+
+
+# --- TrainConfig and the recipes --------------------------------------------------------------
+
+
+def test_train_config_validates_each_field():
+    assert TrainConfig() == TrainConfig(epochs=20, lr=1e-4, batch_size=128, schedule="constant")
+    bad = {"epochs": 0, "lr": float("nan"), "batch_size": True, "seed": -1, "schedule": "step",
+           "warmup_epochs": -1.0, "weight_decay": float("inf"), "label_smoothing": 1.0, "shift": 1.5,
+           "drop_path": 1.0, "eval_batch_size": 0}
+    for name, value in bad.items():
+        with pytest.raises(ValueError, match=name):
+            TrainConfig(**{name: value})
+    with pytest.raises(ValueError, match="unknown TrainConfig fields.*'epoch'"):
+        TrainConfig().replace(epoch=3)
+    cfg = TrainConfig.recipe("vit", "digits").replace(epochs=3)
+    assert cfg.epochs == 3 and cfg.lr == 1e-3 and cfg.schedule == "cosine"
+    assert TrainConfig.recipe("swin", "digits") == TrainConfig()  # no recipe: the paper's defaults
+
+
+def test_train_takes_a_config_or_keywords(data):
+    cfg = TrainConfig(epochs=1, lr=3e-3, batch_size=32)
+    a, b = build_model("vit", TINY), build_model("vit", TINY)
+    train(a, data, cfg, progress=False)
+    train(b, data, epochs=1, lr=3e-3, batch_size=32, progress=False)  # the old keyword form
+    assert all(np.array_equal(x, y) for x, y in zip(_params(a), _params(b), strict=True))
+    with pytest.raises(ValueError, match="config"):
+        train(a, data, {"epochs": 1})
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        train(a, data, cfg, epoch=1)
+
+
+def _recorded_runs():
+    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / "training.json"
+    return json.loads(path.read_text())["runs"]
+
+
+def test_recipes_match_training_json():
+    """Each recorded run's command, parsed by the CLI, is exactly the (model, data set) recipe,
+    and the recipe reproduces the recorded settings and model config."""
+    runs = _recorded_runs()
+    assert {(r["model"], r["dataset"]) for r in runs} <= set(RECIPES)
+    parser = cli.build_parser()
+    for run in runs:
+        recipe = RECIPES[(run["model"], run["dataset"])]
+        args = parser.parse_args(shlex.split(run["command"])[1:])
+        from_flags = TrainConfig().replace(
+            **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)})
+        assert from_flags == recipe, run["command"]
+        assert cli.train_config_from_args(args) == recipe
+        for name in ("epochs", "lr", "schedule", "batch_size", "seed"):
+            assert getattr(recipe, name) == run[name], (run["command"], name)
+        overrides = {} if recipe.drop_path is None else {"drop_path": recipe.drop_path}
+        config = config_for_dataset(run["model"], run["dataset"], **overrides)
+        assert config_to_dict(config)["drop_path"] == run["config"]["drop_path"]
+        assert config.patch_size == run["config"]["patch_size"]
+
+
+def test_cli_defaults_are_the_recipe():
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits"])
+    assert cli.train_config_from_args(args) == RECIPES[("vit", "digits")]
+    args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits", "--epochs", "5", "--shift", "1"])
+    assert cli.train_config_from_args(args) == RECIPES[("vit", "digits")].replace(epochs=5, shift=1)
+    args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"])
+    with pytest.raises(ValueError, match="label_smoothing"):
+        cli.train_config_from_args(args)
+    assert cli.main(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"]) == 2
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def test_progress_bar_advances_through_the_batches(data, monkeypatch):
+    import jaxbsd.train as train_mod
+    from tqdm import tqdm
+
+    bars = []
+
+    class Recording(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.positions = []
+            bars.append(self)
+
+        def update(self, n=1):
+            out = super().update(n)
+            self.positions.append(self.n)
+            return out
+
+    monkeypatch.setattr(train_mod, "tqdm", Recording)
+    steps = []
+    train(build_model("vit", TINY), data, epochs=2, lr=3e-3, batch_size=32, progress=True,
+          on_step=lambda epoch, done: steps.append((epoch, done)), on_epoch=lambda r: None)
+    per_epoch = len(data.train_labels) // 32
+    assert [bar.total for bar in bars] == [per_epoch, per_epoch]
+    for bar in bars:
+        assert bar.positions == list(range(1, per_epoch + 1))  # one step at a time, not 0 then done
+    assert steps == [(e, i) for e in (1, 2) for i in range(1, per_epoch + 1)]
