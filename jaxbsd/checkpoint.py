@@ -53,7 +53,6 @@ import tempfile
 import time
 import uuid
 import zipfile
-from typing import Any
 
 import jax
 import jax.numpy as jnp

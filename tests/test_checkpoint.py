@@ -14,7 +14,7 @@ from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd import baselines, checkpoint
-from jaxbsd.models import CONFIGS, build_model
+from jaxbsd.models import CONFIGS, build_model, config_to_dict
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP
 from jaxbsd.train import load_checkpoint, read_checkpoint_header, save_checkpoint
@@ -335,12 +335,8 @@ def _write_old_format(path: pathlib.Path, model, metadata: dict) -> None:
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
         h.update(a.tobytes())
-    header = {"format": "jaxbsd-checkpoint", "version": 1, "kind": "vit",
-              "config": jb.models.config_to_dict(model.config) if hasattr(jb, "models") else None,
+    header = {"format": "jaxbsd-checkpoint", "version": 1, "kind": "vit", "config": config_to_dict(model.config),
               "metadata": metadata, "variables": table, "checksum": h.hexdigest()}
-    from jaxbsd.models import config_to_dict
-
-    header["config"] = config_to_dict(model.config)
     blob = np.frombuffer(json.dumps(header).encode(), np.uint8)
     with open(path, "wb") as f:
         np.savez(f, __header__=blob, **arrays)
