@@ -60,26 +60,6 @@ RESULTS = ROOT / "experiments" / "results"
 CHECKPOINTS = ROOT / "checkpoints"
 TRAINING_JSON = RESULTS / "training.json"
 
-#: Training commands used when ``training.json`` has no run for a model/data set: the recipe
-#: the training runs of this project settled on for the same data (see training.json).
-FALLBACK_TRAINING = {
-    ("vit", "mnist"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --drop-path 0.1 "
-                      "--weight-decay 0.05 --label-smoothing 0.1 --shift 1",
-    ("vit", "fashion-mnist"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --drop-path 0.1 "
-                              "--weight-decay 0.05 --label-smoothing 0.1",
-    ("vit", "usps"): "--epochs 60 --lr 1e-3 --schedule cosine --warmup-epochs 2 --drop-path 0.1 "
-                     "--weight-decay 0.05 --label-smoothing 0.1 --shift 1",
-    ("vit", "cifar10"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --drop-path 0.1 "
-                        "--weight-decay 0.05 --label-smoothing 0.1 --shift 2",
-    ("swin", "cifar10"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 --weight-decay 0.05 "
-                         "--label-smoothing 0.1 --shift 2",
-    ("swin", "fashion-mnist"): "--epochs 20 --lr 1e-3 --schedule cosine --warmup-epochs 1 "
-                               "--weight-decay 0.05 --label-smoothing 0.1",
-    ("deit", "usps"): "--epochs 40 --lr 1e-3 --schedule cosine --warmup-epochs 3 --drop-path 0.1 "
-                      "--weight-decay 0.05 --label-smoothing 0.1 --shift 1 --teacher checkpoints/vit-usps.npz",
-}
-
-
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> pathlib.Path:
     """Persist compiled XLA programs on disk, so reruns and other data sets skip compilation.
 
@@ -161,7 +141,7 @@ def subset(dataset: Dataset, train: int | None = None, test: int | None = None, 
 
 def training_command(kind: str, dataset: str) -> tuple[list[str], str]:
     """``jaxbsd train`` arguments (without ``--out``/``--json``) for ``kind`` on ``dataset``,
-    and where they come from: the run recorded in ``training.json``, else a fallback recipe."""
+    and where they come from: the run recorded in ``training.json``, else ``jaxbsd.train.RECIPES``."""
     if TRAINING_JSON.exists():
         for run in read_json(TRAINING_JSON).get("runs", []):
             if run.get("model") == kind and run.get("dataset") == dataset and run.get("command"):
@@ -178,10 +158,12 @@ def training_command(kind: str, dataset: str) -> tuple[list[str], str]:
                         continue
                     keep.append(a)
                 return keep, f"{TRAINING_JSON.relative_to(ROOT)}: {run['command']}"
-    if (kind, dataset) not in FALLBACK_TRAINING:
+    from jaxbsd.train import RECIPES
+
+    if (kind, dataset) not in RECIPES:
         raise ValueError(f"no training recipe for {kind} on {dataset}; pass --checkpoint")
-    extra = shlex.split(FALLBACK_TRAINING[(kind, dataset)])
-    return ["train", "--model", kind, "--dataset", dataset, *extra, "--no-progress"], "fallback recipe in experiments/common.py"
+    extra = RECIPES[(kind, dataset)].cli_args()  # spelled out, so the recorded command says it all
+    return ["train", "--model", kind, "--dataset", dataset, *extra, "--no-progress"], "jaxbsd.train.RECIPES"
 
 
 #: Model config overrides where the library has no preset: Swin's patch is image_size // 8,
@@ -198,7 +180,7 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
     * with ``quick_dir`` (CI): train ``quick_epochs`` on ``quick_limit`` training images (no
       teacher) and cache the weak model as ``<quick_dir>/<kind>-<dataset>-quick.npz``;
     * otherwise train with the recorded ``jaxbsd train`` command (``training.json``, else the
-      fallback recipe above), writing ``checkpoints/<kind>-<dataset>.npz`` once it has finished.
+      recipe table jaxbsd.train.RECIPES), writing ``checkpoints/<kind>-<dataset>.npz`` once it has finished.
     """
     from jaxbsd.train import load_checkpoint
 
@@ -264,20 +246,21 @@ def train_from_args(args: list[str], path: pathlib.Path, *, overrides: dict | No
     from jaxbsd.train import load_checkpoint, train
 
     ns = cli.build_parser().parse_args(args)
-    dataset = data.load_dataset(ns.dataset, ns.data_root, seed=ns.seed, limit=ns.limit)
+    cfg = cli.train_config_from_args(ns)
+    dataset = data.load_dataset(ns.dataset, ns.data_root, seed=cfg.seed, limit=ns.limit)
     if train_limit is not None:
-        dataset = subset(dataset, train=train_limit, seed=ns.seed)
+        dataset = subset(dataset, train=train_limit, seed=cfg.seed)
     over = dict(overrides or {})
-    if ns.drop_path is not None:
-        over["drop_path"] = ns.drop_path
-    model = build_model(ns.model, config_for_dataset(ns.model, dataset, **over), seed=ns.seed)
+    if cfg.drop_path is not None:
+        over["drop_path"] = cfg.drop_path
+    model = build_model(ns.model, config_for_dataset(ns.model, dataset, **over), seed=cfg.seed)
     teacher = None
     if ns.teacher:
         teacher_path = pathlib.Path(ns.teacher)
         teacher, _ = load_checkpoint(teacher_path if teacher_path.is_absolute() else ROOT / teacher_path)
     command = "jaxbsd " + " ".join(args)
     metadata = {"dataset": ns.dataset, "data_root": ns.data_root, "command": command, "teacher": ns.teacher,
-                "params": count_params(model), "config_overrides": overrides or {},
+                "params": count_params(model), "train_config": cfg.to_dict(), "config_overrides": overrides or {},
                 "train_limit": train_limit, "written_by": "experiments/common.py train_from_args"}
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,10 +269,8 @@ def train_from_args(args: list[str], path: pathlib.Path, *, overrides: dict | No
     def report(h):
         log(f"  epoch {h['epoch']:3d}  loss {h['loss']:.4f}  test_acc {h['test_acc']:.4f}  {h['seconds']:.1f} s")
 
-    train(model, dataset, epochs=ns.epochs, lr=ns.lr, batch_size=ns.batch_size, seed=ns.seed, teacher=teacher,
-          schedule=ns.schedule, warmup_epochs=ns.warmup_epochs, weight_decay=ns.weight_decay,
-          label_smoothing=ns.label_smoothing, shift=ns.shift, progress=False, checkpoint=partial,
-          metadata=metadata, on_epoch=report)
+    train(model, dataset, cfg, teacher=teacher, progress=False, checkpoint=partial, metadata=metadata,
+          on_epoch=report)
     os.replace(partial, path)
     return path
 

@@ -6,6 +6,7 @@ ReLU sums), found by the robust coupled matrix–tensor factorization R-CMTF-BSD
 
 from jaxbsd import bases, bspline, metrics, tensor
 from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd.checkpoint import load_compressed, save_compressed
 from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Status, decouple
 from jaxbsd.decoupled import Decoupled
 from jaxbsd.sampling import sample
@@ -27,7 +28,9 @@ __all__ = [
     "bases",
     "bspline",
     "decouple",
+    "load_compressed",
     "metrics",
     "sample",
+    "save_compressed",
     "tensor",
 ]

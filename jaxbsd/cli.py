@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["build_parser", "main", "add_train_command", "SUBCOMMANDS"]
+__all__ = ["build_parser", "main", "add_train_command", "train_config_from_args", "SUBCOMMANDS"]
 
 #: Functions ``f(subparsers)`` that add one subcommand each; extend to add commands.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
@@ -30,38 +30,63 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
+_FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float}
+
+
+def _train_config_flags(p: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per :class:`jaxbsd.train.TrainConfig` field, with no argparse default:
+    a flag left out keeps the (model, data set) recipe's value, and TrainConfig validates."""
+    import dataclasses
+
+    from jaxbsd.train import TrainConfig
+
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        extra = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}", dest=f.name, type=_FLAG_TYPES[kind], default=argparse.SUPPRESS,
+            help=f"{f.metadata['help']} (default: the recipe's, else {getattr(defaults, f.name)})", **extra,
+        )
+
+
+def train_config_from_args(args: argparse.Namespace):
+    """The :class:`~jaxbsd.train.TrainConfig` of parsed ``jaxbsd train`` arguments: the recipe
+    for ``args.model`` on ``args.dataset`` (``TrainConfig.recipe``), with the flags given.
+
+    Raises:
+        ValueError: a flag value TrainConfig rejects (the message names it).
+    """
+    import dataclasses
+
+    from jaxbsd.train import TrainConfig
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    return TrainConfig.recipe(args.model, args.dataset).replace(**given)
 
 
 def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     """``jaxbsd train``: train a ViT, Swin or DeiT on a data set."""
     from jaxbsd.models import MODELS
+    from jaxbsd.train import RECIPES
 
+    recipes = ", ".join(f"{m}/{d}" for m, d in RECIPES)
     p = subparsers.add_parser(
         "train", help="train a vision transformer",
-        description="Train a ViT, Swin or DeiT with Adam (paper defaults: lr 1e-4, batch 128).",
+        description=(
+            "Train a ViT, Swin or DeiT. Settings default to this project's recipe for the "
+            f"(model, data set) ({recipes}; see jaxbsd.train.RECIPES), otherwise to the paper's "
+            "(Adam, lr 1e-4, batch 128, 20 epochs); every flag overrides its setting."
+        ),
     )
     p.add_argument("--model", required=True, choices=sorted(MODELS), help="architecture")
     p.add_argument("--dataset", required=True,
                    help="digits, fashion-mnist, mnist, usps, cifar10 or svhn")
-    p.add_argument("--data-root", default=None, help="file or directory holding the data set")
-    p.add_argument("--epochs", type=_positive_int, default=20)
-    p.add_argument("--lr", type=_positive_float, default=1e-4, help="peak learning rate")
-    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
-    p.add_argument("--warmup-epochs", type=float, default=0.0, help="cosine warm-up length")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decay (0: Adam, paper)")
-    p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--shift", type=int, default=0,
-                   help="augment with random translations of up to this many pixels (0: none, paper)")
-    p.add_argument("--drop-path", type=float, default=None, help="override the stochastic-depth rate")
-    p.add_argument("--batch-size", type=_positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0, help="initialisation, shuffling and split seed")
+    p.add_argument("--data-root", default=None,
+                   help="file or directory holding the data set (default: under $JAXBSD_DATA)")
+    _train_config_flags(p)
     p.add_argument("--limit", type=_positive_int, default=None, help="use only the first N examples")
-    p.add_argument("--out", default=None, help="checkpoint file to write (.npz), updated every epoch")
+    p.add_argument("--out", default=None, help="checkpoint directory to write, updated every epoch")
     p.add_argument("--teacher", default=None, help="teacher checkpoint for DeiT hard distillation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", default=None, help="also write the history and result to this JSON file")
@@ -82,11 +107,16 @@ def _run_train(args: argparse.Namespace) -> int:
     from jaxbsd.models import build_model, config_for_dataset, config_to_dict, count_params
     from jaxbsd.train import load_checkpoint, train
 
+    try:
+        cfg = train_config_from_args(args)
+    except ValueError as e:
+        print(f"jaxbsd train: error: {e}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
-    dataset = data.load_dataset(args.dataset, args.data_root, seed=args.seed, limit=args.limit)
-    overrides = {} if args.drop_path is None else {"drop_path": args.drop_path}
+    dataset = data.load_dataset(args.dataset, args.data_root, seed=cfg.seed, limit=args.limit)
+    overrides = {} if cfg.drop_path is None else {"drop_path": cfg.drop_path}
     config = config_for_dataset(args.model, dataset, **overrides)
-    model = build_model(args.model, config, seed=args.seed)
+    model = build_model(args.model, config, seed=cfg.seed)
     teacher = None
     if args.teacher is not None:
         teacher, _ = load_checkpoint(args.teacher)
@@ -95,13 +125,16 @@ def _run_train(args: argparse.Namespace) -> int:
         f"{dataset.test_images.shape[0]} test images, {count_params(model):,} parameters",
         flush=True,
     )
+    print(f"settings: {cfg}", flush=True)
     metadata = {
         "dataset": args.dataset,
         "data_root": args.data_root,
         "command": getattr(args, "command_line", None) or " ".join(["jaxbsd", *sys.argv[1:]]),
         "teacher": args.teacher,
         "params": count_params(model),
+        "train_config": cfg.to_dict(),
     }
+
     def report(h):
         print(
             f"epoch {h['epoch']:3d}  loss {h['loss']:.4f}  train_acc {h['train_acc']:.4f}  "
@@ -109,21 +142,15 @@ def _run_train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    history = train(
-        model, dataset, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-        teacher=teacher, schedule=args.schedule, warmup_epochs=args.warmup_epochs,
-        weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, shift=args.shift,
-        progress=not args.no_progress, checkpoint=args.out, metadata=metadata, on_epoch=report,
-    )
+    history = train(model, dataset, cfg, teacher=teacher, progress=not args.no_progress,
+                    checkpoint=args.out, metadata=metadata, on_epoch=report)
     final = history[-1]["test_acc"]
     wall = time.perf_counter() - start
-    print(f"final test accuracy {final:.4f} ({100 * final:.2f} %) after {args.epochs} epochs, {wall:.0f} s")
+    print(f"final test accuracy {final:.4f} ({100 * final:.2f} %) after {cfg.epochs} epochs, {wall:.0f} s")
     if args.json is not None:
         with open(args.json, "w") as f:
             json.dump({**metadata, "config": config_to_dict(config), "model": args.model,
-                       "epochs": args.epochs, "lr": args.lr, "schedule": args.schedule,
-                       "batch_size": args.batch_size, "seed": args.seed, "weight_decay": args.weight_decay,
-                       "label_smoothing": args.label_smoothing, "shift": args.shift,
+                       **{k: v for k, v in cfg.to_dict().items() if k != "drop_path"},
                        "drop_path": config.drop_path, "history": history,
                        "test_acc": final, "wall_seconds": wall, "checkpoint": args.out}, f, indent=1)
     return 0

@@ -15,6 +15,11 @@ cifar10        ``cifar-10-batches-py``, or image folders   pickle / JPEG, PNG   
 svhn           directory with ``train_32x32.mat`` …        MATLAB v5              32×32×3
 ============== =========================================== ====================== =========
 
+Without ``root``, data sets are read from the data directory named by the environment variable
+``$JAXBSD_DATA`` (``mnist-test/``, ``usps.h5``, ``cifar10-jpg.zip``, ``svhn/``, and optionally
+``fashion-mnist/``; see :func:`default_root`); nothing is guessed from where the package is
+installed. A missing data set raises ``FileNotFoundError`` saying which file to put where.
+
 Decoding the CIFAR-10 image-folder zip takes seconds, so its decoded ``uint8`` arrays are cached
 as an ``.npz`` in ``$JAXBSD_CACHE`` (default ``~/.cache/jaxbsd``), keyed by the zip's path, size
 and mtime. A missing, truncated or malformed file raises ``FileNotFoundError`` or ``ValueError``
@@ -46,6 +51,8 @@ __all__ = [
     "DATASETS",
     "Dataset",
     "batches",
+    "DATA_ENV",
+    "data_dir",
     "default_root",
     "load_dataset",
     "split_train_test",
@@ -70,9 +77,27 @@ CIFAR10_CLASSES = (
 _NUM_CLASSES = 10
 _DEFAULT_TEST_FRACTION = 0.2
 
-# Real copies shared by the project's checkouts: <workspace>/shared/data next to <workspace>/main.
-_SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-_SHARED_NAMES = {"mnist": "mnist-test", "usps": "usps.h5", "cifar10": "cifar10-jpg.zip"}
+# Where each data set lives under the data directory $JAXBSD_DATA, and what it must hold.
+DATA_ENV = "JAXBSD_DATA"
+_DATA_NAMES = {
+    "mnist": "mnist-test",
+    "usps": "usps.h5",
+    "cifar10": "cifar10-jpg.zip",
+    "svhn": "svhn",
+    "fashion-mnist": "fashion-mnist",
+}
+_DATA_CONTENTS = {
+    "mnist": "a directory holding the IDX gz files t10k-images-idx3-ubyte.gz and "
+             "t10k-labels-idx1-ubyte.gz (and, for the official split, train-images-idx3-ubyte.gz "
+             "and train-labels-idx1-ubyte.gz)",
+    "usps": "the HDF5 file with groups train and test, each with data (N, 256) and target (N,)",
+    "cifar10": "the zip of train/<class>/*.jpg and test/<class>/*.jpg (a cifar-10-batches-py "
+               "directory also works, passed as the root)",
+    "svhn": "a directory holding train_32x32.mat and test_32x32.mat",
+    "fashion-mnist": "a directory holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+                     "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz",
+}
+# Where Debian's package dataset-fashion-mnist installs it: a system location, not a guess.
 _FASHION_MNIST_ROOT = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
 _IDX_FILES = {
@@ -156,22 +181,39 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")
 
 
-def default_root(name: str) -> pathlib.Path | None:
-    """Where the real copy of data set ``name`` lives on this machine (it may not exist).
+def data_dir() -> pathlib.Path | None:
+    """The data directory named by ``$JAXBSD_DATA``, or None when the variable is unset or empty."""
+    env = os.environ.get(DATA_ENV)
+    return pathlib.Path(env).expanduser() if env else None
 
-    ``digits`` ships with scikit-learn and ``svhn`` has no copy here: both give ``None``.
-    ``fashion-mnist`` is the Debian package's directory. ``mnist``, ``usps`` and ``cifar10`` are
-    the copies in the workspace's ``shared/data`` (``mnist-test``, ``usps.h5``,
-    ``cifar10-jpg.zip``), or in ``$JAXBSD_DATA`` when that variable names a directory.
+
+def default_root(name: str) -> pathlib.Path | None:
+    """Where data set ``name`` is read from when no root is given (the path may not exist).
+
+    ``$JAXBSD_DATA/<entry>``: ``mnist-test``, ``usps.h5``, ``cifar10-jpg.zip``, ``svhn`` or
+    ``fashion-mnist``. ``fashion-mnist`` falls back to the Debian package's directory
+    ``/usr/share/datasets/fashion-mnist`` when ``$JAXBSD_DATA`` has no ``fashion-mnist``.
+    ``digits`` ships with scikit-learn: ``None``. Without ``$JAXBSD_DATA`` the others are
+    ``None`` too: no location is guessed from where the package is installed.
     """
     _check_name(name)
-    if name == "fashion-mnist":
-        return _FASHION_MNIST_ROOT
-    if name not in _SHARED_NAMES:
+    if name == "digits":
         return None
-    env = os.environ.get("JAXBSD_DATA")
-    base = pathlib.Path(env) if env else _SHARED_DATA
-    return base / _SHARED_NAMES[name]
+    base = data_dir()
+    if name == "fashion-mnist" and (base is None or not (base / _DATA_NAMES[name]).exists()):
+        return _FASHION_MNIST_ROOT
+    return None if base is None else base / _DATA_NAMES[name]
+
+
+def _missing_data_message(name: str, path: pathlib.Path | None) -> str:
+    what = f"{_DATA_NAMES[name]}: {_DATA_CONTENTS[name]}"
+    how = f"pass root= (jaxbsd train --data-root PATH), or set {DATA_ENV} to a directory holding {what}"
+    if path is None:
+        return f"{name}: no data location: {DATA_ENV} is not set; {how}"
+    if name == "fashion-mnist" and path == _FASHION_MNIST_ROOT:
+        return (f"{name}: {path} does not exist; install it (apt-get install -y dataset-fashion-mnist), "
+                f"or {how}")
+    return f"{name}: {path} does not exist; put {_DATA_CONTENTS[name]} there, or {how}"
 
 
 def load_dataset(
@@ -183,7 +225,7 @@ def load_dataset(
     seed: int = 0,
     limit: int | None = None,
 ) -> Dataset:
-    """Load data set ``name`` from ``root`` (default: ``default_root(name)``).
+    """Load data set ``name`` from ``root`` (default: ``default_root(name)``, under ``$JAXBSD_DATA``).
 
     Images are scaled to [0, 1]; with ``normalize`` each channel is then standardized with the
     mean and standard deviation of the returned train split (applied to both splits).
@@ -221,10 +263,8 @@ def load_dataset(
         raw = _load_digits()
     else:
         path = pathlib.Path(root) if root is not None else default_root(name)
-        if path is None:
-            raise ValueError(
-                f"root: {name} has no copy on this machine; pass the directory that holds it"
-            )
+        if root is None and (path is None or not path.exists()):
+            raise FileNotFoundError(_missing_data_message(name, path))
         source = str(path)
         raw = _LOADERS[name](path)
 

@@ -1,40 +1,33 @@
-"""Training, evaluation and checkpoints for the vision transformers (Optax + Flax NNX).
+"""Training and evaluation of the vision transformers (Optax + Flax NNX); checkpoints.
 
-Training (paper appendix tables): Adam, learning rate 1e-4, batch 128, no augmentation.
 :func:`train` works on any model with ``model(images) -> logits`` — including one whose
 ``block.mlp`` was replaced by a decoupled module (the compression pipeline fine-tunes
 that way); only ``nnx.Param`` variables are trained.  DeiT (``model.distilled``) is
 trained with hard distillation when a teacher is given (see :mod:`jaxbsd.models.deit`).
 
+Settings live in one frozen dataclass, :class:`TrainConfig` (names, defaults, validation);
+the ``jaxbsd train`` flags are generated from its fields.  Its defaults are the paper's
+(Adam, learning rate 1e-4, batch 128, no augmentation); :data:`RECIPES` holds the recipe
+this project trained each (model, data set) with, the one recorded in
+``experiments/results/training.json``, and :meth:`TrainConfig.recipe` picks it.
+
 Reproducibility: batches come from :func:`jaxbsd.data.batches` seeded per epoch from
 ``seed``, stochastic-depth streams are reseeded from ``seed``, and every step is one
 jitted XLA computation, so the same seed gives bit-identical parameters on CPU.
 
-Checkpoints: one ``.npz`` file per model.  Each variable of ``nnx.state(model)`` is a
-numpy array under its dotted path (``blocks.0.mlp.fc1.kernel``; PRNG keys as their raw
-key data), and a ``__header__`` entry holds JSON: format version, model kind and config
-(so :func:`load_checkpoint` can rebuild the model), caller metadata, the variable
-table (type, shape, dtype) and a SHA-256 over names, dtypes, shapes and bytes.  It is
-written to a temporary file in the target directory and moved into place with
-``os.replace``, so a reader never sees a half-written checkpoint.  Why not Orbax: it
-writes a directory tree of many files, asynchronously by default, and brings a large
-dependency; our models have < 1 M parameters and we want one small, atomic,
-self-describing file that numpy alone can read.  Truncation or bit flips are caught by
-the zip CRCs and the checksum and reported as ``ValueError`` naming the file.
+Checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint` and
+:func:`read_checkpoint_header` live in :mod:`jaxbsd.checkpoint` (Orbax, atomic) and are
+re-exported here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
-import pathlib
 import sys
-import tempfile
 import time
-import zipfile
 from typing import Any, Callable
 
 import jax
@@ -45,9 +38,16 @@ from flax import nnx
 from tqdm import tqdm
 
 from jaxbsd import data as _data
-from jaxbsd.models import MODELS, build_model, config_to_dict
+from jaxbsd.checkpoint import (
+    CHECKPOINT_FORMAT,
+    load_checkpoint,
+    read_checkpoint_header,
+    save_checkpoint,
+)
 
 __all__ = [
+    "TrainConfig",
+    "RECIPES",
     "train",
     "evaluate",
     "predict",
@@ -59,10 +59,123 @@ __all__ = [
     "CHECKPOINT_FORMAT",
 ]
 
-CHECKPOINT_FORMAT = "jaxbsd-checkpoint"
-_CHECKPOINT_VERSION = 1
-_HEADER_KEY = "__header__"
 _SCHEDULES = ("constant", "cosine")
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def _field(default, help: str, **extra):
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of :func:`train`, validated once (``ValueError`` naming the field).
+
+    The defaults are the paper's training setting (Adam, constant learning rate 1e-4, batch
+    128, no augmentation or regularisation, 20 epochs). ``TrainConfig.recipe(model, dataset)``
+    gives the recipe this project used for a (model, data set), from :data:`RECIPES`.
+    ``drop_path`` is a model setting (the stochastic-depth rate the model is built with;
+    None keeps the preset's); :func:`train` does not read it, whoever builds the model does
+    (the CLI, the experiments).
+
+    Example::
+
+        cfg = TrainConfig.recipe("vit", "digits").replace(epochs=10)
+        train(model, dataset, cfg)
+    """
+
+    epochs: int = _field(20, "passes over the training split")
+    lr: float = _field(1e-4, "peak learning rate")
+    batch_size: int = _field(128, "examples per step")
+    seed: int = _field(0, "initialisation, shuffling, stochastic-depth and split seed")
+    schedule: str = _field("constant", "learning-rate schedule", choices=_SCHEDULES)
+    warmup_epochs: float = _field(0.0, "linear warm-up length of the cosine schedule, in epochs")
+    weight_decay: float = _field(0.0, "AdamW decay on weight matrices (0: plain Adam, the paper's)")
+    label_smoothing: float = _field(0.0, "smoothing of the one-hot targets, in [0, 1)")
+    shift: int = _field(0, "augment with random translations of up to this many pixels (0: none)")
+    drop_path: float | None = _field(None, "stochastic-depth rate of the model (default: the preset's)")
+    eval_batch_size: int = _field(512, "images per forward pass when evaluating")
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("seed", "shift"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if not (_is_number(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+        if self.schedule not in _SCHEDULES:
+            raise ValueError(f"schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
+        for name in ("warmup_epochs", "weight_decay"):
+            value = getattr(self, name)
+            if not (_is_number(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
+            raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing!r}")
+        if self.drop_path is not None and not (_is_number(self.drop_path) and 0.0 <= self.drop_path < 1.0):
+            raise ValueError(f"drop_path must be None or lie in [0, 1), got {self.drop_path!r}")
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with ``changes`` (validated; an unknown name is a ``ValueError``)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}; expected {sorted(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON data."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def recipe(cls, model: str, dataset: str) -> "TrainConfig":
+        """The recipe for ``model`` on ``dataset`` from :data:`RECIPES`, else the defaults."""
+        return RECIPES.get((model, dataset), cls())
+
+    def cli_args(self, base: "TrainConfig | None" = None) -> list[str]:
+        """``jaxbsd train`` flags that turn ``base`` (default: ``TrainConfig()``) into this."""
+        base = TrainConfig() if base is None else base
+        args: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != getattr(base, f.name) and value is not None:
+                args += [f"--{f.name.replace('_', '-')}", str(value)]
+        return args
+
+
+def _cosine(epochs: int, warmup: float, **regularisation) -> TrainConfig:
+    return TrainConfig(epochs=epochs, lr=1e-3, schedule="cosine", warmup_epochs=warmup, **regularisation)
+
+
+_REGULARISED = dict(weight_decay=0.05, label_smoothing=0.1)
+
+#: The training recipe per (model, data set): what ``jaxbsd train`` uses by default.  The
+#: entries with a run in ``experiments/results/training.json`` are that run's settings (a test
+#: checks them against the file); the others are the same recipe for a related data set.
+RECIPES: dict[tuple[str, str], TrainConfig] = {
+    # recorded in training.json
+    ("vit", "digits"): _cosine(40, 2),
+    ("vit", "usps"): _cosine(60, 2, drop_path=0.1, shift=1, **_REGULARISED),
+    ("deit", "usps"): _cosine(40, 3, drop_path=0.1, shift=1, **_REGULARISED),
+    ("vit", "fashion-mnist"): _cosine(20, 1, drop_path=0.1, **_REGULARISED),
+    ("swin", "cifar10"): _cosine(20, 1, shift=2, **_REGULARISED),  # Swin's preset drop_path is 0.1
+    # not trained for training.json; used by the experiments when no checkpoint exists
+    ("vit", "mnist"): _cosine(20, 1, drop_path=0.1, shift=1, **_REGULARISED),
+    ("vit", "cifar10"): _cosine(20, 1, drop_path=0.1, shift=2, **_REGULARISED),
+    ("swin", "fashion-mnist"): _cosine(20, 1, **_REGULARISED),
+}
 
 
 # ----------------------------------------------------------------------------- steps
@@ -247,22 +360,15 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 def train(
     model,
     dataset,
+    config: TrainConfig | None = None,
     *,
-    epochs: int = 20,
-    lr: float = 1e-4,
-    batch_size: int = 128,
-    seed: int = 0,
     teacher=None,
-    schedule: str = "constant",
-    warmup_epochs: float = 0.0,
-    weight_decay: float = 0.0,
-    label_smoothing: float = 0.0,
-    shift: int = 0,
     progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
     metadata: dict | None = None,
-    eval_batch_size: int = 512,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    **settings,
 ) -> list[dict[str, Any]]:
     """Train ``model`` in place on ``dataset`` with Adam; evaluate on the test split each epoch.
 
@@ -270,47 +376,43 @@ def train(
         model: a ViT/Swin/DeiT (possibly with replaced MLPs); trained in place, left in
             eval mode.
         dataset: a :class:`jaxbsd.data.Dataset`.
-        epochs: passes over the training split (the last incomplete batch is dropped,
-            a different one each epoch).
-        lr: peak learning rate (paper: 1e-4).
-        batch_size: examples per step (paper: 128).
-        seed: shuffling and stochastic-depth seed.
+        config: the settings (default ``TrainConfig()``, the paper's); see
+            :class:`TrainConfig` for each field.  The last incomplete batch of an epoch is
+            dropped, a different one each epoch.
         teacher: for a distilled model (DeiT), a model whose argmax predictions on the
             training images are the distillation head's targets (hard distillation).
-        schedule: ``"constant"`` (paper) or ``"cosine"`` (with ``warmup_epochs``).
-        warmup_epochs: linear warm-up length for the cosine schedule.
-        weight_decay: AdamW decay on weight matrices (0: plain Adam, the paper's setting).
-        label_smoothing: smoothing of the one-hot targets (0: the paper's setting).
-        shift: data augmentation by random translations of up to ``shift`` pixels
-            (0: none, the paper's setting).
-        progress: show a tqdm bar with running loss and accuracy.
+        progress: show a tqdm bar per epoch, advanced after every batch, with running loss
+            and accuracy.
         checkpoint: if given, :func:`save_checkpoint` there after every epoch, with
             ``metadata`` plus the history and the training settings.
         metadata: extra JSON-serialisable data for the checkpoint.
-        eval_batch_size: batch size for test evaluation.
         on_epoch: called with each epoch's record as soon as it is complete (e.g. to log).
+        on_step: called as ``on_step(epoch, batches_done)`` after every training step.
+        **settings: :class:`TrainConfig` fields (``epochs=``, ``lr=``, ...), overriding
+            ``config``'s.
 
     Returns:
         One dict per epoch: ``epoch``, ``loss`` (mean training loss), ``train_acc``,
         ``test_acc`` (fractions), ``seconds`` (wall time of the epoch incl. evaluation).
+
+    Raises:
+        ValueError: a bad setting (naming it), a dataset that is not a ``Dataset``, or a
+            teacher for a model that is not distilled.
     """
+    if config is None:
+        config = TrainConfig()
+    elif not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if settings:
+        config = config.replace(**settings)
     for name in ("train_images", "train_labels", "test_images", "test_labels"):
         if not hasattr(dataset, name):
             raise ValueError(f"dataset must be a jaxbsd.data.Dataset, missing {name!r}")
-    _check_positive_int("epochs", epochs)
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("eval_batch_size", eval_batch_size)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must lie in [0, 1), got {label_smoothing!r}")
-    if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)) or shift < 0:
-        raise ValueError(f"shift must be a non-negative int, got {shift!r}")
-    if warmup_epochs < 0:
-        raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs!r}")
     if teacher is not None and not getattr(model, "distilled", False):
         raise ValueError("teacher is only used by distilled models (DeiT); got a teacher for "
                          f"{type(model).__name__}")
+    epochs, batch_size, seed, shift = config.epochs, config.batch_size, int(config.seed), int(config.shift)
+    eval_batch_size, label_smoothing = config.eval_batch_size, config.label_smoothing
     images, labels = dataset.train_images, np.asarray(dataset.train_labels, np.int32)
     _check_arrays(images, labels)
     n = images.shape[0]
@@ -329,8 +431,8 @@ def train(
     targets = np.stack([labels, teacher_labels], axis=1)  # (N, 2): label, distillation target
 
     optimizer = make_optimizer(
-        model, lr=lr, schedule=schedule, total_steps=epochs * steps_per_epoch,
-        warmup_steps=int(round(warmup_epochs * steps_per_epoch)), weight_decay=weight_decay,
+        model, lr=config.lr, schedule=config.schedule, total_steps=epochs * steps_per_epoch,
+        warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)), weight_decay=config.weight_decay,
     )
     nnx.reseed(model, dropout=seed)
     # cached_partial clones the module graph (sharing its Variables), freezing static
@@ -338,9 +440,7 @@ def train(
     # original model can then go to eval mode for evaluation without affecting the step.
     model.train()
     step = nnx.cached_partial(_train_step, model, optimizer)
-    settings = dict(epochs=epochs, lr=lr, batch_size=batch, seed=int(seed), schedule=schedule,
-                    warmup_epochs=warmup_epochs, weight_decay=weight_decay,
-                    label_smoothing=label_smoothing, shift=int(shift), teacher=teacher is not None)
+    recorded = {**config.to_dict(), "batch_size": batch, "teacher": teacher is not None}
     history: list[dict[str, Any]] = []
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
@@ -348,12 +448,28 @@ def train(
         correct = jnp.zeros((), jnp.int32)
         seen = 0
         bar = tqdm(
-            _data.batches(images, targets, batch, seed=_epoch_seed(int(seed), epoch), drop_last=True),
-            total=steps_per_epoch, desc=f"epoch {epoch}/{epochs}", disable=not progress,
-            file=sys.stderr, mininterval=1.0 if sys.stderr.isatty() else 30.0, leave=False,
+            total=steps_per_epoch, desc=f"epoch {epoch}/{epochs}", disable=not progress, file=sys.stderr,
+            mininterval=0.5 if sys.stderr.isatty() else 30.0, leave=False,
         )
-        augment_rng = np.random.default_rng(_epoch_seed(int(seed) + 1, epoch))
-        for i, (x, t) in enumerate(bar):
+        augment_rng = np.random.default_rng(_epoch_seed(seed + 1, epoch))
+        # Steps are dispatched asynchronously; to show progress, wait for the previous step
+        # (one stays in flight, so preparing the next batch overlaps the running one) and
+        # then advance the bar: it counts finished batches, not dispatched ones.
+        track = progress or on_step is not None
+        pending = None
+        done = 0
+
+        def finished(loss_value):
+            nonlocal done
+            loss_value.block_until_ready()
+            done += 1
+            bar.update(1)
+            if progress and (done % 20 == 0 or done == steps_per_epoch):
+                bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", acc=f"{int(correct) / seen:.4f}")
+            if on_step is not None:
+                on_step(epoch, done)
+
+        for x, t in _data.batches(images, targets, batch, seed=_epoch_seed(seed, epoch), drop_last=True):
             x = jnp.asarray(random_shift(x, shift, augment_rng))
             y_dist = jnp.asarray(t[:, 1])
             if per_batch_teacher:  # the teacher labels the augmented images it is shown
@@ -362,8 +478,12 @@ def train(
             loss_sum = loss_sum + loss * x.shape[0]
             correct = correct + c
             seen += x.shape[0]
-            if progress and (i % 20 == 19 or i == steps_per_epoch - 1):
-                bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", acc=f"{int(correct) / seen:.4f}")
+            if track:
+                if pending is not None:
+                    finished(pending)
+                pending = loss
+        if track and pending is not None:
+            finished(pending)
         bar.close()
         test_acc = evaluate(model, dataset.test_images, dataset.test_labels, eval_batch_size)
         record = {
@@ -383,186 +503,8 @@ def train(
                 file=sys.stderr, flush=True,
             )
         if checkpoint is not None:
-            save_checkpoint(checkpoint, model, {**(metadata or {}), "history": history, "train": settings})
+            save_checkpoint(checkpoint, model, {**(metadata or {}), "history": history, "train": recorded})
         if on_epoch is not None:
             on_epoch(record)
     model.eval()
     return history
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def _flat_variables(model) -> dict[str, nnx.Variable]:
-    return {".".join(map(str, path)): var for path, var in nnx.to_flat_state(nnx.state(model))}
-
-
-def _is_key(value) -> bool:
-    return jnp.issubdtype(getattr(value, "dtype", np.float32), jax.dtypes.prng_key)
-
-
-def _checksum(arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def save_checkpoint(path: str | os.PathLike, model, metadata: dict | None = None) -> pathlib.Path:
-    """Write ``model``'s full state and ``metadata`` to one ``.npz`` file, atomically.
-
-    Args:
-        path: target file (``.npz`` is not appended; parent directories are created).
-        model: any NNX module; ViT/Swin/DeiT also store their kind and config.
-        metadata: JSON-serialisable dict (e.g. dataset, accuracy, history).
-
-    Returns:
-        the path written.
-    """
-    path = pathlib.Path(path)
-    if metadata is not None and not isinstance(metadata, dict):
-        raise ValueError(f"metadata must be a dict or None, got {type(metadata).__name__}")
-    arrays: dict[str, np.ndarray] = {}
-    table: dict[str, dict] = {}
-    for name, var in _flat_variables(model).items():
-        value = var[...]
-        entry = {"type": type(var).__name__}
-        if _is_key(value):
-            entry["key_impl"] = str(jax.random.key_impl(value))
-            value = jax.random.key_data(value)
-        arr = np.asarray(value)
-        entry.update(shape=list(arr.shape), dtype=arr.dtype.str)
-        arrays[name] = arr
-        table[name] = entry
-    kind = getattr(type(model), "kind", None)
-    config = getattr(model, "config", None)
-    header = {
-        "format": CHECKPOINT_FORMAT,
-        "version": _CHECKPOINT_VERSION,
-        "kind": kind if kind in MODELS else None,
-        "config": config_to_dict(config) if config is not None and kind in MODELS else None,
-        "metadata": metadata or {},
-        "variables": table,
-        "checksum": _checksum(arrays),
-    }
-    try:
-        blob = json.dumps(header, allow_nan=True).encode()
-    except TypeError as e:
-        raise ValueError(f"metadata must be JSON-serialisable: {e}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{_HEADER_KEY: np.frombuffer(blob, np.uint8)}, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; use the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _read(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    expected = f"a {CHECKPOINT_FORMAT} .npz written by jaxbsd.train.save_checkpoint"
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            files = {name: npz[name] for name in npz.files}  # reading checks every zip CRC
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-        raise ValueError(f"checkpoint {path} is truncated or corrupt (expected {expected}): {e}") from None
-    if _HEADER_KEY not in files:
-        raise ValueError(f"checkpoint {path} has no {_HEADER_KEY} entry (expected {expected})")
-    try:
-        header = json.loads(files.pop(_HEADER_KEY).tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"checkpoint {path} has a corrupt header (expected JSON): {e}") from None
-    if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path} is not {expected}")
-    if header.get("version") != _CHECKPOINT_VERSION:
-        raise ValueError(
-            f"checkpoint {path} has version {header.get('version')!r}, expected {_CHECKPOINT_VERSION}"
-        )
-    table = header.get("variables", {})
-    if set(table) != set(files):
-        raise ValueError(f"checkpoint {path} is corrupt: its arrays do not match its variable table")
-    if _checksum(files) != header.get("checksum"):
-        raise ValueError(f"checkpoint {path} is corrupt: checksum mismatch")
-    return header, files
-
-
-def read_checkpoint_header(path: str | os.PathLike) -> dict:
-    """The verified JSON header of a checkpoint: ``kind``, ``config``, ``metadata``, ``variables``."""
-    return _read(pathlib.Path(path))[0]
-
-
-def load_checkpoint(path: str | os.PathLike, model=None):
-    """Restore a checkpoint written by :func:`save_checkpoint`.
-
-    Args:
-        path: the checkpoint file.
-        model: a module with the same state structure to load into (in place), e.g. a
-            model whose ``block.mlp`` were replaced the same way as the saved one.  If
-            None, the model is rebuilt from the stored kind and config.
-
-    Returns:
-        ``(model, metadata)``; the model is in eval mode.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: truncated or corrupt file, or a state that does not match ``model``
-            (missing/unexpected variables, shapes or dtypes), naming ``path``.
-    """
-    path = pathlib.Path(path)
-    header, arrays = _read(path)
-    if model is None:
-        kind = header.get("kind")
-        if kind not in MODELS or header.get("config") is None:
-            raise ValueError(f"checkpoint {path} stores no known model kind; pass model=")
-        try:
-            model = build_model(kind, header["config"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"checkpoint {path} has an invalid {kind} config: {e}") from None
-    variables = _flat_variables(model)
-    table = header["variables"]
-    missing, unexpected = sorted(set(variables) - set(arrays)), sorted(set(arrays) - set(variables))
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {path} does not match the model {type(model).__name__}: "
-            f"missing {missing[:5]}{'…' if len(missing) > 5 else ''}, "
-            f"unexpected {unexpected[:5]}{'…' if len(unexpected) > 5 else ''}"
-        )
-    values = {}
-    for name, var in variables.items():
-        current, arr = var[...], arrays[name]
-        if _is_key(current):
-            if "key_impl" not in table[name]:
-                raise ValueError(f"checkpoint {path}: {name} was saved as data, expected a PRNG key")
-            new = jax.random.wrap_key_data(arr, impl=table[name]["key_impl"])
-            if new.shape != current.shape:
-                raise ValueError(f"checkpoint {path}: {name} has shape {new.shape}, expected {current.shape}")
-        else:
-            want = (tuple(np.shape(current)), np.dtype(current.dtype))
-            if (arr.shape, arr.dtype) != want:
-                raise ValueError(
-                    f"checkpoint {path}: {name} has shape {arr.shape} {arr.dtype}, "
-                    f"expected {want[0]} {want[1]}"
-                )
-            new = jnp.asarray(arr)
-        values[name] = new
-    # Assign only after everything checked, so a failed load leaves the model untouched.
-    for name, var in variables.items():
-        var[...] = values[name]
-    model.eval()
-    return model, header.get("metadata", {})

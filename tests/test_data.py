@@ -28,9 +28,8 @@ MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
-    """No test reads or writes the user's cache, and none sees a JAXBSD_DATA set outside."""
+    """No test reads or writes the user's cache; JAXBSD_DATA is as conftest.py set it."""
     monkeypatch.setenv("JAXBSD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("JAXBSD_DATA", raising=False)
 
 
 def path_pattern(path: pathlib.Path) -> str:
@@ -153,17 +152,45 @@ def test_unknown_name_lists_datasets():
 
 
 def test_default_roots(monkeypatch, tmp_path):
-    shared = pathlib.Path(data.__file__).resolve().parents[2] / "shared" / "data"
-    assert default_root("digits") is None
-    assert default_root("svhn") is None
-    assert default_root("fashion-mnist") == pathlib.Path("/usr/share/datasets/fashion-mnist")
-    assert default_root("mnist") == shared / "mnist-test"
-    assert default_root("usps") == shared / "usps.h5"
-    assert default_root("cifar10") == shared / "cifar10-jpg.zip"
     monkeypatch.setenv("JAXBSD_DATA", str(tmp_path))
+    assert default_root("digits") is None
     assert default_root("usps") == tmp_path / "usps.h5"
     assert default_root("mnist") == tmp_path / "mnist-test"
     assert default_root("cifar10") == tmp_path / "cifar10-jpg.zip"
+    assert default_root("svhn") == tmp_path / "svhn"
+    assert default_root("fashion-mnist") == pathlib.Path("/usr/share/datasets/fashion-mnist")
+    (tmp_path / "fashion-mnist").mkdir()
+    assert default_root("fashion-mnist") == tmp_path / "fashion-mnist"
+    # Unset: nothing is guessed from where the package is installed.
+    monkeypatch.delenv("JAXBSD_DATA")
+    for name in ("digits", "usps", "mnist", "cifar10", "svhn"):
+        assert default_root(name) is None
+    assert default_root("fashion-mnist") == pathlib.Path("/usr/share/datasets/fashion-mnist")
+
+
+def test_no_path_guessed_from_the_package_location():
+    source = pathlib.Path(data.__file__).read_text()
+    assert "parents[" not in source and "__file__" not in source
+
+
+@pytest.mark.parametrize("name, entry", [("usps", "usps.h5"), ("mnist", "mnist-test"),
+                                         ("cifar10", "cifar10-jpg.zip"), ("svhn", "svhn")])
+def test_missing_data_set_says_what_to_put_where(monkeypatch, tmp_path, name, entry):
+    monkeypatch.setenv("JAXBSD_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as err:
+        load_dataset(name)
+    message = str(err.value)
+    assert str(tmp_path / entry) in message and "JAXBSD_DATA" in message and "--data-root" in message
+    monkeypatch.delenv("JAXBSD_DATA")
+    with pytest.raises(FileNotFoundError, match="JAXBSD_DATA is not set") as err:
+        load_dataset(name)
+    assert entry in str(err.value)
+
+
+def test_missing_mnist_names_its_files(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXBSD_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="t10k-images-idx3-ubyte.gz"):
+        load_dataset("mnist")
 
 
 def test_jaxbsd_data_env_is_used_by_load_dataset(monkeypatch, tmp_path):
@@ -173,8 +200,9 @@ def test_jaxbsd_data_env_is_used_by_load_dataset(monkeypatch, tmp_path):
     np.testing.assert_array_equal(ds.train_images.reshape(-1, 256), written["train"][0])
 
 
-def test_svhn_needs_a_root_and_digits_takes_none():
-    with pytest.raises(ValueError, match="root"):
+def test_svhn_needs_a_root_and_digits_takes_none(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXBSD_DATA", str(tmp_path))  # no svhn/ there
+    with pytest.raises(FileNotFoundError, match="root"):
         load_dataset("svhn")
     with pytest.raises(ValueError, match="root"):
         load_dataset("digits", "/somewhere")

@@ -1,7 +1,9 @@
-"""Training, evaluation, checkpoints and the CLI."""
+"""Training, evaluation, TrainConfig and its recipes, progress, and the CLI."""
 
+import dataclasses
 import json
-import zipfile
+import pathlib
+import shlex
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +13,13 @@ from flax import nnx
 
 from jaxbsd import cli
 from jaxbsd.data import Dataset
-from jaxbsd.models import CONFIGS, build_model
+from jaxbsd.models import CONFIGS, build_model, config_for_dataset, config_to_dict
 from jaxbsd.train import (
+    RECIPES,
+    TrainConfig,
     evaluate,
     load_checkpoint,
     random_shift,
-    read_checkpoint_header,
-    save_checkpoint,
     train,
 )
 
@@ -162,80 +164,6 @@ def test_regularised_training_runs(data):
     assert np.isfinite(history[0]["loss"])
 
 
-# --- checkpoints --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["vit", "swin", "deit"])
-def test_checkpoint_round_trip(kind, tmp_path, data):
-    model = build_model(kind, CONFIGS[kind].tiny(), seed=3)
-    path = tmp_path / "model.npz"
-    save_checkpoint(path, model, {"dataset": "synthetic", "acc": 0.5})
-    x = jnp.asarray(data.test_images[:16])
-    restored, metadata = load_checkpoint(path)
-    assert type(restored) is type(model) and restored.config == model.config
-    assert metadata == {"dataset": "synthetic", "acc": 0.5}
-    np.testing.assert_array_equal(forward(restored, x), forward(model, x))
-    # Loading into an existing (differently initialised) model.
-    other = build_model(kind, CONFIGS[kind].tiny(), seed=4)
-    load_checkpoint(path, other)
-    np.testing.assert_array_equal(forward(other, x), forward(model, x))
-    header = read_checkpoint_header(path)
-    assert header["kind"] == kind and header["config"]["dim"] == 16
-    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was moved into place
-
-
-def test_checkpoint_of_modified_model(tmp_path, data):
-    model = build_model("vit", CONFIGS["vit"].tiny())
-    model.blocks[1].mlp = nnx.Linear(16, 16, rngs=nnx.Rngs(5))
-    path = tmp_path / "surgery.npz"
-    save_checkpoint(path, model, {})
-    with pytest.raises(ValueError, match="does not match") as err:
-        load_checkpoint(path)  # a plain rebuilt ViT has an MLP there
-    assert str(path) in str(err.value)
-    skeleton = build_model("vit", CONFIGS["vit"].tiny(), seed=9)
-    skeleton.blocks[1].mlp = nnx.Linear(16, 16, rngs=nnx.Rngs(0))
-    load_checkpoint(path, skeleton)
-    x = jnp.asarray(data.test_images[:8])
-    np.testing.assert_array_equal(forward(skeleton, x), forward(model, x))
-
-
-def test_checkpoint_truncated_corrupt_mismatched(tmp_path):
-    model = build_model("swin", CONFIGS["swin"].tiny())
-    path = tmp_path / "good.npz"
-    save_checkpoint(path, model, {"note": "x"})
-    raw = path.read_bytes()
-
-    truncated = tmp_path / "truncated.npz"
-    truncated.write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(ValueError, match="truncated") as err:
-        load_checkpoint(truncated)
-    assert str(truncated) in str(err.value)
-
-    # Flip bytes inside the largest array's data: caught by the zip CRC or our checksum.
-    with zipfile.ZipFile(path) as z:
-        info = max(z.infolist(), key=lambda i: i.file_size)
-    corrupt = tmp_path / "corrupt.npz"
-    buf = bytearray(raw)
-    offset = info.header_offset + 30 + len(info.filename) + len(info.extra) + 200
-    buf[offset : offset + 8] = bytes(255 - b for b in buf[offset : offset + 8])
-    corrupt.write_bytes(bytes(buf))
-    with pytest.raises(ValueError) as err:
-        load_checkpoint(corrupt)
-    assert str(corrupt) in str(err.value)
-
-    garbage = tmp_path / "garbage.npz"
-    garbage.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(ValueError, match="garbage.npz"):
-        load_checkpoint(garbage)
-
-    with pytest.raises(ValueError, match="does not match|expected"):
-        load_checkpoint(path, build_model("swin", CONFIGS["swin"].tiny(dim=8)))
-    with pytest.raises(FileNotFoundError):
-        load_checkpoint(tmp_path / "missing.npz")
-    with pytest.raises(ValueError, match="metadata"):
-        save_checkpoint(tmp_path / "bad.npz", model, {"f": object()})
-
-
 # --- CLI ----------------------------------------------------------------------------------
 
 
@@ -256,3 +184,102 @@ def test_cli_train(tmp_path, capsys):
     assert 0.0 <= result["test_acc"] <= 1.0 and result["epochs"] == 1
     with pytest.raises(SystemExit):
         cli.main(["train", "--model", "resnet", "--dataset", "digits"])
+
+
+# --- TrainConfig and the recipes --------------------------------------------------------------
+
+
+def test_train_config_validates_each_field():
+    assert TrainConfig() == TrainConfig(epochs=20, lr=1e-4, batch_size=128, schedule="constant")
+    bad = {"epochs": 0, "lr": float("nan"), "batch_size": True, "seed": -1, "schedule": "step",
+           "warmup_epochs": -1.0, "weight_decay": float("inf"), "label_smoothing": 1.0, "shift": 1.5,
+           "drop_path": 1.0, "eval_batch_size": 0}
+    for name, value in bad.items():
+        with pytest.raises(ValueError, match=name):
+            TrainConfig(**{name: value})
+    with pytest.raises(ValueError, match="unknown TrainConfig fields.*'epoch'"):
+        TrainConfig().replace(epoch=3)
+    cfg = TrainConfig.recipe("vit", "digits").replace(epochs=3)
+    assert cfg.epochs == 3 and cfg.lr == 1e-3 and cfg.schedule == "cosine"
+    assert TrainConfig.recipe("swin", "digits") == TrainConfig()  # no recipe: the paper's defaults
+
+
+def test_train_takes_a_config_or_keywords(data):
+    cfg = TrainConfig(epochs=1, lr=3e-3, batch_size=32)
+    a, b = build_model("vit", TINY), build_model("vit", TINY)
+    train(a, data, cfg, progress=False)
+    train(b, data, epochs=1, lr=3e-3, batch_size=32, progress=False)  # the old keyword form
+    assert all(np.array_equal(x, y) for x, y in zip(_params(a), _params(b), strict=True))
+    with pytest.raises(ValueError, match="config"):
+        train(a, data, {"epochs": 1})
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        train(a, data, cfg, epoch=1)
+
+
+def _recorded_runs():
+    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / "training.json"
+    return json.loads(path.read_text())["runs"]
+
+
+def test_recipes_match_training_json():
+    """Each recorded run's command, parsed by the CLI, is exactly the (model, data set) recipe,
+    and the recipe reproduces the recorded settings and model config."""
+    runs = _recorded_runs()
+    assert {(r["model"], r["dataset"]) for r in runs} <= set(RECIPES)
+    parser = cli.build_parser()
+    for run in runs:
+        recipe = RECIPES[(run["model"], run["dataset"])]
+        args = parser.parse_args(shlex.split(run["command"])[1:])
+        from_flags = TrainConfig().replace(
+            **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)})
+        assert from_flags == recipe, run["command"]
+        assert cli.train_config_from_args(args) == recipe
+        for name in ("epochs", "lr", "schedule", "batch_size", "seed"):
+            assert getattr(recipe, name) == run[name], (run["command"], name)
+        overrides = {} if recipe.drop_path is None else {"drop_path": recipe.drop_path}
+        config = config_for_dataset(run["model"], run["dataset"], **overrides)
+        assert config_to_dict(config)["drop_path"] == run["config"]["drop_path"]
+        assert config.patch_size == run["config"]["patch_size"]
+
+
+def test_cli_defaults_are_the_recipe():
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits"])
+    assert cli.train_config_from_args(args) == RECIPES[("vit", "digits")]
+    args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits", "--epochs", "5", "--shift", "1"])
+    assert cli.train_config_from_args(args) == RECIPES[("vit", "digits")].replace(epochs=5, shift=1)
+    args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"])
+    with pytest.raises(ValueError, match="label_smoothing"):
+        cli.train_config_from_args(args)
+    assert cli.main(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"]) == 2
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def test_progress_bar_advances_through_the_batches(data, monkeypatch):
+    import jaxbsd.train as train_mod
+    from tqdm import tqdm
+
+    bars = []
+
+    class Recording(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.positions = []
+            bars.append(self)
+
+        def update(self, n=1):
+            out = super().update(n)
+            self.positions.append(self.n)
+            return out
+
+    monkeypatch.setattr(train_mod, "tqdm", Recording)
+    steps = []
+    train(build_model("vit", TINY), data, epochs=2, lr=3e-3, batch_size=32, progress=True,
+          on_step=lambda epoch, done: steps.append((epoch, done)), on_epoch=lambda r: None)
+    per_epoch = len(data.train_labels) // 32
+    assert [bar.total for bar in bars] == [per_epoch, per_epoch]
+    for bar in bars:
+        assert bar.positions == list(range(1, per_epoch + 1))  # one step at a time, not 0 then done
+    assert steps == [(e, i) for e in (1, 2) for i in range(1, per_epoch + 1)]
