@@ -135,18 +135,28 @@ def test_explicit_ranks(method):
 def test_greedy_respects_the_budget_and_beats_uniform(monkeypatch):
     # The module (jb.compress_model is the function); fewer candidate ranks, fewer compiles.
     monkeypatch.setattr(importlib.import_module("jaxbsd.compress_model"), "GREEDY_SCALES", (0.5, 1.0, 1.5))
-    # One nearly linear MLP (small pre-activations) and one strongly nonlinear one: the same
-    # rank for both is a poor use of the budget.
+
     def fresh():
-        return Net(scales=(0.05, 1.0, 4.0))
+        # The first MLP is exactly rank-1 decouplable, c φ(a·x): rank spent on it is wasted.
+        net = Net()
+        ffn = get_submodule(net, PATHS[0])
+        k = jax.random.split(jax.random.key(5), 4)
+        a, s = jax.random.normal(k[0], (8,)), jax.random.normal(k[1], (32,))
+        c, s2 = jax.random.normal(k[2], (8,)), jax.random.normal(k[3], (32,)) * 0.3
+        ffn.up.kernel[...] = (a[:, None] * s[None, :]).astype(jnp.float32)
+        ffn.down.kernel[...] = (s2[:, None] * c[None, :]).astype(jnp.float32)
+        ffn.down.bias[...] = jnp.zeros(8, jnp.float32)
+        return net
 
     P = count_params(fresh())
     common = dict(mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC, key=jax.random.key(3))
     _, uniform = jb.compress_model(fresh(), calibration(), allocation="uniform", **common)
     model, greedy = jb.compress_model(fresh(), calibration(), allocation="greedy", **common)
     assert count_params(model) <= 0.7 * P and greedy.params_after == count_params(model)
-    assert greedy.total_output_error <= uniform.total_output_error
+    assert greedy.total_output_error < uniform.total_output_error
     assert {r.rank for r in uniform.mlps} == {uniform.mlps[0].rank}  # same shapes: same rank
+    rank = {r.path: r.rank for r in greedy.mlps}
+    assert rank[PATHS[0]] < uniform.mlps[0].rank < rank[PATHS[1]]
     assert bool(jnp.all(jnp.isfinite(run(model, calibration(2)))))
 
 
@@ -178,6 +188,10 @@ def test_finetune_is_called_once_per_mlp_back_to_front():
         (dict(mlp_specs=jb.MLPSpec("up", "down", "relu")), "mlp_specs"),
         (dict(mlp_specs=jb.MLPSpec("fc1", "fc2")), "mlp_specs"),
         (dict(method="svd", mlp_specs=None), "mlp_specs"),
+        (dict(reduction=None, ranks={PATHS[0]: 2}), "ranks"),
+        (dict(reduction=None, ranks={PATHS[0]: 9, PATHS[1]: 2}, method="svd"), "ranks"),  # > min(m, H, n)
+        (dict(mlps=[PATHS[0], PATHS[0]]), "mlps"),
+        (dict(method="pruning"), "method"),
         (dict(allocation="best"), "allocation"),
         (dict(order=["encoder.layers.0.ffn"]), "order"),
     ],
