@@ -718,6 +718,10 @@ def compress_model(
       True
     """
     mlps = _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts)
+    typed = isinstance(key, jax.Array) and key.shape == () and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    legacy = isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32
+    if not (typed or legacy):
+        raise ValueError(f"key must be a jax.random key (jax.random.key(seed)), got {key!r}")
     config = DEFAULT_CONFIG if config is None else config
     if not isinstance(config, CMTFConfig):
         raise ValueError(f"config must be a jaxbsd.CMTFConfig, got {type(config).__name__}")

@@ -267,3 +267,17 @@ def test_any_token_wise_module_falls_back_to_dense_jacobians():
                                       config=FAST, key=jax.random.key(0))
     assert report.mlps[0].jacobian == "dense" and isinstance(model.encoder.layers[1], DecoupledMLP)
     assert bool(jnp.all(jnp.isfinite(run(model, calibration(2)))))
+
+
+def test_jaxbsd_models_are_recognised_without_a_spec():
+    from jaxbsd.models import ViTConfig, build_model
+
+    vit = build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=3, num_heads=2, mlp_dim=16))
+    images = jax.random.normal(jax.random.key(0), (8, 8, 8, 1), jnp.float32)
+    P = count_params(vit)
+    vit, report = jb.compress_model(vit, images, mlps=["blocks.0.mlp", "blocks.2.mlp"], reduction=0.1,
+                                    method="svd", key=jax.random.key(1))
+    assert count_params(vit) <= 0.9 * P
+    assert [r.path for r in report.mlps] == ["blocks.2.mlp", "blocks.0.mlp"]
+    assert all(r.jacobian == "structured" and r.error_J is not None for r in report.mlps)
+    assert bool(jnp.all(jnp.isfinite(run(vit, images))))
