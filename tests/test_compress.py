@@ -183,3 +183,17 @@ def test_compress_meets_a_reduction_budget(allocation):
     assert count_params(model) == steps[-1]["params_model"] <= 0.75 * P
     with pytest.raises(ValueError, match="reduction"):
         compress.compress(tiny_vit(), ds, config=dataclasses.replace(config, reduction=0.9), progress=False)
+
+
+def test_cli_takes_a_reduction_and_an_allocation(tmp_path):
+    from jaxbsd.cli import build_parser
+    from jaxbsd.cli_compress import plot_steps
+
+    args = build_parser().parse_args(["compress", "--reduction", "0.3", "--allocation", "greedy"])
+    assert (args.reduction, args.allocation, args.val_fraction) == (0.3, "greedy", 0.1)
+    for bad in (["--reduction", "1.5"], ["--allocation", "best"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["compress", *bad])
+    steps = [{"step": 1, "acc_cmtf": 0.9, "acc_ft": 0.95, "params_model": 80}]
+    plot_steps(steps, 0.97, tmp_path / "a.png", "t", params_original=100)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
