@@ -12,11 +12,19 @@ from jaxbsd.decoupled import Decoupled
 from jaxbsd.sampling import sample
 from jaxbsd.tensor import DenseJacobian, StructuredJacobian
 
+# Last: compress_model imports the models (Flax). Binding the function here also shadows the
+# submodule attribute of the same name, so ``jb.compress_model`` is the function; its helpers
+# are imported as ``from jaxbsd.compress_model import MLPSpec, ...``.
+from jaxbsd.compress_model import CompressionReport, MLPReport, MLPSpec, compress_model  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
     "Basis",
     "BSpline",
+    "CompressionReport",
+    "MLPReport",
+    "MLPSpec",
     "CMTFConfig",
     "Decoupled",
     "DecouplingResult",
@@ -27,6 +35,7 @@ __all__ = [
     "StructuredJacobian",
     "bases",
     "bspline",
+    "compress_model",
     "decouple",
     "load_compressed",
     "metrics",

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from typing import Callable
+
 from jaxbsd.metrics import params_bsd
 from jaxbsd.models.layers import ACTIVATIONS, MLP
 
@@ -29,6 +31,7 @@ __all__ = [
     "drone_factors",
     "svd_mlp",
     "drone_mlp",
+    "lowrank_mlp",
     "lowrank_mlp_params",
     "lowrank_rank_for_budget",
     "bsd_rank_for_budget",
@@ -53,19 +56,35 @@ class LowRankLinear(nnx.Module):
 
 
 class LowRankMLP(nnx.Module):
-    """An MLP whose two dense layers are low-rank: ``fc2(h(fc1(x)))``, ``(..., m) -> (..., m)``."""
+    """An MLP whose two dense layers are low-rank: ``fc2(h(fc1(x)))``, ``(..., m) -> (..., n)``.
 
-    def __init__(self, fc1: LowRankLinear, fc2: LowRankLinear, activation: str):
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    ``activation`` is a name in :data:`~jaxbsd.models.layers.ACTIVATIONS` (plain data, so the
+    module can be rebuilt from its attributes) or, for activations jaxbsd does not name, an
+    elementwise callable. ``in_features``, ``hidden``, ``out_features`` and ``rank`` are plain
+    int attributes (the rank of ``fc1``; both layers share it when built by this module).
+    """
+
+    def __init__(self, fc1: LowRankLinear, fc2: LowRankLinear, activation: str | Callable):
+        if isinstance(activation, str):
+            if activation not in ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+        elif not callable(activation):
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+        if fc1.B[...].shape[1] != fc2.A[...].shape[0]:
+            raise ValueError(f"fc1 output ({fc1.B[...].shape[1]}) must match fc2 input ({fc2.A[...].shape[0]})")
         self.fc1, self.fc2, self.activation = fc1, fc2, activation
+        self.in_features = int(fc1.A[...].shape[0])
+        self.hidden = int(fc1.B[...].shape[1])
+        self.out_features = int(fc2.B[...].shape[1])
+        self.rank = int(fc1.A[...].shape[1])
 
     @property
     def ranks(self) -> tuple[int, int]:
         return self.fc1.A[...].shape[1], self.fc2.A[...].shape[1]
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
+        h = ACTIVATIONS[self.activation] if isinstance(self.activation, str) else self.activation
+        return self.fc2(h(self.fc1(x)))
 
 
 def truncated_svd_factors(K: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -104,37 +123,75 @@ def _kernels(mlp: MLP):
     return (mlp.fc1.kernel[...], mlp.fc1.bias[...]), (mlp.fc2.kernel[...], mlp.fc2.bias[...])
 
 
+def lowrank_mlp(
+    K1: jax.Array,
+    b1: jax.Array | None,
+    K2: jax.Array,
+    b2: jax.Array | None,
+    activation: str | Callable,
+    rank: int,
+    *,
+    method: str = "svd",
+    X: jax.Array | None = None,
+) -> LowRankMLP:
+    """Low-rank replacement of any two-layer MLP ``h(x K1 + b1) K2 + b2``.
+
+    Args:
+      K1: ``(m, H)``; b1: ``(H,)`` or None (no bias: zeros, so the count stays uniform).
+      K2: ``(H, n)``; b2: ``(n,)`` or None.
+      activation: a name in ``ACTIVATIONS`` or an elementwise callable.
+      rank: ``k`` of both layers, in ``[1, min(m, H, n)]``.
+      method: ``"svd"`` (truncated SVD) or ``"drone"`` (data-aware; needs ``X``).
+      X: ``(S, m)`` real inputs of the MLP (DRONE only).
+
+    Returns:
+      A :class:`LowRankMLP` ``(..., m) -> (..., n)`` with
+      :func:`lowrank_mlp_params` ``(m, H, rank, n)`` parameters.
+    """
+    if method not in ("svd", "drone"):
+        raise ValueError(f"method must be 'svd' or 'drone', got {method!r}")
+    if K1.ndim != 2 or K2.ndim != 2 or K1.shape[1] != K2.shape[0]:
+        raise ValueError(f"K1 (m, H) and K2 (H, n) must share H, got {K1.shape} and {K2.shape}")
+    b1 = jnp.zeros((K1.shape[1],), K1.dtype) if b1 is None else b1
+    b2 = jnp.zeros((K2.shape[1],), K2.dtype) if b2 is None else b2
+    if method == "svd":
+        f1, f2 = truncated_svd_factors(K1, rank), truncated_svd_factors(K2, rank)
+    else:
+        if X is None:
+            raise ValueError("X (the MLP's real inputs) is required for method 'drone'")
+        h = ACTIVATIONS[activation] if isinstance(activation, str) else activation
+        hidden = h(X @ K1 + b1[None, :])
+        f1, f2 = drone_factors(X, K1, rank), drone_factors(hidden, K2, rank)
+    return LowRankMLP(LowRankLinear(*f1, b1), LowRankLinear(*f2, b2), activation)
+
+
 def svd_mlp(mlp: MLP, rank: int) -> LowRankMLP:
     """Truncated SVD of both dense layers of ``mlp`` at the same ``rank``."""
     (K1, b1), (K2, b2) = _kernels(mlp)
-    return LowRankMLP(
-        LowRankLinear(*truncated_svd_factors(K1, rank), b1),
-        LowRankLinear(*truncated_svd_factors(K2, rank), b2),
-        mlp.activation,
-    )
+    return lowrank_mlp(K1, b1, K2, b2, mlp.activation, rank, method="svd")
 
 
 def drone_mlp(mlp: MLP, X: jax.Array, rank: int) -> LowRankMLP:
     """DRONE on both dense layers of ``mlp``; their inputs are ``X (S, m)`` and ``h(fc1(X))``."""
     (K1, b1), (K2, b2) = _kernels(mlp)
-    hidden = ACTIVATIONS[mlp.activation](X @ K1 + b1[None, :])
-    return LowRankMLP(
-        LowRankLinear(*drone_factors(X, K1, rank), b1),
-        LowRankLinear(*drone_factors(hidden, K2, rank), b2),
-        mlp.activation,
-    )
+    return lowrank_mlp(K1, b1, K2, b2, mlp.activation, rank, method="drone", X=X)
 
 
-def lowrank_mlp_params(m: int, hidden: int, rank: int) -> int:
-    """Parameters of a :class:`LowRankMLP`: two rank-``k`` layers plus both biases."""
-    return rank * (m + hidden) + rank * (hidden + m) + hidden + m
+def lowrank_mlp_params(m: int, hidden: int, rank: int, n: int | None = None) -> int:
+    """Parameters of a :class:`LowRankMLP` ``m -> hidden -> n`` (default ``n = m``).
+
+    Two rank-``k`` layers plus both biases: ``k (m + H) + k (H + n) + H + n``.
+    """
+    n = m if n is None else n
+    return rank * (m + hidden) + rank * (hidden + n) + hidden + n
 
 
-def lowrank_rank_for_budget(m: int, hidden: int, budget: int) -> int:
+def lowrank_rank_for_budget(m: int, hidden: int, budget: int, n: int | None = None) -> int:
     """Largest rank whose :class:`LowRankMLP` has at most ``budget`` parameters (>= 1)."""
-    rank = (budget - hidden - m) // (2 * (m + hidden))
+    n = m if n is None else n
+    rank = (budget - hidden - n) // (m + 2 * hidden + n)
     if rank < 1:
-        raise ValueError(f"budget {budget} is below a rank-1 low-rank MLP ({lowrank_mlp_params(m, hidden, 1)})")
+        raise ValueError(f"budget {budget} is below a rank-1 low-rank MLP ({lowrank_mlp_params(m, hidden, 1, n)})")
     return int(rank)
 
 

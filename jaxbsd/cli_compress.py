@@ -2,9 +2,10 @@
 
 By default it runs on the embedded ``digits`` data set (scikit-learn's 8×8 digits): trains the
 paper's ViT if no checkpoint is given, compresses it back-to-front with R-CMTF-BSD (cubic
-B-splines, ν = 4, rank = embedding width, S = 128), fine-tunes after every step, prints a table
-(step, accuracy after decoupling and after fine-tuning, parameters, savings) and writes the
-step records (JSON) and a PNG of the accuracy per step.
+B-splines, ν = 4, rank = embedding width, S = 128, or the ranks a ``--reduction`` budget
+allows), fine-tunes after every step (kept only if the validation hold-out does not get worse),
+prints a table (step, accuracy after decoupling and after fine-tuning, parameters, savings) and
+writes the step records (JSON) and a PNG of the accuracy and parameter count per step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ import time
 __all__ = ["add_compress_command", "plot_steps", "format_table"]
 
 BASES = ("bspline", "polynomial", "relu")
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
 
 
 def _basis(args):
@@ -44,8 +52,10 @@ def format_table(steps: list[dict], acc_original: float, params_original: int) -
     return "\n".join(lines)
 
 
-def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title: str) -> None:
-    """Accuracy after each decoupling (CMTF k) and fine-tuning (FT k) step, as a PNG."""
+def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title: str,
+               params_original: int | None = None) -> None:
+    """Accuracy after each decoupling (CMTF k) and fine-tuning (FT k) step, as a PNG, with the
+    model's parameter count on a second axis (when ``params_original`` is given)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,6 +71,17 @@ def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
+    if params_original is not None:
+        params = [params_original]
+        for s in steps:
+            params += [s["params_model"], s["params_model"]]
+        twin = ax.twinx()
+        twin.step(range(len(params)), params, "s--", color="tab:orange", where="post", alpha=0.8)
+        twin.set_ylabel("parameters", color="tab:orange")
+        twin.set_ylim(0, 1.05 * params_original)
+        twin.annotate(f"{params[-1]:,} ({100 * (1 - params[-1] / params_original):.1f} % fewer)",
+                      (len(params) - 1, params[-1]), textcoords="offset points", xytext=(-4, 6),
+                      ha="right", fontsize=8, color="tab:orange")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -86,17 +107,23 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint=out / "trained.npz", metadata={"dataset": args.dataset})
     acc_original = train.evaluate(model, dataset.test_images, dataset.test_labels)
     params_original = count_params(model)
+    if args.reduction is not None and args.rank is not None:
+        raise SystemExit("give at most one of --rank and --reduction")
     config = compress.CompressionConfig(
         method="bsd", basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
         max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
+        reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
     )
     steps = compress.compress(model, dataset, order=args.order, config=config,
                               state_dir=out / "state", progress=not args.no_progress)
     table = format_table(steps, acc_original, params_original)
     print(table)
-    title = f"{args.model} on {args.dataset}: {args.order}, {args.basis} (rank {steps[0]['rank']})"
-    plot_steps(steps, acc_original, out / "accuracy.png", title)
+    ranks = sorted({s["rank"] for s in steps})
+    rank_text = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+    budget = f", reduction {args.reduction} ({args.allocation})" if args.reduction is not None else ""
+    title = f"{args.model} on {args.dataset}: {args.order}, {args.basis} ({rank_text}{budget})"
+    plot_steps(steps, acc_original, out / "accuracy.png", title, params_original)
     payload = {
         "command": args.command_line,
         "dataset": args.dataset,
@@ -128,6 +155,13 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--degree", type=int, default=3)
     p.add_argument("--dof", type=int, default=4)
     p.add_argument("--rank", type=int, default=None, help="default: the embedding width")
+    p.add_argument("--reduction", type=_fraction, default=None,
+                   help="instead of --rank: remove this fraction of the model's parameters "
+                        "(the compressed model keeps at most (1 - reduction) P)")
+    p.add_argument("--allocation", default="uniform", choices=("uniform", "greedy"),
+                   help="how --reduction is shared by the blocks (greedy: where the error falls fastest)")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="training data held out to keep or discard each fine-tuning (0: always keep)")
     p.add_argument("--lam", type=float, default=0.25)
     p.add_argument("--non-robust", action="store_true", help="plain CMTF (no normalization/Tikhonov)")
     p.add_argument("--samples", type=int, default=128, help="sampling points S per block")

@@ -10,6 +10,15 @@ One step for block ``i``:
 3. ``model.blocks[i].mlp = new_module`` and evaluate;
 4. fine-tune the whole model for ``finetune_epochs`` with Optax and evaluate again.
 
+Steps 2 and 3 are the per-path machinery of :func:`jaxbsd.compress_model` (sites, structured or
+dense Jacobians, replacements, budgets) applied to ``"blocks.{i}.mlp"``; only the token capture
+is this module's own (batched and jitted through ``model.block_input``, for whole data sets).
+With ``reduction`` the ranks come from a parameter budget (uniform or greedy), as there.
+
+Fine-tuning selects on validation, never on test: ``val_fraction`` of the training split is
+held out (stratified, seeded); after each step the weights before and after fine-tuning are
+compared by validation accuracy and the better are kept. Test accuracy is only reported.
+
 Orders: ``"front-to-back"`` (FB), ``"back-to-front"`` (BF) or an explicit list of block
 indices. Each finished step is recorded (accuracies, parameter counts, savings, accuracy drop,
 Error(𝒥), Error(F), wall times) and, with ``state_dir``, saved atomically together with a
@@ -34,13 +43,23 @@ from flax import nnx
 
 from jaxbsd import baselines, metrics
 from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
-from jaxbsd.cmtf import CMTFConfig, decouple
+from jaxbsd.cmtf import CMTFConfig
+from jaxbsd.compress_model import (
+    ALLOCATIONS,
+    _check_budget,
+    _make_site,
+    build_replacement,
+    greedy_candidates,
+    greedy_ranks,
+    spec_for,
+    uniform_ranks,
+)
+from jaxbsd.data import Dataset, split_train_test
 from jaxbsd.io import write_json_atomic
 from jaxbsd.models import count_params
-from jaxbsd.models.capture import capture, mlp_inputs
+from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, MLP
-from jaxbsd.tensor import mlp_jacobian
+from jaxbsd.models.layers import MLP
 from jaxbsd.train import evaluate, load_checkpoint, read_checkpoint_header, save_checkpoint, train
 
 __all__ = [
@@ -52,6 +71,8 @@ __all__ = [
     "compress_block",
     "compress",
     "mlp_params",
+    "plan_ranks",
+    "validation_split",
 ]
 
 METHODS = ("bsd", "svd", "drone")
@@ -66,13 +87,20 @@ class CompressionConfig:
       method: ``"bsd"`` (decoupling), ``"svd"`` or ``"drone"`` (low-rank baselines).
       basis: basis of the internal functions (``"bsd"`` only).
       rank: decoupling rank, or the low-rank baselines' rank; ``None`` = the block's width
-        (the paper's choice, ``r = m``) for ``"bsd"``; required for the baselines.
+        (the paper's choice, ``r = m``) for ``"bsd"``; required for the baselines unless
+        ``reduction`` is given.
+      reduction: instead of ``rank``, ``ρ``: the compressed model keeps at most ``(1 − ρ)·P``
+        of the original's ``P`` parameters (paper §6.5); the ranks are planned up front.
+      allocation: how ``reduction`` is shared by the blocks: ``"uniform"`` or ``"greedy"``
+        (see :func:`jaxbsd.compress_model`).
       robust, lam, max_iter, restarts, tol: solver settings (``"bsd"`` only).
       num_samples: ``S``, sampling points (token vectors) per block.
       capture_images: training images whose tokens the samples are drawn from.
       structured: use the structured Jacobian for standard MLP blocks.
       finetune_epochs: epochs of fine-tuning after every replacement (0 = none).
       lr, batch_size, schedule: fine-tuning optimizer settings.
+      val_fraction: held-out share of the training split for selecting fine-tuned weights
+        (0: no hold-out, fine-tuned weights always kept).
       seed: seeds the image subset, the token draw, the solver and the fine-tuning.
     """
 
@@ -91,13 +119,24 @@ class CompressionConfig:
     lr: float = 1e-4
     batch_size: int = 128
     schedule: str = "constant"
+    reduction: float | None = None
+    allocation: str = "uniform"
+    val_fraction: float = 0.1
     seed: int = 0
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.method != "bsd" and self.rank is None:
-            raise ValueError(f"rank must be given for method {self.method!r}")
+        if self.method != "bsd" and self.rank is None and self.reduction is None:
+            raise ValueError(f"rank (or reduction) must be given for method {self.method!r}")
+        if self.reduction is not None and self.rank is not None:
+            raise ValueError("give at most one of rank and reduction")
+        if self.reduction is not None and not (isinstance(self.reduction, (int, float)) and 0 <= self.reduction < 1):
+            raise ValueError(f"reduction must be a number in [0, 1), got {self.reduction!r}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {self.allocation!r}")
+        if not (isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1):
+            raise ValueError(f"val_fraction must be a number in [0, 1), got {self.val_fraction!r}")
         for name in ("num_samples", "capture_images", "restarts", "max_iter", "batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -152,47 +191,74 @@ def sample_tokens(model, images, block_index: int, num_samples: int, key: jax.Ar
     return flat[jax.random.choice(key, flat.shape[0], (num_samples,), replace=False)]
 
 
+def _block_site(model, block_index: int, images, config: CompressionConfig, key: jax.Array):
+    """The :class:`~jaxbsd.compress_model.Site` of ``model.blocks[block_index].mlp``."""
+    mlp = model.blocks[block_index].mlp
+    tokens = mlp_inputs(model, images, block_index)
+    X_all = tokens.reshape(-1, tokens.shape[-1])
+    if config.num_samples > X_all.shape[0]:
+        raise ValueError(f"num_samples ({config.num_samples}) exceeds the {X_all.shape[0]} available tokens")
+    path = f"blocks.{block_index}.mlp"
+    spec = spec_for(mlp, path, None) if (config.structured or config.method != "bsd") else None
+    return _make_site(path, mlp, spec, X_all, mlp(X_all), config.num_samples, key, validate=False)
+
+
 def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array):
     """Build the replacement of ``model.blocks[block_index].mlp`` (the model is not changed).
 
     Returns:
       ``(module, info)``: the new MLP module and a dict with ``error_J``, ``error_F``,
-      ``status``, ``iterations`` (decoupling only) and ``seconds``.
+      ``output_error``, ``jacobian``, ``status``, ``iterations`` (decoupling only) and ``seconds``.
     """
     start = time.perf_counter()
     mlp = model.blocks[block_index].mlp
-    info: dict[str, Any] = {}
-    if config.method == "bsd":
-        if config.structured and isinstance(mlp, MLP):
-            X = sample_tokens(model, images, block_index, config.num_samples, key)
-            V0, b0 = mlp.fc1.kernel[...].T, mlp.fc1.bias[...]
-            jac = mlp_jacobian(X, V0, b0, mlp.fc2.kernel[...].T, ACTIVATION_DERIVATIVES[mlp.activation])
-            F = mlp(X)
-        else:
-            X, jac, F = capture(model, images, block_index, config.num_samples, key=key)
-        width = X.shape[-1]
-        res = decouple(jac, F, X, config.solver_config(width), key=jax.random.fold_in(key, 1),
-                       restarts=config.restarts)
-        module = DecoupledMLP.from_decoupled(res.model, dtype=X.dtype)
-        info.update(error_J=float(res.error_J), error_F=float(res.error_F), status=int(res.status),
-                    iterations=int(res.iterations))
-    else:
-        if not isinstance(mlp, MLP):
-            raise ValueError(f"block {block_index}'s MLP is already compressed ({type(mlp).__name__})")
-        if config.method == "svd":
-            module = baselines.svd_mlp(mlp, config.rank)
-        else:
-            # DRONE sees many real tokens: all of the capture images' tokens (up to 8192).
-            tokens = mlp_inputs(model, images, block_index)
-            flat = tokens.reshape(-1, tokens.shape[-1])
-            take = min(flat.shape[0], 8192)
-            X = flat[jax.random.choice(key, flat.shape[0], (take,), replace=False)]
-            module = baselines.drone_mlp(mlp, X, config.rank)
-        X_check = sample_tokens(model, images, block_index, min(config.num_samples, 512), key)
-        F = mlp(X_check)
-        info.update(error_F=float(metrics.error_F(F, module(X_check))))
+    if config.method != "bsd" and not isinstance(mlp, MLP):
+        raise ValueError(f"block {block_index}'s MLP is already compressed ({type(mlp).__name__})")
+    site = _block_site(model, block_index, images, config, key)
+    rank = config.rank or site.m
+    module, info = build_replacement(site, config.method, rank, config.solver_config(site.m),
+                                     jax.random.fold_in(key, 1), restarts=config.restarts)
     info["seconds"] = time.perf_counter() - start
     return module, info
+
+
+def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig, key: jax.Array) -> dict[int, int]:
+    """Per-block ranks meeting ``config.reduction`` on the whole model (uniform or greedy).
+
+    Raises:
+      ValueError: naming ``reduction`` if the MLPs alone cannot shrink enough.
+    """
+    sites = [_block_site(model, i, images, config, jax.random.fold_in(key, i)) for i in indices]
+    dof = config.basis.num_coef
+    total = count_params(model)
+    budget = int(np.floor((1 - config.reduction) * total)) - (total - sum(s.params for s in sites))
+    _check_budget(sites, config.method, dof, budget, config.reduction)
+    ranks = uniform_ranks(sites, config.method, dof, budget)
+    if config.allocation == "greedy":
+        floor = sum(s.params_at(config.method, 1, dof) for s in sites)
+        errors = []
+        for i, s, u in zip(indices, sites, ranks):
+            alone = budget - floor + s.params_at(config.method, 1, dof)
+            errors.append({
+                r: build_replacement(s, config.method, r, config.solver_config(s.m),
+                                     jax.random.fold_in(jax.random.fold_in(key, i), 1), restarts=config.restarts)[1]["output_error"]
+                for r in greedy_candidates(s, config.method, dof, u, alone)
+            })
+        ranks = greedy_ranks(sites, config.method, dof, budget, errors, ranks)
+    return {i: int(r) for i, r in zip(indices, ranks)}
+
+
+def validation_split(dataset, fraction: float, seed: int):
+    """``(fit, val)``: ``fit`` is ``dataset`` with ``fraction`` of its training split held out
+    as its *test* split (so fine-tuning reports validation accuracy), ``val`` the held-out
+    ``(images, labels)``. ``fraction == 0``: ``(dataset, None)``."""
+    if not fraction:
+        return dataset, None
+    try:
+        tr_x, tr_y, va_x, va_y = split_train_test(dataset.train_images, dataset.train_labels, fraction, seed)
+    except ValueError as err:
+        raise ValueError(f"val_fraction: {err}") from None
+    return Dataset(dataset.name, tr_x, tr_y, va_x, va_y, dataset.num_classes), (va_x, va_y)
 
 
 def _placeholder(record: dict, old: nnx.Module) -> nnx.Module:
@@ -257,8 +323,9 @@ def compress(
 
     Args:
       model: a ViT, Swin or DeiT (``model.blocks[i].mlp``); changed in place.
-      dataset: a :class:`jaxbsd.data.Dataset`: capture images come from its training split,
-        accuracies from its test split.
+      dataset: a :class:`jaxbsd.data.Dataset`: capture images and fine-tuning data come from
+        its training split less a held-out validation part (``config.val_fraction``), which
+        decides whether fine-tuned weights are kept; test accuracies are only reported.
       order: ``"front-to-back"``, ``"back-to-front"`` or explicit block indices.
       config: a :class:`CompressionConfig`.
       state_dir: if given, the step log (``steps.json``) and the model after the last finished
@@ -269,15 +336,28 @@ def compress(
       on_step: called with each step's record once it is saved.
 
     Returns:
-      One record per step (``step`` 1-based, ``block``, ``acc_cmtf``, ``acc_ft``, parameter
-      counts, ``savings_model``/``savings_mlp`` in percent, ``accuracy_drop`` in points,
-      errors, wall times), including resumed ones.
+      One record per step (``step`` 1-based, ``block``, ``acc_cmtf``, ``acc_ft`` (test, of the
+      kept weights), ``val_cmtf``, ``val_ft`` (validation before and after fine-tuning; None
+      without hold-out), ``finetune_kept``, parameter counts, ``savings_model``/``savings_mlp``
+      in percent, ``accuracy_drop`` in points, errors, wall times), including resumed ones.
     """
     indices = block_order(order, len(model.blocks))
     model.eval()
     original_params = count_params(model)
-    acc_original = evaluate(model, dataset.test_images, dataset.test_labels)
+    fit, val = validation_split(dataset, config.val_fraction, config.seed)
+    # One evaluation batch shape for test and validation: each model structure compiles once.
+    eval_bs = min(512, val[0].shape[0]) if val is not None else 512
+    acc_original = evaluate(model, dataset.test_images, dataset.test_labels, eval_bs)
     run_id = _run_id(config, indices, original_params)
+    key = jax.random.key(config.seed)
+    n_capture = min(config.capture_images, fit.train_images.shape[0])
+    planned = None
+    if config.reduction is not None:
+        # Planned on the original model, before any resumed state is loaded: a resumed run
+        # plans exactly what the uninterrupted one did.
+        rng = np.random.default_rng([config.seed, 0])
+        images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
+        planned = plan_ranks(model, indices, images, config, jax.random.fold_in(key, 0))
     steps: list[dict] = []
     if state_dir is not None:
         state_dir = pathlib.Path(state_dir)
@@ -285,38 +365,51 @@ def compress(
         steps = _load_state(state_dir, run_id, model)
         if steps and progress:
             print(f"resuming after step {len(steps)} of {len(indices)} from {state_dir}", file=sys.stderr)
-    key = jax.random.key(config.seed)
-    n_capture = min(config.capture_images, dataset.train_images.shape[0])
     for step, block in enumerate(indices, start=1):
         if step <= len(steps):
             continue
         # Per-step streams, so a resumed run draws exactly what an uninterrupted one would.
         rng = np.random.default_rng([config.seed, step])
-        images = jnp.asarray(dataset.train_images[rng.choice(dataset.train_images.shape[0], n_capture, replace=False)])
+        images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
         old = model.blocks[block].mlp
         old_params = mlp_params(old)
-        module, info = compress_block(model, block, images, config, jax.random.fold_in(key, step))
+        step_config = config if planned is None else dataclasses.replace(config, rank=planned[block], reduction=None)
+        module, info = compress_block(model, block, images, step_config, jax.random.fold_in(key, step))
         model.blocks[block].mlp = module
-        acc_cmtf = evaluate(model, dataset.test_images, dataset.test_labels)
+        acc_cmtf = evaluate(model, dataset.test_images, dataset.test_labels, eval_bs)
+        val_cmtf = evaluate(model, *val, eval_bs) if val is not None else None
         start = time.perf_counter()
-        ft_history = []
+        ft_history, val_ft, kept = [], None, True
         if config.finetune_epochs:
-            ft_history = train(model, dataset, epochs=config.finetune_epochs, lr=config.lr,
+            before = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))
+            ft_history = train(model, fit, epochs=config.finetune_epochs, lr=config.lr,
                                batch_size=config.batch_size, seed=config.seed + step, teacher=teacher,
-                               schedule=config.schedule, progress=progress, on_epoch=lambda r: None)
-        acc_ft = ft_history[-1]["test_acc"] if ft_history else acc_cmtf
+                               schedule=config.schedule, progress=progress, on_epoch=lambda r: None,
+                               eval_batch_size=eval_bs)
+            if val is not None:
+                # train() evaluates on fit's "test" split, which is the validation hold-out.
+                # Per-epoch test accuracy is not measured (selection must not see it): None.
+                ft_history = [{**r, "val_acc": r["test_acc"], "test_acc": None} for r in ft_history]
+                val_ft = ft_history[-1]["val_acc"]
+                kept = val_ft >= val_cmtf
+                if not kept:  # fine-tuning made validation worse: back to the weights before it
+                    nnx.update(model, before)
+        acc_ft = evaluate(model, dataset.test_images, dataset.test_labels, eval_bs) if config.finetune_epochs else acc_cmtf
         params = count_params(model)
         record = {
             "step": step,
             "block": block,
             "method": config.method,
             "basis": {"kind": type(config.basis).__name__, **dataclasses.asdict(config.basis)},
-            "rank": int(module.W0[...].shape[0]) if isinstance(module, DecoupledMLP) else config.rank,
+            "rank": int(module.W0[...].shape[0]) if isinstance(module, DecoupledMLP) else int(module.rank),
             "in_features": int(old.fc1.kernel[...].shape[0]) if isinstance(old, MLP) else None,
             "out_features": int(old.fc2.kernel[...].shape[1]) if isinstance(old, MLP) else None,
             "acc_original": acc_original,
             "acc_cmtf": acc_cmtf,
             "acc_ft": acc_ft,
+            "val_cmtf": val_cmtf,
+            "val_ft": val_ft,
+            "finetune_kept": kept,
             "accuracy_drop": 100 * metrics.accuracy_drop(acc_original, acc_ft),
             "params_model": params,
             "params_original": original_params,
@@ -335,8 +428,9 @@ def compress(
             write_json_atomic(state_dir / "steps.json", {"run_id": run_id, "steps": steps})
         if progress:
             err = f"  Error(J) {record['error_J']:.2e}" if "error_J" in record else ""
+            note = "" if kept else "  (FT discarded: validation fell)"
             print(
-                f"step {step}: block {block}  acc after {config.method} {acc_cmtf:.4f}  after FT {acc_ft:.4f}"
+                f"step {step}: block {block}  acc after {config.method} {acc_cmtf:.4f}  after FT {acc_ft:.4f}{note}"
                 f"  params {params}  savings {record['savings_model']:.2f} %{err}",
                 file=sys.stderr, flush=True,
             )

@@ -1,5 +1,7 @@
 """Compression: exact replacement, fine-tuning, baselines against closed-form optima, resume."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,3 +144,56 @@ def test_compress_records_and_resumes_after_interruption(tmp_path, monkeypatch):
     # a different configuration refuses to reuse the state
     with pytest.raises(ValueError, match="different run"):
         compress.compress(tiny_vit(), ds, order="fb", config=config, state_dir=tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("val_after, kept", [(-1.0, False), (2.0, True)])
+def test_finetuning_is_kept_only_if_validation_improves(monkeypatch, val_after, kept):
+    ds = tiny_dataset()
+    seen = []
+
+    def fake_train(model, fit, **kwargs):
+        # fine-tuning sees the training split less the hold-out, whose accuracy it reports
+        seen.append((fit.train_images.shape[0], fit.test_images.shape[0]))
+        seen.append(jax.tree.map(np.array, nnx.state(model, nnx.Param)))
+        for v in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
+            v[...] = v[...] + 1.0
+        return [{"epoch": 1, "loss": 0.0, "train_acc": 0.0, "test_acc": val_after, "seconds": 0.0}]
+
+    monkeypatch.setattr(compress, "train", fake_train)
+    config = compress.CompressionConfig(method="svd", rank=2, num_samples=16, capture_images=16, finetune_epochs=1)
+    model = tiny_vit()
+    steps = compress.compress(model, ds, order=[0], config=config, progress=False)
+    assert seen[0] == (96 - 10, 10)  # a 10 % hold-out, never the 48 test images
+    record = steps[0]
+    assert record["finetune_kept"] is kept and record["val_ft"] == val_after
+    assert 0 <= record["val_cmtf"] <= 1 and record["finetune"][0]["val_acc"] == val_after
+    restored = jax.tree.map(np.array, nnx.state(model, nnx.Param))
+    same = jax.tree.map(np.array_equal, restored, seen[1])
+    assert all(jax.tree.leaves(same)) is not kept
+
+
+@pytest.mark.parametrize("allocation", ["uniform", "greedy"])
+def test_compress_meets_a_reduction_budget(allocation):
+    ds = tiny_dataset()
+    config = compress.CompressionConfig(method="svd", reduction=0.25, allocation=allocation, num_samples=16,
+                                        capture_images=16, finetune_epochs=0)
+    model = tiny_vit()
+    P = count_params(model)
+    steps = compress.compress(model, ds, order="bf", config=config, progress=False)
+    assert count_params(model) == steps[-1]["params_model"] <= 0.75 * P
+    with pytest.raises(ValueError, match="reduction"):
+        compress.compress(tiny_vit(), ds, config=dataclasses.replace(config, reduction=0.9), progress=False)
+
+
+def test_cli_takes_a_reduction_and_an_allocation(tmp_path):
+    from jaxbsd.cli import build_parser
+    from jaxbsd.cli_compress import plot_steps
+
+    args = build_parser().parse_args(["compress", "--reduction", "0.3", "--allocation", "greedy"])
+    assert (args.reduction, args.allocation, args.val_fraction) == (0.3, "greedy", 0.1)
+    for bad in (["--reduction", "1.5"], ["--allocation", "best"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["compress", *bad])
+    steps = [{"step": 1, "acc_cmtf": 0.9, "acc_ft": 0.95, "params_model": 80}]
+    plot_steps(steps, 0.97, tmp_path / "a.png", "t", params_original=100)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

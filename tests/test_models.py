@@ -126,7 +126,7 @@ def test_mlp_activation_tables():
     x = jnp.ones((2, 3, 4), jnp.float32)
     assert mlp(x).shape == (2, 3, 4)
     with pytest.raises(ValueError, match="activation"):
-        MLP(4, 8, activation="tanh", rngs=nnx.Rngs(0))
+        MLP(4, 8, activation="softsign", rngs=nnx.Rngs(0))
 
 
 def test_bad_configs_raise():

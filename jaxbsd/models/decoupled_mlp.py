@@ -32,6 +32,8 @@ class DecoupledMLP(nnx.Module):
       coef: ``nnx.Param (r, ν)``.
       knots: ``Knots (r, K)``.
       basis: the static basis.
+      in_features, out_features, rank: ``m``, ``n``, ``r`` as plain ints (with ``basis``, all
+        that is needed to rebuild an empty module of this structure).
     """
 
     def __init__(self, W0: jax.Array, W1: jax.Array, coef: jax.Array, knots: jax.Array, basis: Basis):
@@ -47,6 +49,7 @@ class DecoupledMLP(nnx.Module):
         self.coef = nnx.Param(jnp.asarray(coef))
         self.knots = Knots(jnp.asarray(knots))
         self.basis = basis
+        self.in_features, self.out_features, self.rank = int(m), int(W1.shape[0]), int(r)
 
     @classmethod
     def from_decoupled(cls, model: Decoupled, dtype=None) -> "DecoupledMLP":

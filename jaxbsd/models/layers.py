@@ -61,16 +61,39 @@ def _relu_derivative(x: jax.Array) -> jax.Array:
     return (x > 0).astype(x.dtype)
 
 
+def _gelu_tanh(x: jax.Array) -> jax.Array:
+    # The tanh approximation (jax.nn.gelu's default, GPT-2/BERT style).
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _elementwise_derivative(h: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+    # For an elementwise h the JVP along ones is h' entrywise: one pass, any shape.
+    return lambda x: jax.jvp(h, (x,), (jnp.ones_like(x),))[1]
+
+
+def _silu_derivative(x: jax.Array) -> jax.Array:
+    s = jax.nn.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
 #: Elementwise activations by name: ``h`` in f(x) = V1 h(V0 x + b0) + b1.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
     "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
 }
 
 #: Their derivatives ``h'``, used by the solver's structured Jacobian.
 ACTIVATION_DERIVATIVES: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": _gelu_derivative,
+    "gelu_tanh": _elementwise_derivative(_gelu_tanh),
     "relu": _relu_derivative,
+    "silu": _silu_derivative,
+    "tanh": lambda x: 1 - jnp.tanh(x) ** 2,
+    "sigmoid": lambda x: jax.nn.sigmoid(x) * (1 - jax.nn.sigmoid(x)),
 }
 
 

@@ -1,0 +1,814 @@
+"""Compress the MLPs of any Flax NNX model, addressed by dotted paths, under a parameter budget.
+
+``jb.compress_model(model, calibration, mlps=[...], reduction=ρ, key=...)`` replaces each
+submodule named in ``mlps`` (``"encoder.layers.3.ffn"``: attribute names and integer indices,
+also into ``nnx.List``) by a decoupled ``W1 g(W0 x)`` (R-CMTF-BSD) or a low-rank MLP (truncated
+SVD, DRONE), so that the whole model keeps at most ``(1 − ρ)·P`` parameters.
+
+The pieces, each usable alone:
+
+* :func:`get_submodule` / :func:`set_submodule`: path resolution and surgery (attribute
+  assignment, ``lst[i] = new``);
+* :func:`capture_calls`: the inputs and outputs of submodules in a real forward pass, by
+  swapping in a recording wrapper for the duration of one eval-mode call — nothing is
+  required from the user's classes (no hooks, no ``mlp_input`` methods);
+* :class:`MLPSpec`: how to read a two-``nnx.Linear`` MLP ``fc2(h(fc1(x)))`` so its Jacobian is
+  structured (never materialized); any other module gets dense ``vmap(jacfwd)`` Jacobians;
+* :func:`build_replacement`: one MLP's replacement at one rank from sampled tokens;
+* :func:`uniform_ranks` / :func:`greedy_ranks`: how a parameter budget is shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxbsd import baselines, metrics
+from jaxbsd.bases import BSpline
+from jaxbsd.cmtf import CMTFConfig, decouple
+from jaxbsd.models import count_params
+from jaxbsd.models.capture import _jacobians
+from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS, MLP
+from jaxbsd.tensor import StructuredJacobian, cpd_sq_norm, mlp_jacobian
+
+__all__ = [
+    "METHODS",
+    "ALLOCATIONS",
+    "MLPSpec",
+    "MLPReport",
+    "CompressionReport",
+    "Site",
+    "compress_model",
+    "parse_path",
+    "get_submodule",
+    "set_submodule",
+    "capture_calls",
+    "spec_for",
+    "build_replacement",
+    "uniform_ranks",
+    "greedy_ranks",
+    "greedy_candidates",
+    "DEFAULT_CONFIG",
+    "GREEDY_SCALES",
+]
+
+METHODS = ("bsd", "svd", "drone")
+ALLOCATIONS = ("uniform", "greedy")
+#: The solver template when ``config`` is None (the CLI's defaults: cubic splines, ν = 4).
+DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
+#: Candidate ranks of the greedy allocation, as multiples of each MLP's uniform rank.
+GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
+#: Calibration tokens on which the relative output error is measured (and DRONE's inputs).
+_CHECK_TOKENS = 8192
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def parse_path(path: str) -> tuple[str | int, ...]:
+    """``"encoder.layers.3.ffn"`` -> ``("encoder", "layers", 3, "ffn")``."""
+    if not isinstance(path, str) or not path or any(not p for p in path.split(".")):
+        raise ValueError(f"mlps: a path must be a non-empty dotted string like 'blocks.0.mlp', got {path!r}")
+    return tuple(int(p) if p.lstrip("-").isdigit() else p for p in path.split("."))
+
+
+def _child(node, part: str | int, path: str):
+    try:
+        if isinstance(part, int):
+            return node[part]
+        if isinstance(node, Mapping) and part in node:
+            return node[part]
+        return getattr(node, part)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        raise ValueError(f"mlps: path {path!r} does not exist ({part!r} not found in a "
+                         f"{type(node).__name__})") from None
+
+
+def get_submodule(model: nnx.Module, path: str) -> nnx.Module:
+    """The ``nnx.Module`` at dotted ``path`` (``ValueError`` naming ``mlps`` if there is none)."""
+    node = model
+    for part in parse_path(path):
+        node = _child(node, part, path)
+    if not isinstance(node, nnx.Module):
+        raise ValueError(f"mlps: {path!r} is a {type(node).__name__}, not an nnx.Module")
+    return node
+
+
+def set_submodule(model: nnx.Module, path: str, module: nnx.Module) -> None:
+    """Surgery: put ``module`` at ``path`` (attribute assignment or ``parent[i] = module``)."""
+    *head, last = parse_path(path)
+    parent = model
+    for part in head:
+        parent = _child(parent, part, path)
+    if isinstance(last, int) or isinstance(parent, Mapping):
+        parent[last] = module
+    else:
+        setattr(parent, last, module)
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+class _Sink:
+    """Plain Python storage for recorded calls (a static attribute to NNX, never traced)."""
+
+    def __init__(self, path: str, order: list[str]):
+        self.path, self.order, self.calls = path, order, []
+
+    def record(self, x, y, extra: bool) -> None:
+        if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
+            raise ValueError(f"calibration: {self.path!r} was called under a JAX transformation; "
+                             "capture needs the model's forward pass to run eagerly")
+        if self.path not in self.order:
+            self.order.append(self.path)
+        self.calls.append((x, y, extra))
+
+
+class _Recorder(nnx.Module):
+    """Stands in for a submodule during capture: records its input and output, calls it."""
+
+    def __init__(self, inner: nnx.Module, sink: _Sink):
+        self.inner, self.sink = inner, sink
+
+    def __call__(self, x, *args, **kwargs):
+        y = self.inner(x, *args, **kwargs)
+        self.sink.record(x, y, bool(args or kwargs))
+        return y
+
+
+_MODE_FLAGS = ("deterministic", "use_running_average")
+
+
+def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple[dict[str, tuple[jax.Array, jax.Array]], list[str]]:
+    """Inputs and outputs of the submodules at ``paths`` during one eval-mode forward pass.
+
+    Each submodule is replaced by a recording wrapper for the duration of ``model(calibration)``
+    (or ``calibration(model)`` if ``calibration`` is callable), then put back; the model's
+    train/eval flags are restored afterwards.
+
+    Returns:
+      ``(tokens, order)``: ``tokens[path] = (X, Y)`` with ``X (N, m)`` the flattened inputs and
+      ``Y (N, n)`` the outputs of every call (a module called k times contributes k batches);
+      ``order`` lists the paths in the order they were first called.
+
+    Raises:
+      ValueError: naming ``mlps`` for a missing path, a submodule never called, called with
+        extra arguments, or whose output does not keep the input's leading axes.
+    """
+    originals = {p: get_submodule(model, p) for p in paths}
+    flags = [(mod, name, getattr(mod, name)) for _, mod in nnx.iter_modules(model)
+             for name in _MODE_FLAGS if hasattr(mod, name)]
+    order: list[str] = []
+    sinks = {p: _Sink(p, order) for p in paths}
+    try:
+        for p in paths:
+            set_submodule(model, p, _Recorder(originals[p], sinks[p]))
+        model.eval()
+        calibration(model) if callable(calibration) else model(calibration)
+    finally:
+        for p in paths:
+            set_submodule(model, p, originals[p])
+        for mod, name, value in flags:
+            setattr(mod, name, value)
+    tokens = {}
+    for p in paths:
+        calls = sinks[p].calls
+        if not calls:
+            raise ValueError(f"mlps: {p!r} was not called by the model's forward pass on the calibration batch")
+        xs, ys = [], []
+        for x, y, extra in calls:
+            x, y = jnp.asarray(x), jnp.asarray(y) if isinstance(y, jax.Array) else y
+            if extra:
+                raise ValueError(f"mlps: {p!r} is called with more than one argument; it must map "
+                                 "(..., m) -> (..., n)")
+            if not isinstance(y, jax.Array) or x.ndim < 1 or y.ndim != x.ndim or y.shape[:-1] != x.shape[:-1]:
+                raise ValueError(f"mlps: {p!r} must map (..., m) -> (..., n) keeping the leading axes, "
+                                 f"got input {x.shape} and output {getattr(y, 'shape', type(y).__name__)}")
+            xs.append(x.reshape(-1, x.shape[-1]))
+            ys.append(y.reshape(-1, y.shape[-1]))
+        if len({x.shape[1] for x in xs}) > 1 or len({y.shape[1] for y in ys}) > 1:
+            raise ValueError(f"mlps: {p!r} is called with inconsistent widths "
+                             f"{sorted({(x.shape[1], y.shape[1]) for x, y in zip(xs, ys)})}")
+        tokens[p] = (jnp.concatenate(xs), jnp.concatenate(ys))
+    return tokens, order
+
+
+# ----------------------------------------------------------------------------- MLP specs
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPSpec:
+    """Declares that a submodule computes ``fc2(h(fc1(x)))`` with two ``nnx.Linear`` children.
+
+    With a spec the Jacobian is structured, ``J[s] = V1 diag(h'(V0 x + b0)) V0``, never
+    materialized, and the low-rank baselines (``"svd"``, ``"drone"``) can factor the two
+    kernels. jaxbsd's own :class:`~jaxbsd.models.layers.MLP` is recognised without a spec.
+
+    The claim is checked on the calibration tokens: ``ValueError`` naming ``mlp_specs`` if
+    ``fc2(h(fc1(x)))`` differs from the module's output.
+
+    Attributes:
+      fc1: attribute name of the first ``nnx.Linear`` (kernel ``(m, H)``, bias ``(H,)`` or none).
+      fc2: attribute name of the second ``nnx.Linear`` (kernel ``(H, n)``).
+      activation: a name in :data:`~jaxbsd.models.layers.ACTIVATIONS` (``"gelu"`` exact erf,
+        ``"gelu_tanh"``, ``"relu"``, ``"silu"``, ``"tanh"``, ``"sigmoid"``) or an elementwise
+        callable (its derivative comes from a JVP; a low-rank replacement then holds the
+        callable, which cannot be stored as data).
+    """
+
+    fc1: str = "fc1"
+    fc2: str = "fc2"
+    activation: str | Callable[[jax.Array], jax.Array] = "gelu"
+
+    def __post_init__(self):
+        if isinstance(self.activation, str):
+            if self.activation not in ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, "
+                                 f"got {self.activation!r}")
+        elif not callable(self.activation):
+            raise ValueError(f"activation must be a name or a callable, got {self.activation!r}")
+
+    @property
+    def h(self) -> Callable[[jax.Array], jax.Array]:
+        return ACTIVATIONS[self.activation] if isinstance(self.activation, str) else self.activation
+
+    @property
+    def h_prime(self) -> Callable[[jax.Array], jax.Array]:
+        if isinstance(self.activation, str):
+            return ACTIVATION_DERIVATIVES[self.activation]
+        h = self.activation
+        return lambda z: jax.jvp(h, (z,), (jnp.ones_like(z),))[1]
+
+    def kernels(self, module: nnx.Module, path: str = "?"):
+        """``(K1 (m, H), b1 (H,) | None, K2 (H, n), b2 (n,) | None)`` of ``module``."""
+        layers = []
+        for name in (self.fc1, self.fc2):
+            layer = getattr(module, name, None)
+            if not isinstance(layer, nnx.Linear):
+                raise ValueError(f"mlp_specs: {path!r} has no nnx.Linear attribute {name!r} "
+                                 f"(found {type(layer).__name__})")
+            bias = layer.bias[...] if getattr(layer, "bias", None) is not None else None
+            layers.append((layer.kernel[...], bias))
+        (K1, b1), (K2, b2) = layers
+        if K1.shape[1] != K2.shape[0]:
+            raise ValueError(f"mlp_specs: {path!r}: {self.fc1} outputs {K1.shape[1]} features but "
+                             f"{self.fc2} takes {K2.shape[0]}")
+        return K1, b1, K2, b2
+
+    def apply(self, module: nnx.Module, X: jax.Array) -> jax.Array:
+        """``fc2(h(fc1(X)))`` from the kernels: ``(S, m) -> (S, n)``."""
+        K1, b1, K2, b2 = self.kernels(module)
+        hidden = self.h(X @ K1 + (0 if b1 is None else b1[None, :]))
+        return hidden @ K2 + (0 if b2 is None else b2[None, :])
+
+
+def spec_for(module: nnx.Module, path: str, mlp_specs) -> MLPSpec | None:
+    """The spec used for ``module`` at ``path``: given, jaxbsd's MLP, or None (dense Jacobian)."""
+    if isinstance(mlp_specs, MLPSpec):
+        return mlp_specs
+    if mlp_specs and path in mlp_specs:
+        return mlp_specs[path]
+    if isinstance(module, MLP):
+        return MLPSpec("fc1", "fc2", module.activation)
+    return None
+
+
+# ----------------------------------------------------------------------------- one replacement
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One MLP to compress: its module, widths, sampled tokens and parameter-count function.
+
+    Attributes:
+      path: dotted path in the model.
+      module: the original submodule.
+      spec: its :class:`MLPSpec` or None (dense Jacobians).
+      m, n: input and output widths; hidden: ``H`` (None without a spec).
+      params: trainable parameters of the original submodule.
+      X: ``(S, m)`` sampling points; F: ``(S, n)`` outputs there.
+      check_X, check_Y: ``(N, m)``, ``(N, n)``: calibration tokens for the output error
+        (and DRONE's inputs), at most 8192.
+    """
+
+    path: str
+    module: nnx.Module
+    spec: MLPSpec | None
+    m: int
+    n: int
+    hidden: int | None
+    params: int
+    X: jax.Array
+    F: jax.Array
+    check_X: jax.Array
+    check_Y: jax.Array
+
+    def params_at(self, method: str, rank: int, dof: int) -> int:
+        """Parameters of this site's replacement at ``rank``."""
+        if method == "bsd":
+            return metrics.params_bsd(self.m, self.n, rank, dof)
+        return baselines.lowrank_mlp_params(self.m, self.hidden, rank, self.n)
+
+    def max_rank(self, method: str, dof: int) -> int:
+        """Largest rank worth considering: no more parameters than the original (>= 1); for the
+        low-rank baselines also ``min(m, H, n)`` (a factor cannot exceed its matrix's rank)."""
+        if method == "bsd":
+            return max(1, self.params // (self.m + self.n + dof))
+        cap = min(self.m, self.hidden, self.n)
+        fit = (self.params - self.hidden - self.n) // (self.m + 2 * self.hidden + self.n)
+        return max(1, min(cap, fit))
+
+
+def _make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Array, Y_all: jax.Array,
+               num_samples: int | None, key: jax.Array, *, validate: bool = True) -> Site:
+    N, m = X_all.shape
+    n = Y_all.shape[1]
+    S = min(N, 256) if num_samples is None else num_samples
+    if S > N:
+        raise ValueError(f"num_samples: {S} exceeds the {N} calibration tokens of {path!r}")
+    k_sample, k_check = jax.random.split(key)
+    X = X_all[jax.random.choice(k_sample, N, (S,), replace=False)]
+    check = jax.random.choice(k_check, N, (min(N, _CHECK_TOKENS),), replace=False)
+    check_X, check_Y = X_all[check], Y_all[check]
+    if validate:
+        # Token by token: the module must reproduce what it computed inside the model (this
+        # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
+        probe = check[: min(64, check.shape[0])]
+        try:
+            out = module(X_all[probe])
+        except Exception as err:  # noqa: BLE001 — any failure means the contract does not hold
+            raise ValueError(f"mlps: {path!r} cannot be applied to (S, {m}) token vectors: {err}") from err
+        if out.shape != (probe.shape[0], n) or not _close(out, Y_all[probe]):
+            raise ValueError(f"mlps: {path!r} does not map (..., {m}) -> (..., {n}) token by token "
+                             "(applied to its own inputs alone it gives other outputs)")
+        if spec is not None:
+            spec.kernels(module, path)
+            if not _close(spec.apply(module, X_all[probe]), Y_all[probe]):
+                raise ValueError(f"mlp_specs: {path!r} does not compute {spec.fc2}({spec.activation}"
+                                 f"({spec.fc1}(x))) on the calibration tokens")
+    hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
+    return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
+                params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y)
+
+
+def _close(a, b, rtol: float = 1e-3) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return bool(np.all(np.isfinite(a)) and np.linalg.norm(a - b) <= rtol * max(np.linalg.norm(b), 1e-30))
+
+
+def _jacobian(site: Site):
+    """Structured (with a spec) or dense ``(S, n, m)`` Jacobian of the site at its samples."""
+    if site.spec is not None:
+        K1, b1, K2, _ = site.spec.kernels(site.module, site.path)
+        b1 = jnp.zeros((K1.shape[1],), K1.dtype) if b1 is None else b1
+        return mlp_jacobian(site.X, K1.T, b1, K2.T, site.spec.h_prime), "structured"
+    graphdef, state = nnx.split(site.module)
+    J, _ = _jacobians(graphdef, state, site.X, min(256, site.X.shape[0]))
+    return J, "dense"
+
+
+def _lowrank_error_J(jac: StructuredJacobian, new: baselines.LowRankMLP, X: jax.Array, h_prime) -> float:
+    """Error(𝒥) of a low-rank MLP against a structured Jacobian, from Gram products only.
+
+    The low-rank MLP is itself an MLP, so its Jacobian is ``[[V1', V0'ᵀ, D']]`` too, and
+    ``‖𝒥 − 𝒥'‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥'⟩ + ‖𝒥'‖²`` with ``⟨[[A,B,C]], [[A',B',C']]⟩ = Σ AᵀA' ∘ BᵀB' ∘ CᵀC'``.
+    """
+    K1 = new.fc1.A[...] @ new.fc1.B[...]
+    K2 = new.fc2.A[...] @ new.fc2.B[...]
+    V0, V1 = K1.T, K2.T
+    D = h_prime(X @ K1 + new.fc1.bias[...][None, :])
+    inner = jnp.sum((jac.V1.T @ V1) * (jac.V0 @ V0.T) * (jac.D.T @ D))
+    ref = jac.sq_norm()
+    return float((ref - 2 * inner + cpd_sq_norm(V0, V1, D)) / ref)
+
+
+@nnx.jit
+def _output_error(module, X, Y):
+    # One compiled program (not op-by-op dispatch) for up to 8192 tokens.
+    return metrics.relative_error(Y, module(X))
+
+
+def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, key: jax.Array, *,
+                      restarts: int = 1, jacobian=None) -> tuple[nnx.Module, dict[str, Any]]:
+    """One MLP's replacement at ``rank`` (the model is not changed).
+
+    ``"bsd"``: R-CMTF-BSD on the site's samples (``config`` with its rank replaced), returned
+    as a :class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` in the samples' dtype.
+    ``"svd"``/``"drone"``: a :class:`~jaxbsd.baselines.LowRankMLP` (needs a spec).
+
+    Returns:
+      ``(module, info)``; info holds ``error_J``, ``error_F`` (on the S samples; Error(𝒥) of the
+      baselines only with a structured Jacobian, else None), ``output_error`` (relative squared
+      error on up to 8192 calibration tokens), ``jacobian`` (``"structured"``/``"dense"``),
+      ``seconds``, and for bsd ``status`` and ``iterations``.
+    """
+    start = time.perf_counter()
+    info: dict[str, Any] = {}
+    if method == "bsd":
+        jac, kind = _jacobian(site) if jacobian is None else jacobian
+        res = decouple(jac, site.F, site.X, dataclasses.replace(config, rank=int(rank)), key=key, restarts=restarts)
+        module = DecoupledMLP.from_decoupled(res.model, dtype=site.X.dtype)
+        info.update(error_J=float(res.error_J), error_F=float(res.error_F), status=int(res.status),
+                    iterations=int(res.iterations), jacobian=kind)
+    else:
+        if site.spec is None:
+            raise ValueError(f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP; "
+                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec")
+        K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
+        module = baselines.lowrank_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), method=method,
+                                       X=site.check_X if method == "drone" else None)
+        jac, kind = _jacobian(site) if jacobian is None else jacobian
+        info.update(error_J=_lowrank_error_J(jac, module, site.X, site.spec.h_prime),
+                    error_F=float(metrics.error_F(site.F, module(site.X))), jacobian=kind)
+    info["output_error"] = float(_output_error(module, site.check_X, site.check_Y))
+    info["seconds"] = time.perf_counter() - start
+    return module, info
+
+
+# ----------------------------------------------------------------------------- budgets
+
+
+def _largest_rank(site: Site, method: str, dof: int, budget: float) -> int:
+    """Largest rank in ``[0, max_rank]`` whose replacement has at most ``budget`` parameters."""
+    lo, hi = 0, site.max_rank(method, dof)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if site.params_at(method, mid, dof) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _check_budget(sites: Sequence[Site], method: str, dof: int, budget: int, reduction: float) -> None:
+    floor = sum(s.params_at(method, 1, dof) for s in sites)
+    if floor > budget:
+        raise ValueError(
+            f"reduction={reduction} cannot be met: the compressed MLPs may hold {budget} parameters "
+            f"in all, but rank 1 everywhere already needs {floor} (compress more MLPs or ask for less)"
+        )
+
+
+def uniform_ranks(sites: Sequence[Site], method: str, dof: int, budget: int) -> list[int]:
+    """The same parameter fraction everywhere: the largest ``f`` for which the ranks
+    ``r_i = max(1, largest rank with params_i(r) ≤ f · P_i)`` fit ``budget`` in all.
+
+    For MLPs of one shape (a transformer's blocks) that is the same rank everywhere, the
+    paper's setting. Assumes rank 1 everywhere fits (see :func:`_check_budget`).
+    """
+    def ranks(f):
+        return [max(1, _largest_rank(s, method, dof, f * s.params)) for s in sites]
+
+    def cost(rs):
+        return sum(s.params_at(method, r, dof) for s, r in zip(sites, rs))
+
+    if cost(ranks(1.0)) <= budget:
+        return ranks(1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # ranks are integers: 60 halvings pin the last breakpoint exactly
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cost(ranks(mid)) <= budget else (lo, mid)
+    return ranks(lo)
+
+
+def greedy_candidates(site: Site, method: str, dof: int, uniform: int, budget_alone: int) -> list[int]:
+    """Ranks tried for one MLP by the greedy allocation: multiples of its uniform rank."""
+    cap = min(site.max_rank(method, dof), max(1, _largest_rank(site, method, dof, budget_alone)))
+    return sorted({min(cap, max(1, round(uniform * s))) for s in GREEDY_SCALES} | {min(uniform, cap)})
+
+
+def greedy_ranks(sites: Sequence[Site], method: str, dof: int, budget: int,
+                 errors: Sequence[Mapping[int, float]], uniform: Sequence[int]) -> list[int]:
+    """Share ``budget`` where the summed error falls fastest per parameter.
+
+    Args:
+      errors: per site, ``{rank: relative output error}`` at its candidate ranks (including
+        its uniform rank).
+      uniform: the uniform ranks (a feasible fallback).
+
+    Starting from each site's smallest candidate, repeatedly take the upgrade (any larger
+    candidate of one site) with the largest error decrease per added parameter that still fits,
+    until none helps. The result is compared with the uniform allocation and the one with the
+    smaller summed error is returned, so greedy is never worse than uniform on these errors.
+    """
+    def p(i, r):
+        return sites[i].params_at(method, r, dof)
+
+    current = [min(e) for e in errors]
+    total = sum(p(i, r) for i, r in enumerate(current))
+    while True:
+        best = None
+        for i, e in enumerate(errors):
+            for r in e:
+                if r <= current[i] or total - p(i, current[i]) + p(i, r) > budget:
+                    continue
+                gain = (e[current[i]] - e[r]) / (p(i, r) - p(i, current[i]))
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, i, r)
+        if best is None:
+            break
+        _, i, r = best
+        total += p(i, r) - p(i, current[i])
+        current[i] = r
+    greedy_sum = sum(e[r] for e, r in zip(errors, current))
+    uniform_sum = sum(e[r] for e, r in zip(errors, uniform))
+    return current if greedy_sum < uniform_sum else list(uniform)
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPReport:
+    """What happened to one MLP.
+
+    Attributes:
+      path: its dotted path; method: ``"bsd"``, ``"svd"`` or ``"drone"``; rank: the rank used.
+      in_features, out_features: ``m``, ``n``.
+      params_before, params_after: trainable parameters of the original and the replacement.
+      error_J, error_F: Error(𝒥) and Error(F) on the S sampling points (Error(𝒥) None for a
+        baseline without a structured Jacobian).
+      output_error: ``‖Y − Ŷ‖²/‖Y‖²`` on the calibration tokens (up to 8192), before fine-tuning.
+      jacobian: ``"structured"`` or ``"dense"``.
+      seconds: wall time of capture, Jacobian and solve; seconds_finetune: of ``finetune``.
+    """
+
+    path: str
+    method: str
+    rank: int
+    in_features: int
+    out_features: int
+    params_before: int
+    params_after: int
+    error_J: float | None
+    error_F: float | None
+    output_error: float
+    jacobian: str
+    seconds: float
+    seconds_finetune: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionReport:
+    """The result of :func:`compress_model`.
+
+    Attributes:
+      mlps: one :class:`MLPReport` per MLP, in the order they were replaced.
+      params_before, params_after: ``nnx.Param`` scalars of the whole model.
+      reduction: achieved, ``1 − params_after / params_before``.
+      target_reduction: the ``reduction`` asked for (None with explicit ``ranks``).
+      allocation, method: as given.
+    """
+
+    mlps: tuple[MLPReport, ...]
+    params_before: int
+    params_after: int
+    reduction: float
+    target_reduction: float | None
+    allocation: str
+    method: str
+
+    @property
+    def total_output_error(self) -> float:
+        """Summed relative output error over the MLPs (what ``"greedy"`` minimises)."""
+        return sum(r.output_error for r in self.mlps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts):
+    if not isinstance(model, nnx.Module):
+        raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
+    if isinstance(mlps, str) or not isinstance(mlps, Sequence) or not mlps:
+        raise ValueError(f"mlps must be a non-empty list of dotted paths, got {mlps!r}")
+    mlps = list(mlps)
+    for p in mlps:
+        parse_path(p)
+    if len(set(mlps)) != len(mlps):
+        raise ValueError(f"mlps lists a path twice: {mlps}")
+    for a in mlps:
+        for b in mlps:
+            if a != b and b.startswith(a + "."):
+                raise ValueError(f"mlps: {b!r} lies inside {a!r}; list each MLP once")
+    if (reduction is None) == (ranks is None):
+        raise ValueError("give exactly one of reduction and ranks")
+    if reduction is not None:
+        if isinstance(reduction, bool) or not isinstance(reduction, (int, float)) or not 0 <= reduction < 1:
+            raise ValueError(f"reduction must be a number in [0, 1), got {reduction!r}")
+    else:
+        if not isinstance(ranks, Mapping) or set(ranks) != set(mlps):
+            raise ValueError(f"ranks must map every path of mlps to a rank, got {ranks!r}")
+        for p, r in ranks.items():
+            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
+                raise ValueError(f"ranks[{p!r}] must be an int >= 1, got {r!r}")
+        if allocation != "uniform":
+            raise ValueError(f"allocation={allocation!r} shares a reduction budget; it cannot be used with ranks")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+    if isinstance(order, str):
+        if order not in ("back-to-front", "front-to-back"):
+            raise ValueError(f"order must be 'back-to-front', 'front-to-back' or a list of the paths, got {order!r}")
+    elif sorted(order) != sorted(mlps):
+        raise ValueError(f"order must list the paths of mlps, each once, got {order!r}")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+        raise ValueError(f"num_samples must be a positive int or None, got {num_samples!r}")
+    if not isinstance(restarts, int) or restarts < 1:
+        raise ValueError(f"restarts must be a positive int, got {restarts!r}")
+    if mlp_specs is not None and not isinstance(mlp_specs, MLPSpec):
+        if not isinstance(mlp_specs, Mapping) or not set(mlp_specs) <= set(mlps):
+            raise ValueError(f"mlp_specs must be an MLPSpec or a dict from paths of mlps to MLPSpec, got {mlp_specs!r}")
+        for p, s in mlp_specs.items():
+            if not isinstance(s, MLPSpec):
+                raise ValueError(f"mlp_specs[{p!r}] must be an MLPSpec, got {s!r}")
+    return mlps
+
+
+def compress_model(
+    model: nnx.Module,
+    calibration,
+    *,
+    mlps: Sequence[str],
+    reduction: float | None = None,
+    ranks: Mapping[str, int] | None = None,
+    method: str = "bsd",
+    allocation: str = "uniform",
+    config: CMTFConfig | None = None,
+    finetune: Callable[[nnx.Module], None] | None = None,
+    order: str | Sequence[str] = "back-to-front",
+    num_samples: int | None = None,
+    key: jax.Array,
+    mlp_specs: MLPSpec | Mapping[str, MLPSpec] | None = None,
+    restarts: int = 1,
+) -> tuple[nnx.Module, CompressionReport]:
+    """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
+
+    Each submodule at a path of ``mlps`` must map ``(..., m) -> (..., n)`` token by token. Its
+    inputs are captured by running the model on ``calibration`` in eval mode with the submodule
+    temporarily wrapped by a recorder (the train/eval flags are restored afterwards); ``S`` of
+    the flattened input tokens are drawn at random with ``key``; the Jacobians there are
+    structured for a recognised two-layer MLP and dense (``jax.vmap(jax.jacfwd)``) otherwise;
+    and the submodule is replaced — one MLP at a time, in ``order``, capturing again on the
+    current model before each, and calling ``finetune(model)`` after each.
+
+    **Budget.** With ``reduction=ρ`` the returned model has at most ``(1 − ρ)·P`` parameters,
+    ``P`` the number of scalars in all ``nnx.Param`` leaves of the original model (the paper's
+    "Reduction" = ``1 − P_new / P``, §6.5): only the listed MLPs shrink, so they share
+    ``(1 − ρ)·P − (P − Σ P_mlp)`` parameters. A decoupling of rank ``r`` has
+    ``r (m + n + ν)`` parameters (``P_BSD``; knots are not trained, and it has no biases: the
+    B-splines carry constants, and the output bias enters the decoupling through ``F``); a
+    low-rank MLP has ``k (m + H) + k (H + n) + H + n``.
+
+    Args:
+      model: any ``flax.nnx.Module``; changed in place (and returned).
+      calibration: a batch of model inputs, used as ``model(calibration)``; or a callable
+        ``calibration(model)`` that runs the forward pass (several arguments, keywords).
+      mlps: dotted paths of the submodules to replace, e.g. ``["encoder.layers.3.ffn"]``
+        (attribute names; integers index lists, ``nnx.List`` included).
+      reduction: ``ρ`` in ``[0, 1)``, the fraction of the model's parameters to remove.
+      ranks: instead of ``reduction``, ``{path: rank}`` for every path (exactly one of the two).
+      method: ``"bsd"`` (R-CMTF-BSD), ``"svd"`` (truncated SVD of both layers) or ``"drone"``
+        (data-aware low rank, fed the calibration tokens). The baselines need a recognised MLP.
+      allocation: how ``reduction`` is shared. ``"uniform"``: every MLP keeps the same fraction
+        of its parameters (the same rank for MLPs of one shape, as in the paper).
+        ``"greedy"``: each MLP is compressed at a few candidate ranks (multiples of its uniform
+        rank) on the original model, then parameters go where the relative output error on the
+        calibration tokens falls fastest per parameter; the uniform allocation is kept if it
+        has the smaller summed error. Same budget rule either way.
+      config: a :class:`~jaxbsd.CMTFConfig` template for ``"bsd"`` (basis, λ, iterations…);
+        its rank is replaced per MLP. Default: cubic B-splines with ν = 4, 300 sweeps.
+      finetune: ``None`` or ``finetune(model) -> None``, called after each replacement.
+      order: ``"back-to-front"`` (reverse order of the first calls in the forward pass; the
+        paper's BF), ``"front-to-back"`` or a list of the paths.
+      num_samples: ``S``, tokens sampled per MLP (default ``min(256, available)``).
+      key: a ``jax.random`` key (token draws and solver restarts).
+      mlp_specs: how to read user MLPs as ``fc2(h(fc1(x)))`` for structured Jacobians and the
+        baselines: one :class:`MLPSpec` for all paths, or ``{path: MLPSpec}``. jaxbsd's own
+        :class:`~jaxbsd.models.layers.MLP` needs none. Without a spec, ``"bsd"`` uses dense
+        Jacobians (``S·n·m`` floats).
+      restarts: solver restarts per MLP (``"bsd"``).
+
+    Returns:
+      ``(model, report)``: the same model with the submodules replaced (``DecoupledMLP`` or
+      ``LowRankMLP``, both jittable and differentiable) and a :class:`CompressionReport`.
+
+    Raises:
+      ValueError: naming the argument: a path that does not exist or is not a token-wise
+        ``(..., m) -> (..., n)`` module (``mlps``), both or neither of ``reduction`` and
+        ``ranks``, a budget the MLPs alone cannot meet (``reduction``), a wrong spec
+        (``mlp_specs``), a bad ``method``/``allocation``/``order``/``num_samples``.
+
+    Example:
+      >>> model, report = jb.compress_model(model, x_calib, mlps=["blocks.0.mlp", "blocks.1.mlp"],
+      ...                                   reduction=0.3, key=jax.random.key(0))
+      >>> report.reduction >= 0.3
+      True
+    """
+    mlps = _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts)
+    typed = isinstance(key, jax.Array) and key.shape == () and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    legacy = isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32
+    if not (typed or legacy):
+        raise ValueError(f"key must be a jax.random key (jax.random.key(seed)), got {key!r}")
+    config = DEFAULT_CONFIG if config is None else config
+    if not isinstance(config, CMTFConfig):
+        raise ValueError(f"config must be a jaxbsd.CMTFConfig, got {type(config).__name__}")
+    dof = config.basis.num_coef
+    site_keys = {p: jax.random.fold_in(key, i) for i, p in enumerate(mlps)}
+
+    def site_at(path, tokens):
+        X_all, Y_all = tokens[path]
+        module = get_submodule(model, path)
+        return _make_site(path, module, spec_for(module, path, mlp_specs), X_all, Y_all, num_samples,
+                          jax.random.fold_in(site_keys[path], 0))
+
+    params_before = count_params(model)
+    tokens, first_calls = capture_calls(model, calibration, mlps)
+    sites = [site_at(p, tokens) for p in mlps]  # validates every path before any work
+    if method != "bsd":
+        for s in sites:
+            if s.spec is None:
+                raise ValueError(f"mlp_specs: method {method!r} needs a two-nnx.Linear MLP; give an MLPSpec "
+                                 f"for {s.path!r} ({type(s.module).__name__})")
+    cache: dict[tuple[str, int], tuple[Site, nnx.Module, dict]] = {}
+    if reduction is not None:
+        budget = math.floor((1 - reduction) * params_before) - (params_before - sum(s.params for s in sites))
+        _check_budget(sites, method, dof, budget, reduction)
+        chosen = uniform_ranks(sites, method, dof, budget)
+        if allocation == "greedy":
+            floor = sum(s.params_at(method, 1, dof) for s in sites)
+            errors = []
+            for s, u in zip(sites, chosen):
+                alone = budget - floor + s.params_at(method, 1, dof)
+                errs = {}
+                for r in greedy_candidates(s, method, dof, u, alone):
+                    module, info = build_replacement(s, method, r, config, jax.random.fold_in(site_keys[s.path], 1),
+                                                     restarts=restarts)
+                    cache[(s.path, r)] = (s, module, info)
+                    errs[r] = info["output_error"]
+                errors.append(errs)
+            chosen = greedy_ranks(sites, method, dof, budget, errors, chosen)
+        rank_of = dict(zip(mlps, chosen))
+    else:
+        rank_of = {p: int(r) for p, r in ranks.items()}
+        for s in sites:
+            if method != "bsd" and rank_of[s.path] > min(s.m, s.hidden, s.n):
+                raise ValueError(f"ranks[{s.path!r}] = {rank_of[s.path]} exceeds min(m, H, n) = "
+                                 f"{min(s.m, s.hidden, s.n)} for method {method!r}")
+
+    if isinstance(order, str):
+        executed = first_calls if order == "front-to-back" else first_calls[::-1]
+    else:
+        executed = list(order)
+    reports = []
+    for step, path in enumerate(executed):
+        start = time.perf_counter()
+        # Capture again: earlier replacements and fine-tuning change what this MLP sees.
+        site = sites[mlps.index(path)] if step == 0 else site_at(path, capture_calls(model, calibration, [path])[0])
+        rank = rank_of[path]
+        hit = cache.get((path, rank))
+        if hit is not None and _same_site(hit[0], site):
+            module, info = hit[1], hit[2]  # greedy already built exactly this replacement
+        else:
+            module, info = build_replacement(site, method, rank, config, jax.random.fold_in(site_keys[path], 1),
+                                             restarts=restarts)
+        set_submodule(model, path, module)
+        seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        if finetune is not None:
+            finetune(model)
+        reports.append(MLPReport(
+            path=path, method=method, rank=int(rank), in_features=site.m, out_features=site.n,
+            params_before=site.params, params_after=count_params(module), error_J=info.get("error_J"),
+            error_F=info.get("error_F"), output_error=info["output_error"], jacobian=info["jacobian"],
+            seconds=seconds, seconds_finetune=time.perf_counter() - start,
+        ))
+    params_after = count_params(model)
+    report = CompressionReport(
+        mlps=tuple(reports), params_before=params_before, params_after=params_after,
+        reduction=1 - params_after / params_before, target_reduction=reduction,
+        allocation=allocation if reduction is not None else "explicit", method=method,
+    )
+    if reduction is not None:
+        assert params_after <= (1 - reduction) * params_before, (params_after, params_before, reduction)
+    return model, report
+
+
+def _same_site(a: Site, b: Site) -> bool:
+    """Same module and the very same sampled and check tokens (so a cached build is exact)."""
+    same = (a.module is b.module and a.X.shape == b.X.shape and a.check_X.shape == b.check_X.shape)
+    # Fine-tuning may have changed the module's weights in place: compare outputs too.
+    return same and all(bool(jnp.array_equal(u, v)) for u, v in
+                        ((a.X, b.X), (a.F, b.F), (a.check_X, b.check_X), (a.check_Y, b.check_Y)))

@@ -1,0 +1,283 @@
+"""``jb.compress_model`` on an NNX model that is not one of jaxbsd's: budgets, methods, errors."""
+
+import dataclasses
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxbsd as jb
+from jaxbsd.baselines import LowRankMLP
+from jaxbsd.compress_model import (
+    _jacobian,
+    _make_site,
+    capture_calls,
+    get_submodule,
+    set_submodule,
+)
+from jaxbsd.models import count_params
+from jaxbsd.models.decoupled_mlp import DecoupledMLP
+
+PATHS = ["encoder.layers.0.ffn", "encoder.layers.2.ffn"]
+SPEC = jb.MLPSpec(fc1="up", fc2="down", activation="gelu")
+FAST = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=30, tol=1e-8)
+
+
+class FeedForward(nnx.Module):
+    """A user MLP: its own attribute names, biases, the activation called inline."""
+
+    def __init__(self, dim, hidden, *, scale=1.0, rngs):
+        self.up = nnx.Linear(dim, hidden, rngs=rngs)
+        self.down = nnx.Linear(hidden, dim, rngs=rngs)
+        self.up.kernel[...] = self.up.kernel[...] * scale
+        self.up.bias[...] = jax.random.normal(rngs.params(), (hidden,), jnp.float32) * 0.3
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x), approximate=False))
+
+
+class Layer(nnx.Module):
+    def __init__(self, dim, hidden, *, scale, rngs):
+        self.norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.mix = nnx.Linear(dim, dim, rngs=rngs)
+        self.ffn = FeedForward(dim, hidden, scale=scale, rngs=rngs)
+
+    def __call__(self, x):
+        x = x + self.mix(self.norm(x))
+        return x + self.ffn(self.norm(x))
+
+
+class Encoder(nnx.Module):
+    def __init__(self, dim, hidden, scales, *, rngs):
+        self.layers = nnx.List([Layer(dim, hidden, scale=s, rngs=rngs) for s in scales])
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Pool(nnx.Module):
+    """Not an MLP: (B, T, d) -> (B, d)."""
+
+    def __call__(self, x):
+        return jnp.mean(x, axis=-2)
+
+
+class Net(nnx.Module):
+    def __init__(self, *, dim=8, hidden=32, scales=(1.0, 1.0, 1.0), seed=0):
+        rngs = nnx.Rngs(params=seed, dropout=seed + 1)
+        self.embed = nnx.Linear(6, dim, rngs=rngs)
+        self.encoder = Encoder(dim, hidden, scales, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+        self.pool = Pool()
+        self.head = nnx.Linear(dim, 3, rngs=rngs)
+
+    def __call__(self, x):  # (B, T, 6) -> (B, 3)
+        return self.head(self.pool(self.dropout(self.encoder(self.embed(x)))))
+
+
+def calibration(n=16, seed=1):
+    return jax.random.normal(jax.random.key(seed), (n, 4, 6), jnp.float32)
+
+
+def run(model, x):
+    return nnx.jit(lambda m, x: m(x))(model, x)
+
+
+@pytest.mark.parametrize("method", ["bsd", "svd", "drone"])
+def test_reduction_meets_the_budget_and_the_model_still_runs(method):
+    model = Net()
+    P = count_params(model)
+    model.train()  # capture must run in eval mode and give the mode back
+    model, report = jb.compress_model(model, calibration(), mlps=PATHS, reduction=0.3, method=method,
+                                      config=FAST, mlp_specs=SPEC, key=jax.random.key(0))
+    assert model.dropout.deterministic is False
+    model.eval()
+    assert count_params(model) <= 0.7 * P
+    assert report.params_before == P and report.params_after == count_params(model)
+    assert report.reduction >= 0.3 and report.target_reduction == 0.3
+    expected = DecoupledMLP if method == "bsd" else LowRankMLP
+    for path in PATHS:
+        assert isinstance(get_submodule(model, path), expected)
+    assert isinstance(model.encoder.layers[1].ffn, FeedForward)  # not listed, not touched
+    out = run(model, calibration(4, seed=7))
+    assert out.shape == (4, 3) and bool(jnp.all(jnp.isfinite(out)))
+    for r in report.mlps:
+        assert r.params_after == count_params(get_submodule(model, r.path)) < r.params_before
+        assert np.isfinite(r.output_error) and np.isfinite(r.error_F) and r.jacobian == "structured"
+    # differentiable through the replacements
+    grads = nnx.grad(lambda m: jnp.sum(m(calibration(2)) ** 2))(model)
+    leaves = jax.tree.leaves(nnx.state(grads, nnx.Param))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
+
+
+@pytest.mark.parametrize("method", ["bsd", "svd"])
+def test_explicit_ranks(method):
+    model = Net()
+    ranks = {PATHS[0]: 6, PATHS[1]: 2} if method == "bsd" else {PATHS[0]: 2, PATHS[1]: 3}
+    model, report = jb.compress_model(model, calibration(), mlps=PATHS, ranks=ranks, method=method,
+                                      config=FAST, mlp_specs=SPEC, key=jax.random.key(0))
+    got = {r.path: r.rank for r in report.mlps}
+    assert got == ranks
+    for path, r in ranks.items():
+        new = get_submodule(model, path)
+        if method == "bsd":
+            assert new.W0[...].shape == (r, 8) and new.num_params() == jb.metrics.params_bsd(8, 8, r, 4)
+        else:
+            assert new.rank == r
+    assert report.target_reduction is None and report.allocation == "explicit"
+
+
+def test_greedy_respects_the_budget_and_beats_uniform(monkeypatch):
+    # The module (jb.compress_model is the function); fewer candidate ranks, fewer compiles.
+    monkeypatch.setattr(importlib.import_module("jaxbsd.compress_model"), "GREEDY_SCALES", (0.5, 1.0, 1.5))
+
+    def fresh():
+        # The first MLP is exactly rank-1 decouplable, c φ(a·x): rank spent on it is wasted.
+        net = Net()
+        ffn = get_submodule(net, PATHS[0])
+        k = jax.random.split(jax.random.key(5), 4)
+        a, s = jax.random.normal(k[0], (8,)), jax.random.normal(k[1], (32,))
+        c, s2 = jax.random.normal(k[2], (8,)), jax.random.normal(k[3], (32,)) * 0.3
+        ffn.up.kernel[...] = (a[:, None] * s[None, :]).astype(jnp.float32)
+        ffn.down.kernel[...] = (s2[:, None] * c[None, :]).astype(jnp.float32)
+        ffn.down.bias[...] = jnp.zeros(8, jnp.float32)
+        return net
+
+    P = count_params(fresh())
+    common = dict(mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC, key=jax.random.key(3))
+    _, uniform = jb.compress_model(fresh(), calibration(), allocation="uniform", **common)
+    model, greedy = jb.compress_model(fresh(), calibration(), allocation="greedy", **common)
+    assert count_params(model) <= 0.7 * P and greedy.params_after == count_params(model)
+    assert greedy.total_output_error < uniform.total_output_error
+    assert {r.rank for r in uniform.mlps} == {uniform.mlps[0].rank}  # same shapes: same rank
+    rank = {r.path: r.rank for r in greedy.mlps}
+    assert rank[PATHS[0]] < uniform.mlps[0].rank < rank[PATHS[1]]
+    assert bool(jnp.all(jnp.isfinite(run(model, calibration(2)))))
+
+
+def test_finetune_is_called_once_per_mlp_back_to_front():
+    seen = []
+
+    def finetune(model):
+        seen.append(tuple(p for p in PATHS if isinstance(get_submodule(model, p), DecoupledMLP)))
+
+    jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC,
+                      finetune=finetune, key=jax.random.key(0))
+    assert seen == [(PATHS[1],), (PATHS[0], PATHS[1])]
+    seen.clear()
+    _, report = jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, config=FAST,
+                                  mlp_specs=SPEC, finetune=finetune, order="front-to-back", key=jax.random.key(0))
+    assert seen == [(PATHS[0],), (PATHS[0], PATHS[1])]
+    assert [r.path for r in report.mlps] == PATHS
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mlps=["encoder.layers.7.ffn"]), "mlps"),
+        (dict(mlps=["encoder.layer.0.ffn"]), "mlps"),
+        (dict(mlps=["pool"]), "mlps"),  # (B, T, d) -> (B, d): not an MLP
+        (dict(reduction=0.95), "reduction"),
+        (dict(reduction=None), "reduction and ranks"),
+        (dict(ranks={PATHS[0]: 2, PATHS[1]: 2}), "reduction and ranks"),
+        (dict(mlp_specs=jb.MLPSpec("up", "down", "relu")), "mlp_specs"),
+        (dict(mlp_specs=jb.MLPSpec("fc1", "fc2")), "mlp_specs"),
+        (dict(method="svd", mlp_specs=None), "mlp_specs"),
+        (dict(reduction=None, ranks={PATHS[0]: 2}), "ranks"),
+        (dict(reduction=None, ranks={PATHS[0]: 9, PATHS[1]: 2}, method="svd"), "ranks"),  # > min(m, H, n)
+        (dict(mlps=[PATHS[0], PATHS[0]]), "mlps"),
+        (dict(method="pruning"), "method"),
+        (dict(allocation="best"), "allocation"),
+        (dict(order=["encoder.layers.0.ffn"]), "order"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_argument(kwargs, match):
+    args = dict(mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC, key=jax.random.key(0))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        jb.compress_model(Net(), calibration(), **args)
+
+
+def test_a_token_mixing_module_is_rejected():
+    class Mixer(nnx.Module):  # (B, T, d) -> (B, T, d) but mixes tokens
+        def __call__(self, x):
+            return x - jnp.mean(x, axis=-2, keepdims=True)
+
+    model = Net()
+    model.encoder.layers[1].ffn = Mixer()
+    with pytest.raises(ValueError, match="mlps.*token by token"):
+        jb.compress_model(model, calibration(), mlps=["encoder.layers.1.ffn"], reduction=0.01,
+                          config=FAST, key=jax.random.key(0))
+
+
+def test_surgery_and_capture_leave_the_model_as_it_was():
+    model = Net()
+    model.eval()
+    before = run(model, calibration(3))
+    tokens, order = capture_calls(model, calibration(), list(reversed(PATHS)))
+    assert order == PATHS  # first-call order, whatever order the paths were given in
+    X, Y = tokens[PATHS[0]]
+    assert X.shape == (64, 8) and Y.shape == (64, 8)
+    assert isinstance(model.encoder.layers[0].ffn, FeedForward)
+    np.testing.assert_allclose(run(model, calibration(3)), before)
+    ffn = get_submodule(model, PATHS[0])
+    set_submodule(model, "encoder.layers.0.ffn", ffn)
+    assert model.encoder.layers[0].ffn is ffn
+
+
+def _site(model, path, spec, S=40):
+    tokens, _ = capture_calls(model, calibration(), [path])
+    return _make_site(path, get_submodule(model, path), spec, *tokens[path], S, jax.random.key(1))
+
+
+def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle():
+    model = Net()
+    structured = _site(model, PATHS[0], SPEC)
+    dense = _site(model, PATHS[0], None)
+    np.testing.assert_array_equal(structured.X, dense.X)
+    graphdef, state = nnx.split(structured.module)
+    oracle = jax.vmap(jax.jacfwd(lambda x: nnx.merge(graphdef, state)(x)))(structured.X)
+    (js, ks), (jd, kd) = _jacobian(structured), _jacobian(dense)
+    assert (ks, kd) == ("structured", "dense")
+    np.testing.assert_allclose(js.dense(), oracle, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(jd, oracle, rtol=1e-5, atol=1e-6)
+    # ... and the whole decoupling comes out the same both ways
+    reports = []
+    for spec in (SPEC, None):
+        m, report = jb.compress_model(Net(), calibration(), mlps=[PATHS[0]], ranks={PATHS[0]: 3},
+                                      config=dataclasses.replace(FAST, max_iter=15), mlp_specs=spec,
+                                      num_samples=40, key=jax.random.key(2))
+        reports.append((get_submodule(m, PATHS[0]), report.mlps[0]))
+    (a, ra), (b, rb) = reports
+    assert (ra.jacobian, rb.jacobian) == ("structured", "dense")
+    assert ra.error_J == pytest.approx(rb.error_J, rel=1e-3)
+    x = structured.check_X
+    np.testing.assert_allclose(a(x), b(x), rtol=1e-3, atol=1e-4)
+
+
+def test_any_token_wise_module_falls_back_to_dense_jacobians():
+    # A whole layer (norm, residuals, two MLP-like maps) is no two-layer MLP, but token-wise.
+    model = Net()
+    model, report = jb.compress_model(model, calibration(), mlps=["encoder.layers.1"], ranks={"encoder.layers.1": 4},
+                                      config=FAST, key=jax.random.key(0))
+    assert report.mlps[0].jacobian == "dense" and isinstance(model.encoder.layers[1], DecoupledMLP)
+    assert bool(jnp.all(jnp.isfinite(run(model, calibration(2)))))
+
+
+def test_jaxbsd_models_are_recognised_without_a_spec():
+    from jaxbsd.models import ViTConfig, build_model
+
+    vit = build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=3, num_heads=2, mlp_dim=16))
+    images = jax.random.normal(jax.random.key(0), (8, 8, 8, 1), jnp.float32)
+    P = count_params(vit)
+    vit, report = jb.compress_model(vit, images, mlps=["blocks.0.mlp", "blocks.2.mlp"], reduction=0.1,
+                                    method="svd", key=jax.random.key(1))
+    assert count_params(vit) <= 0.9 * P
+    assert [r.path for r in report.mlps] == ["blocks.2.mlp", "blocks.0.mlp"]
+    assert all(r.jacobian == "structured" and r.error_J is not None for r in report.mlps)
+    assert bool(jnp.all(jnp.isfinite(run(vit, images))))
