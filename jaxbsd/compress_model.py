@@ -359,6 +359,12 @@ def _make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.A
                 params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y)
 
 
+def _param_dtype(module: nnx.Module, default) -> Any:
+    """The dtype of the module's parameters (the replacement keeps it), or ``default``."""
+    leaves = jax.tree_util.tree_leaves(nnx.state(module, nnx.Param))
+    return leaves[0].dtype if leaves else default
+
+
 def _close(a, b, rtol: float = 1e-3) -> bool:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return bool(np.all(np.isfinite(a)) and np.linalg.norm(a - b) <= rtol * max(np.linalg.norm(b), 1e-30))
@@ -369,6 +375,8 @@ def _jacobian(site: Site):
     if site.spec is not None:
         K1, b1, K2, _ = site.spec.kernels(site.module, site.path)
         b1 = jnp.zeros((K1.shape[1],), K1.dtype) if b1 is None else b1
+        # The solver needs one dtype: the samples' (float64 tokens of a float32 model, say).
+        K1, b1, K2 = (jnp.asarray(a, site.X.dtype) for a in (K1, b1, K2))
         return mlp_jacobian(site.X, K1.T, b1, K2.T, site.spec.h_prime), "structured"
     graphdef, state = nnx.split(site.module)
     J, _ = _jacobians(graphdef, state, site.X, min(256, site.X.shape[0]))
@@ -415,7 +423,7 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     if method == "bsd":
         jac, kind = _jacobian(site) if jacobian is None else jacobian
         res = decouple(jac, site.F, site.X, dataclasses.replace(config, rank=int(rank)), key=key, restarts=restarts)
-        module = DecoupledMLP.from_decoupled(res.model, dtype=site.X.dtype)
+        module = DecoupledMLP.from_decoupled(res.model, dtype=_param_dtype(site.module, site.X.dtype))
         info.update(error_J=float(res.error_J), error_F=float(res.error_F), status=int(res.status),
                     iterations=int(res.iterations), jacobian=kind)
     else:
