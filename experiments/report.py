@@ -183,7 +183,33 @@ def benchmark_table() -> str:
     return head + "\n\n" + _md(["benchmark", "ratio", "target", "met"], rows)
 
 
+def allocation_table() -> str:
+    d = _load("allocation.json")
+    if d is None:
+        return "_No current result committed: run `python experiments/allocation.py`._"
+    proto = d["protocol"]
+    rows = []
+    for allocation, summ in d["summary"].items():
+        ranks = sorted({tuple(sorted(r["ranks"].items())) for r in d["runs"] if r["allocation"] == allocation})
+        rank_text = "; ".join(", ".join(f"block {b}: {k}" for b, k in rs) for rs in ranks)
+        rows.append([allocation, f"{summ['params'][0]:,.0f}", rank_text,
+                     f"{summ['acc_cmtf'][0]:.2f} ± {summ['acc_cmtf'][1]:.2f}",
+                     f"{summ['acc_ft'][0]:.2f} ± {summ['acc_ft'][1]:.2f}"])
+    paired = "; ".join(
+        f"{label}: greedy − uniform = {v['mean_difference']:+.2f} points"
+        + (f" (paired t-test p = {v['p_value_paired_t']:.3f})" if v["p_value_paired_t"] is not None else "")
+        + f", **{v['verdict']}**"
+        for label, v in (("after decoupling", d["paired"]["acc_cmtf"]), ("after fine-tuning", d["paired"]["acc_ft"])))
+    head = (f"{_source_line(d)} ViT/Fashion-MNIST ({d['runs'][0]['acc_original']:.2f} % on {proto['test_images']} "
+            f"test images, {d['runs'][0]['params_original']:,} parameters), reduction ρ = {proto['reduction']}, "
+            f"back to front, cubic ν = 4, {proto['seeds']} seeds, {proto['finetune_epochs']} fine-tuning epoch(s) "
+            f"on {proto['train_subset']:,} images per step; accuracy % after the last step, mean ± std over seeds.")
+    return head + "\n\n" + _md(["allocation", "params", "ranks", "after decoupling", "after fine-tuning"], rows) \
+        + "\n\n" + paired + "."
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "allocation": allocation_table,
     "synthetic": synthetic_tables,
     "ablation": ablation_tables,
     "training": training_table,
