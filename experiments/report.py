@@ -172,6 +172,8 @@ def benchmark_table() -> str:
     if not path.exists():
         return "_No benchmark result committed._"
     d = json.loads(path.read_text())
+    if not d.get("provenance"):
+        return _source_line(d)
     rows = []
     for r in d["rows"]:
         ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}×"
