@@ -15,13 +15,23 @@ def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]
 
 
-def test_failed_write_keeps_the_previous_file(tmp_path):
+def test_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    """A crash after the new bytes are on disk but before they replace the file (the rename
+    fails) leaves the previous file whole and no temporary behind."""
     path = tmp_path / "r.json"
     io.write_json_atomic(path, {"a": 1})
-    with pytest.raises(TypeError):
-        io.write_json_atomic(path, {"a": object()})  # not serializable: fails before any byte is written
+    written = []
+
+    def failing_replace(src, dst):
+        written.append(json.loads(open(src).read()))  # the new content was fully written first
+        raise OSError("simulated crash before the rename")
+
+    monkeypatch.setattr(io.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="simulated crash"):
+        io.write_json_atomic(path, {"a": 2})
+    assert written == [{"a": 2}]
     assert json.loads(path.read_text()) == {"a": 1}
-    assert len(list(tmp_path.iterdir())) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
 @pytest.mark.parametrize(
