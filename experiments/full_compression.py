@@ -26,23 +26,44 @@ Differences from the paper, to fit two shared CPU cores (every one recorded in t
 * each run draws its own S = 128 sampling points (the paper reuses one draw for its 3 runs):
   ``jaxbsd.compress`` seeds the token draw, the solver and the fine-tuning from one seed.
 
-The full mode runs ViT on Fashion-MNIST (2 orders × 4 bases × 3 runs × 3 steps = 72 steps,
-about 45 min here). The other three model/data-set pairs are selected with ``--model`` and
-``--dataset`` (both repeatable); on CIFAR-10 one step costs about 4× more (4× the tokens), so
-use e.g. ``--epochs 1 --train-subset 5000`` there to stay under an hour per pair.
+Claim (2), BF beats FB, is tested under two capture protocols (``--capture``, default both):
+
+* ``current``: each block's sampling points are re-captured at its step from the current, partly
+  compressed and fine-tuned network (the procedure as implemented so far);
+* ``original``: every block's sampling points are captured once from the original network,
+  before any replacement (``CompressionConfig(capture="original")``); the block's current MLP is
+  decoupled at those points.
+
+Per protocol and basis the final test accuracy of BF and FB is compared paired over seeds
+(``common.paired_verdict``: "BF better" / "FB better" / "within noise", paired t-test p < 0.05,
+sign test beside it). The full mode's default is the protocol study: cubic B-splines (ν = 4),
+both protocols, 2 orders × 3 seeds × 3 steps = 36 steps. ``--basis`` (repeatable) selects the
+paper's other bases, ``--paper-budget`` the paper's fine-tuning (5 epochs on the full split).
+
+``--model vit --dataset cifar10`` runs ViT on CIFAR-10 (trained first with
+``jaxbsd.train.RECIPES[("vit", "cifar10")]`` if ``checkpoints/vit-cifar10.npz`` does not exist;
+data from ``$JAXBSD_DATA/cifar10-jpg.zip``); its JSON holds the paper's appendix table
+(``paper``) beside ours. ``--budget-study`` runs ViT/Fashion-MNIST, BF, cubic, current capture at
+our budget (2 epochs on 10,000 images per step) and at the paper's (5 epochs on the full split),
+same seeds, and reports the difference (``full_compression_budget_study.json``).
 
 Each run keeps its state in ``<out>/state/full_compression/...`` (``compress(state_dir=...)``):
 rerunning the same command resumes an interrupted run after its last finished step.
 
 Usage::
 
-    python experiments/full_compression.py                                # ViT / Fashion-MNIST
-    python experiments/full_compression.py --model swin --dataset cifar10 --epochs 1 --train-subset 5000
+    python experiments/full_compression.py                                # protocol study, ViT / Fashion-MNIST
+    python experiments/full_compression.py --paper-budget                 # the same at the paper's budget
+    python experiments/full_compression.py --model vit --dataset cifar10 --capture current \\
+        --basis "R-CMTF-PD d=3" --basis "R-CMTF-BSD nu=4 d=1" --basis "R-CMTF-BSD nu=4 d=2" \\
+        --basis "R-CMTF-BSD nu=4 d=3"                                     # the paper's ViT/CIFAR-10 table
+    python experiments/full_compression.py --budget-study
     python experiments/full_compression.py --quick                        # CI size
 
 Writes, per model and data set, ``<out>/full_compression_<model>_<dataset>.json`` (all step
-records, the tables, the command), ``.csv`` (the table) and ``.png`` (accuracy per step: one
-panel per basis, FB and BF with ±1 std bands); ``full_compression_quick_*`` in quick mode.
+records, the tables per capture protocol, the verdicts, the command, provenance, wall time),
+``.csv`` (the table) and ``.png`` (accuracy per step: one panel per basis and protocol, FB and BF
+with ±1 std bands); ``full_compression_quick_*`` / ``_smoke_*`` in the small modes.
 """
 
 from __future__ import annotations
