@@ -215,8 +215,12 @@ def comparison_table() -> str:
                 rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
                 continue
             v = d["verdicts"][repr(r["reduction"])].get(r["method"])
-            verdict = "(reference)" if v is None else (f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, "
-                                                       f"p = {_pval(v['p_ttest'])})")
+            if v is None:
+                verdict = "(reference)"
+            elif not v["n"]:
+                verdict = "no paired runs"
+            else:
+                verdict = f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
             rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
                          f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict])
         out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"], rows), ""]
