@@ -19,6 +19,14 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import sys as _sys  # noqa: E402
+
+# The scripts use the jaxbsd of the checkout they belong to (the one their provenance hashes),
+# not whichever copy is installed (an editable install may point at another worktree).
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _CHECKOUT not in _sys.path:
+    _sys.path.insert(1, _CHECKOUT)
+
 import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
@@ -52,6 +60,9 @@ __all__ = [
     "solve_lambdas",
     "finished_steps",
     "mean_std",
+    "paired_verdict",
+    "unit_done",
+    "save_unit",
     "Timer",
 ]
 
@@ -344,6 +355,67 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if v.size == 0:
         return float("nan"), float("nan")
     return float(v.mean()), float(v.std())
+
+
+def paired_verdict(a: Sequence[float], b: Sequence[float], *, better: str, worse: str,
+                   noise: str = "within noise", alpha: float = 0.05) -> dict:
+    """Is ``a`` better than ``b``, paired by seed? The verdict is computed, never typed by hand.
+
+    ``a[i]`` and ``b[i]`` come from the same seed (same sampling points, solver key, fine-tuning
+    order). Tests: the paired t-test (``scipy.stats.ttest_rel``) and the two-sided sign test
+    (``scipy.stats.binomtest`` on the non-zero differences). Verdict: ``better`` when the mean
+    difference ``a − b`` is positive and the t-test's p < ``alpha``, ``worse`` when it is
+    negative and p < ``alpha``, ``noise`` otherwise (fewer than 2 pairs, identical values, or
+    p >= ``alpha``). The sign test is reported beside it (with n pairs its smallest two-sided p
+    is 2^(1−n): 0.25 for 3 seeds, so it cannot decide alone at 3 seeds).
+
+    Returns:
+      ``{"n", "mean_a", "mean_b", "mean_diff", "diffs", "t", "p_ttest", "wins", "losses",
+      "p_sign", "alpha", "verdict"}`` (p values None where a test is undefined).
+    """
+    from scipy import stats
+
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be paired 1-D sequences, got shapes {a.shape} and {b.shape}")
+    d = a - b
+    n = int(d.size)
+    wins, losses = int(np.sum(d > 0)), int(np.sum(d < 0))
+    t = p_t = None
+    if n >= 2:
+        if np.all(d == d[0]):  # no spread: the t statistic is undefined (0/0) or infinite
+            t, p_t = (None, 1.0) if d[0] == 0 else (float(np.sign(d[0]) * np.inf), 0.0)
+        else:
+            res = stats.ttest_rel(a, b)
+            t, p_t = float(res.statistic), float(res.pvalue)
+    p_sign = float(stats.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else None
+    mean_diff = float(d.mean()) if n else float("nan")
+    verdict = noise
+    if p_t is not None and p_t < alpha and mean_diff > 0:
+        verdict = better
+    elif p_t is not None and p_t < alpha and mean_diff < 0:
+        verdict = worse
+    return {"n": n, "mean_a": float(a.mean()) if n else None, "mean_b": float(b.mean()) if n else None,
+            "mean_diff": mean_diff, "diffs": d.tolist(), "t": t, "p_ttest": p_t, "wins": wins, "losses": losses,
+            "p_sign": p_sign, "alpha": alpha, "verdict": verdict}
+
+
+def unit_done(path: str | os.PathLike, tag: str) -> dict | None:
+    """The record of a finished unit of work saved at ``path`` by :func:`save_unit` under the
+    same ``tag`` (the protocol it was computed with), else None."""
+    try:
+        saved = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return saved.get("record") if isinstance(saved, dict) and saved.get("tag") == tag else None
+
+
+def save_unit(path: str | os.PathLike, tag: str, record: dict) -> None:
+    """Save a finished unit's ``record`` atomically (a killed run never leaves half a file)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, jsonable({"tag": tag, "record": record}))
 
 
 class Timer:

@@ -184,6 +184,106 @@ def benchmark_table() -> str:
             f"{d['machine'].get('loadavg_start')}).")
     return head + "\n\n" + _md(["benchmark", "ratio", "target", "met"], rows)
 
+_NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)"}
+
+
+def _pm(mean, std, digits=2) -> str:
+    return "—" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _pval(p) -> str:
+    return "n/a" if p is None else f"{p:.3g}"
+
+
+def comparison_table() -> str:
+    """Claim (1): method × ρ (mean ± std over seeds, parameters, verdict against B-spline)."""
+    out = []
+    for name, title in (("comparison.json", "DeiT / USPS"), ("comparison_vit_fashion-mnist.json",
+                                                             "ViT / Fashion-MNIST")):
+        d = _load(name)
+        if d is None:
+            out.append(f"**{title}**: No current result committed (`python experiments/comparison.py"
+                       + (" --model vit --dataset fashion-mnist" if "vit" in name else "") + "`).")
+            out.append("")
+            continue
+        out += [f"**{title}** (original {d['accuracy_original']:.2f} %, {d['params_original']:,} parameters; "
+                f"mean ± std over {d['plan']['seeds']} seeds; fine-tuning {d['plan']['epochs']} epoch(s) on "
+                f"{d['train_images']} images after every block, the same for every method). "
+                "Verdict = \"B-spline (uniform) beats this method\", paired over seeds "
+                "(t-test, p < 0.05).", "", _source_line(d), ""]
+        rows = []
+        for r in d["rows"]:
+            if r["status"] != "ok":
+                rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
+                continue
+            v = d["verdicts"][repr(r["reduction"])].get(r["method"])
+            if v is None:
+                verdict = "(reference)"
+            elif not v["n"]:
+                verdict = "no paired runs"
+            else:
+                verdict = f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
+            rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
+                         f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict])
+        out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"], rows), ""]
+    return "\n".join(out).rstrip()
+
+
+def fb_bf_table() -> str:
+    """Claim (2): BF against FB under both capture protocols (final accuracy, per-step means in the JSON)."""
+    d = _load("full_compression_vit_fashion-mnist.json")
+    if d is None:
+        return "No current result committed (`python experiments/full_compression.py`)."
+    out = [f"ViT / {d['dataset']} (original {d['accuracy_original']:.2f} %; {d['plan']['runs']} seeds; "
+           f"fine-tuning {d['plan']['epochs']} epoch(s) on {d['train_images']} images per step).", "",
+           _source_line(d), ""]
+    rows = []
+    for capture, tables in d["tables"].items():
+        last = list(tables["FB"])[-1]
+        for basis, v in d["verdicts"][capture].items():
+            fb, bf = tables["FB"][last][basis], tables["BF"][last][basis]
+            rows.append([capture, basis.replace("nu=", "ν="), _pm(fb["mean"], fb["std"]), _pm(bf["mean"], bf["std"]),
+                         f"{v['mean_diff']:+.2f}", _pval(v["p_ttest"]), _pval(v["p_sign"]), v["verdict"]])
+    out.append(_md(["capture", "basis", "FB final %", "BF final %", "BF − FB", "t-test p", "sign p", "verdict"],
+                   rows))
+    return "\n".join(out)
+
+
+def vit_cifar10_table() -> str:
+    """ViT / CIFAR-10 per step, ours beside the paper's appendix table."""
+    d = _load("full_compression_vit_cifar10.json")
+    if d is None:
+        return ("No current result committed (`python experiments/full_compression.py --model vit "
+                "--dataset cifar10`).")
+    paper = d.get("paper") or {}
+    out = [f"ViT / CIFAR-10: ours (original {d['accuracy_original']:.2f} %) beside the paper (original "
+           f"{paper.get('original', float('nan')):.2f} %), mean ± std over runs.", "", _source_line(d), ""]
+    capture = "current" if "current" in d["tables"] else next(iter(d["tables"]))
+    rows = []
+    for order in ("FB", "BF"):
+        for label, cells in d["tables"][capture][order].items():
+            for basis, c in cells.items():
+                p = paper.get(order, {}).get(label, {}).get(basis)
+                rows.append([order, label, basis.replace("nu=", "ν="), _pm(c["mean"], c["std"]),
+                             "—" if p is None else f"{p[0]:.2f} ± {p[1]:.3f}"])
+    out.append(_md(["order", "step", "basis", f"ours ({capture} capture) %", "paper %"], rows))
+    return "\n".join(out)
+
+
+def budget_study_table() -> str:
+    """Our fine-tuning budget against the paper's (ViT/Fashion-MNIST, BF, cubic)."""
+    d = _load("full_compression_budget_study.json")
+    if d is None:
+        return "No current result committed (`python experiments/full_compression.py --budget-study`)."
+    rows = [[label, str(r["epochs"]), f"{r['train_images']:,}", _pm(r["mean"], r["std"]),
+             ", ".join(f"{a:.2f}" for a in r["final_accuracy"])] for label, r in d["results"].items()]
+    v = d["difference"]
+    return "\n".join([f"ViT / Fashion-MNIST, BF, {d['study']['basis'].replace('nu=', 'ν=')} (original "
+                      f"{d['accuracy_original']:.2f} %), seeds {d['seeds']}.", "", _source_line(d), "",
+                      _md(["budget", "epochs per step", "images", "final %", "per seed"], rows), "",
+                      f"Paper − ours: {v['mean_diff']:+.2f} points (paired t-test p = {_pval(v['p_ttest'])}, "
+                      f"sign test p = {_pval(v['p_sign'])}): **{v['verdict']}**."])
+
 
 def allocation_table() -> str:
     d = _load("allocation.json")
@@ -216,6 +316,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "ablation": ablation_tables,
     "training": training_table,
     "benchmarks": benchmark_table,
+    "comparison": comparison_table,
+    "fb-bf": fb_bf_table,
+    "vit-cifar10": vit_cifar10_table,
+    "budget-study": budget_study_table,
 }
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 

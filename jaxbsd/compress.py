@@ -77,6 +77,8 @@ __all__ = [
 
 METHODS = ("bsd", "svd", "drone")
 ORDERS = {"front-to-back": "fb", "back-to-front": "bf"}
+#: Where each block's sampling points come from (see :class:`CompressionConfig`).
+CAPTURES = ("current", "original")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,15 @@ class CompressionConfig:
       allocation: how ``reduction`` is shared by the blocks: ``"uniform"`` or ``"greedy"``
         (see :func:`jaxbsd.compress_model`).
       robust, lam, max_iter, restarts, tol: solver settings (``"bsd"`` only).
-      num_samples: ``S``, sampling points (token vectors) per block.
+      num_samples: ``S``, sampling points (token vectors) per block (with
+        ``samples_per_rank``, the smallest S).
+      samples_per_rank: if > 0, ``S = max(num_samples, samples_per_rank · r)`` for a block
+        compressed at rank ``r`` (S grows with the rank; 0: ``S = num_samples`` always).
+      capture: where the sampling points of every block come from. ``"current"`` (default):
+        captured at each step from the current, partly compressed and fine-tuned network.
+        ``"original"``: captured once from the original network, for every block, before any
+        replacement (the same images per step as ``"current"``); the function decoupled is still
+        the block's current MLP, evaluated at those points.
       capture_images: training images whose tokens the samples are drawn from.
       structured: use the structured Jacobian for standard MLP blocks.
       finetune_epochs: epochs of fine-tuning after every replacement (0 = none).
@@ -123,6 +133,8 @@ class CompressionConfig:
     allocation: str = "uniform"
     val_fraction: float = 0.1
     seed: int = 0
+    samples_per_rank: int = 0
+    capture: str = "current"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -143,6 +155,14 @@ class CompressionConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
             raise ValueError(f"finetune_epochs must be an int >= 0, got {self.finetune_epochs!r}")
+        if not isinstance(self.samples_per_rank, int) or self.samples_per_rank < 0:
+            raise ValueError(f"samples_per_rank must be an int >= 0, got {self.samples_per_rank!r}")
+        if self.capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, got {self.capture!r}")
+
+    def samples_for(self, rank: int) -> int:
+        """``S`` for a block compressed at ``rank``: ``max(num_samples, samples_per_rank · rank)``."""
+        return max(self.num_samples, self.samples_per_rank * int(rank))
 
     def solver_config(self, width: int) -> CMTFConfig:
         return CMTFConfig(
@@ -153,7 +173,16 @@ class CompressionConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["basis"] = {"kind": type(self.basis).__name__, **dataclasses.asdict(self.basis)}
+        # Fields added later are left out at their defaults, so the run ids (and the resume
+        # states) of runs configured before they existed stay valid.
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
         return d
+
+
+#: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
+_LATER_FIELDS = {"samples_per_rank": 0, "capture": "current"}
 
 
 def _basis_from_dict(d: dict) -> Basis:
@@ -191,35 +220,59 @@ def sample_tokens(model, images, block_index: int, num_samples: int, key: jax.Ar
     return flat[jax.random.choice(key, flat.shape[0], (num_samples,), replace=False)]
 
 
-def _block_site(model, block_index: int, images, config: CompressionConfig, key: jax.Array):
-    """The :class:`~jaxbsd.compress_model.Site` of ``model.blocks[block_index].mlp``."""
+def _block_site(model, block_index: int, images, config: CompressionConfig, key: jax.Array, *,
+                num_samples: int | None = None, tokens: jax.Array | None = None):
+    """The :class:`~jaxbsd.compress_model.Site` of ``model.blocks[block_index].mlp``.
+
+    ``tokens``: the block's ``(N, m)`` input tokens if already captured (``capture="original"``),
+    else they are captured from ``model`` on ``images``. ``num_samples``: S (default
+    ``config.num_samples``).
+    """
     mlp = model.blocks[block_index].mlp
-    tokens = mlp_inputs(model, images, block_index)
+    if tokens is None:
+        tokens = mlp_inputs(model, images, block_index)
     X_all = tokens.reshape(-1, tokens.shape[-1])
-    if config.num_samples > X_all.shape[0]:
-        raise ValueError(f"num_samples ({config.num_samples}) exceeds the {X_all.shape[0]} available tokens")
+    S = config.num_samples if num_samples is None else num_samples
+    if S > X_all.shape[0]:
+        raise ValueError(f"num_samples ({S}) exceeds the {X_all.shape[0]} available tokens")
     path = f"blocks.{block_index}.mlp"
     spec = spec_for(mlp, path, None) if (config.structured or config.method != "bsd") else None
-    return _make_site(path, mlp, spec, X_all, mlp(X_all), config.num_samples, key, validate=False)
+    return _make_site(path, mlp, spec, X_all, mlp(X_all), S, key, validate=False)
 
 
-def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array):
+def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array, *,
+                   tokens: jax.Array | None = None):
     """Build the replacement of ``model.blocks[block_index].mlp`` (the model is not changed).
+
+    ``tokens``: the block's input tokens captured beforehand (``capture="original"``); by
+    default they are captured from ``model`` on ``images``.
 
     Returns:
       ``(module, info)``: the new MLP module and a dict with ``error_J``, ``error_F``,
-      ``output_error``, ``jacobian``, ``status``, ``iterations`` (decoupling only) and ``seconds``.
+      ``output_error``, ``jacobian``, ``num_samples`` (S), ``status``, ``iterations``
+      (decoupling only) and ``seconds``.
     """
     start = time.perf_counter()
     mlp = model.blocks[block_index].mlp
     if config.method != "bsd" and not isinstance(mlp, MLP):
         raise ValueError(f"block {block_index}'s MLP is already compressed ({type(mlp).__name__})")
-    site = _block_site(model, block_index, images, config, key)
-    rank = config.rank or site.m
+    rank = config.rank or mlp_width(mlp)
+    S = config.samples_for(rank)
+    site = _block_site(model, block_index, images, config, key, num_samples=S, tokens=tokens)
     module, info = build_replacement(site, config.method, rank, config.solver_config(site.m),
                                      jax.random.fold_in(key, 1), restarts=config.restarts)
+    info["num_samples"] = S
     info["seconds"] = time.perf_counter() - start
     return module, info
+
+
+def mlp_width(module: nnx.Module) -> int:
+    """Input width ``m`` of a block's MLP (original or already compressed)."""
+    if isinstance(module, MLP):
+        return int(module.dim)
+    if isinstance(module, DecoupledMLP):
+        return int(module.W0[...].shape[1])
+    return int(getattr(module, "in_features"))
 
 
 def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig, key: jax.Array) -> dict[int, int]:
@@ -239,11 +292,22 @@ def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig,
         errors = []
         for i, s, u in zip(indices, sites, ranks):
             alone = budget - floor + s.params_at(config.method, 1, dof)
-            errors.append({
-                r: build_replacement(s, config.method, r, config.solver_config(s.m),
-                                     jax.random.fold_in(jax.random.fold_in(key, i), 1), restarts=config.restarts)[1]["output_error"]
-                for r in greedy_candidates(s, config.method, dof, u, alone)
-            })
+            candidates = greedy_candidates(s, config.method, dof, u, alone)
+            if config.samples_per_rank:
+                # S grows with the rank: draw the most any candidate needs, use a prefix of it per
+                # candidate (a prefix of a draw without replacement is itself such a draw).
+                big = _block_site(model, i, images, config, jax.random.fold_in(key, i),
+                                  num_samples=config.samples_for(max(candidates)))
+            errs = {}
+            for r in candidates:
+                site = s
+                if config.samples_per_rank:
+                    S = config.samples_for(r)
+                    site = dataclasses.replace(big, X=big.X[:S], F=big.F[:S])
+                errs[r] = build_replacement(site, config.method, r, config.solver_config(s.m),
+                                            jax.random.fold_in(jax.random.fold_in(key, i), 1),
+                                            restarts=config.restarts)[1]["output_error"]
+            errors.append(errs)
         ranks = greedy_ranks(sites, config.method, dof, budget, errors, ranks)
     return {i: int(r) for i, r in zip(indices, ranks)}
 
@@ -358,6 +422,15 @@ def compress(
         rng = np.random.default_rng([config.seed, 0])
         images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
         planned = plan_ranks(model, indices, images, config, jax.random.fold_in(key, 0))
+    original_tokens: dict[int, jax.Array] = {}
+    if config.capture == "original":
+        # Every block's sampling points from the original network, before any replacement (and
+        # before a resumed state is loaded), on the images each step would use.
+        for step, block in enumerate(indices, start=1):
+            rng = np.random.default_rng([config.seed, step])
+            images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
+            tokens = mlp_inputs(model, images, block)
+            original_tokens[block] = tokens.reshape(-1, tokens.shape[-1])
     steps: list[dict] = []
     if state_dir is not None:
         state_dir = pathlib.Path(state_dir)
@@ -374,7 +447,8 @@ def compress(
         old = model.blocks[block].mlp
         old_params = mlp_params(old)
         step_config = config if planned is None else dataclasses.replace(config, rank=planned[block], reduction=None)
-        module, info = compress_block(model, block, images, step_config, jax.random.fold_in(key, step))
+        given = {"tokens": original_tokens[block]} if block in original_tokens else {}
+        module, info = compress_block(model, block, images, step_config, jax.random.fold_in(key, step), **given)
         model.blocks[block].mlp = module
         acc_cmtf = evaluate(model, dataset.test_images, dataset.test_labels, eval_bs)
         val_cmtf = evaluate(model, *val, eval_bs) if val is not None else None
@@ -420,6 +494,7 @@ def compress(
             "seconds_compress": info.pop("seconds"),
             "seconds_finetune": time.perf_counter() - start,
             "finetune": ft_history,
+            "capture": config.capture,
             **info,
         }
         steps.append(record)

@@ -12,6 +12,7 @@ import jaxbsd as jb
 from jaxbsd import baselines, compress
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
+from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.train import train
 
@@ -197,3 +198,42 @@ def test_cli_takes_a_reduction_and_an_allocation(tmp_path):
     steps = [{"step": 1, "acc_cmtf": 0.9, "acc_ft": 0.95, "params_model": 80}]
     plot_steps(steps, 0.97, tmp_path / "a.png", "t", params_original=100)
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_capture_original_takes_every_blocks_points_from_the_original_network(monkeypatch):
+    ds = tiny_dataset()
+    base = dict(method="svd", rank=2, num_samples=16, capture_images=16, finetune_epochs=1, batch_size=32)
+    original = tiny_vit()
+    seen = {}
+    real = compress.compress_block
+
+    def spy(model, block, images, config, key, **kw):
+        seen[block] = (kw.get("tokens"), np.array(images))
+        return real(model, block, images, config, key, **kw)
+
+    monkeypatch.setattr(compress, "compress_block", spy)
+    steps = compress.compress(tiny_vit(), ds, order="fb", config=compress.CompressionConfig(**base, capture="original"),
+                              progress=False)
+    assert [s["capture"] for s in steps] == ["original"] * 3
+    for block, (tokens, images) in seen.items():
+        expected = mlp_inputs(original, jnp.asarray(images), block)
+        np.testing.assert_allclose(tokens, expected.reshape(-1, expected.shape[-1]), rtol=1e-6, atol=1e-6)
+    # the default protocol captures from the current network (no tokens handed in)
+    seen.clear()
+    compress.compress(tiny_vit(), ds, order="fb", config=compress.CompressionConfig(**base), progress=False)
+    assert all(tokens is None for tokens, _ in seen.values())
+    with pytest.raises(ValueError, match="capture"):
+        compress.CompressionConfig(capture="later")
+
+
+def test_samples_grow_with_the_rank_and_old_run_ids_stay_valid():
+    ds = tiny_dataset()
+    config = compress.CompressionConfig(basis=jb.BSpline(1, 4), rank=12, num_samples=16, samples_per_rank=2,
+                                        capture_images=16, max_iter=5, finetune_epochs=0)
+    assert config.samples_for(3) == 16 and config.samples_for(12) == 24
+    steps = compress.compress(tiny_vit(), ds, order=[2], config=config, progress=False)
+    assert steps[0]["num_samples"] == 24
+    # fields added later are left out of the run id at their defaults
+    d = compress.CompressionConfig().to_dict()
+    assert "capture" not in d and "samples_per_rank" not in d
+    assert compress.CompressionConfig(capture="original").to_dict()["capture"] == "original"

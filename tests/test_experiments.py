@@ -4,8 +4,8 @@ Each script runs as a subprocess (the scripts set process-wide JAX options such 
 into a temporary folder, and the tests check what a user relies on: machine-readable results
 whose numbers are consistent with each other, PNG plots, and resuming after a kill.
 
-These take minutes (they train a small model when ``checkpoints/`` has none), so they are
-marked slow and run in CI's separate slow step.
+The script runs take minutes (they train a small model when ``checkpoints/`` has none), so
+they are marked slow and run in CI's separate slow step; the verdict helper is tested fast.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ import pytest
 from jaxbsd.data import default_root
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+sys.path.insert(0, str(ROOT / "experiments"))
+slow = pytest.mark.slow
+
+needs_cifar10 = pytest.mark.skipif(
+    not default_root("cifar10") or not default_root("cifar10").exists(),
+    reason="no CIFAR-10 copy under $JAXBSD_DATA (cifar10-jpg.zip)",
+)
 
 needs_fashion_mnist = pytest.mark.skipif(
     not default_root("fashion-mnist").is_dir(),
@@ -50,6 +56,7 @@ def _is_png(path: pathlib.Path) -> bool:
     return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@slow
 @needs_fashion_mnist
 def test_ablation_smoke_writes_every_run_and_resumes(tmp_path):
     out = tmp_path / "out"
@@ -90,33 +97,123 @@ def test_ablation_smoke_writes_every_run_and_resumes(tmp_path):
     assert again["runs"] == runs
 
 
-def _first_state(out: pathlib.Path) -> pathlib.Path | None:
-    found = sorted((out / "state").glob("full_compression_smoke/*/*/steps.json"))
+def _first(out: pathlib.Path, pattern: str) -> pathlib.Path | None:
+    found = sorted(out.glob(pattern))
     return found[0] if found else None
 
 
-@needs_fashion_mnist
-def test_full_compression_killed_midway_resumes_from_last_finished_step(tmp_path):
-    out = tmp_path / "out"
-    args = [sys.executable, str(ROOT / "experiments" / "full_compression.py"), "--smoke", "--out", str(out)]
-    proc = subprocess.Popen(args, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL,
+def _kill_after(args: list[str], out: pathlib.Path, pattern: str, tmp_path: pathlib.Path) -> pathlib.Path:
+    """Run a script, SIGKILL it as soon as a file matching ``pattern`` exists under ``out``."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 900
-        state = None
+        found = None
         while time.monotonic() < deadline and proc.poll() is None:
-            state = _first_state(out)
-            if state is not None:
+            found = _first(out, pattern)
+            if found is not None:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the smoke run finished before it could be killed"
-        assert state is not None, "no step finished in time"
+        assert found is not None, "no unit finished in time"
         os.killpg(proc.pid, signal.SIGKILL)  # a hard kill: no cleanup code runs
         proc.wait()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return found
+
+
+# --------------------------------------------------------------------------- verdicts (fast)
+
+
+def test_paired_verdict_on_constructed_data():
+    import common
+
+    kw = dict(better="holds", worse="does not hold")
+    win = common.paired_verdict([95.1, 94.8, 95.3, 95.0], [93.0, 92.9, 93.4, 92.7], **kw)
+    assert win["verdict"] == "holds" and win["p_ttest"] < 0.05 and win["wins"] == 4 and win["losses"] == 0
+    assert win["mean_diff"] == pytest.approx(2.05)
+    assert win["p_sign"] == pytest.approx(0.125)  # 4 of 4 pairs: 2 * 0.5^4
+    loss = common.paired_verdict([90.0, 90.5, 89.8], [92.1, 92.4, 92.0], **kw)
+    assert loss["verdict"] == "does not hold" and loss["p_ttest"] < 0.05 and loss["mean_diff"] < 0
+    noise = common.paired_verdict([91.0, 92.5, 90.2], [91.4, 91.1, 91.3], **kw)
+    assert noise["verdict"] == "within noise" and noise["p_ttest"] >= 0.05
+    # no spread at all, a single pair, identical runs: never a verdict by accident
+    assert common.paired_verdict([91.0, 91.0], [91.0, 91.0], **kw)["verdict"] == "within noise"
+    assert common.paired_verdict([99.0], [1.0], **kw)["verdict"] == "within noise"
+    # the labels are the caller's: FB/BF uses its own
+    fbbf = common.paired_verdict([74.5, 74.4, 74.6], [71.0, 71.2, 70.9], better="BF better", worse="FB better")
+    assert fbbf["verdict"] == "BF better"
+    with pytest.raises(ValueError, match="paired"):
+        common.paired_verdict([1.0, 2.0], [1.0], **kw)
+
+
+def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path):
+    import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    for name in ("comparison", "fb-bf", "vit-cifar10", "budget-study"):
+        assert "No current result committed" in report.TABLES[name]()
+
+
+# --------------------------------------------------------------------------- scripts (slow)
+
+
+@slow
+def test_comparison_smoke_resumes_after_a_kill_and_respects_every_budget(tmp_path):
+    import report
+
+    out = tmp_path / "out"
+    unit = _kill_after([str(ROOT / "experiments" / "comparison.py"), "--smoke", "--out", str(out)], out,
+                       "state/comparison_smoke/protocol-*/*/unit.json", tmp_path)
+    assert not (out / "comparison_smoke.json").exists()
+    kept = json.loads(unit.read_text())["record"]
+
+    resumed = _run("comparison.py", "--smoke", "--out", str(out), tmp_path=tmp_path)
+    assert f"{unit.parent.name}: finished before, kept" in resumed.stderr
+    result = json.loads((out / "comparison_smoke.json").read_text())
+    again = next(u for u in result["runs"] if u["state_dir"].endswith(unit.parent.name))
+    assert again == kept  # the finished unit was not recomputed: identical record, wall time included
+    plan = result["plan"]
+    assert len(result["runs"]) == len(plan["budgets"]) * len(plan["methods"]) * plan["seeds"]
+    assert {u["method"] for u in result["runs"]} == {"bsd", "svd", "drone", "bsd-greedy"}
+    P = result["params_original"]
+    for u in result["runs"]:
+        assert u["status"] == "ok"
+        assert u["params"] <= (1 - u["reduction"]) * P  # the budget, for every method and seed
+        assert 0.0 <= u["accuracy"] <= 100.0
+        for s in u["steps"]:  # S = max(128, 2r), recorded
+            assert s["num_samples"] == max(128, 2 * s["rank"])
+    for rho in plan["budgets"]:
+        verdicts = result["verdicts"][repr(rho)]
+        assert set(verdicts) == {"svd", "drone", "bsd-greedy"}
+        for v in verdicts.values():
+            assert v["verdict"] in ("holds", "does not hold", "within noise") and v["n"] == plan["seeds"]
+    row = next(r for r in result["rows"] if r["method"] == "bsd")
+    accs = [u["accuracy"] for u in result["runs"] if u["method"] == "bsd"]
+    assert row["accuracy_mean"] == pytest.approx(sum(accs) / len(accs))
+    assert result["provenance"]["command"].startswith("python experiments/comparison.py --smoke")
+    assert result["wall_seconds"] > 0
+    assert _is_png(out / "comparison_smoke.png")
+    # the report renders the JSON
+    import shutil
+
+    shutil.copy(out / "comparison_smoke.json", tmp_path / "comparison.json")
+    import unittest.mock
+
+    with unittest.mock.patch.object(report, "RESULTS", tmp_path):
+        text = report.TABLES["comparison"]()
+    assert "B-spline (greedy)" in text and "No current result" in text  # DeiT there, ViT not
+
+
+@slow
+@needs_fashion_mnist
+def test_full_compression_both_captures_killed_midway_resumes(tmp_path):
+    out = tmp_path / "out"
+    state = _kill_after([str(ROOT / "experiments" / "full_compression.py"), "--smoke", "--out", str(out)], out,
+                        "state/full_compression_smoke/*/*/steps.json", tmp_path)
     assert not (out / "full_compression_smoke_vit_fashion-mnist.json").exists()
     saved = json.loads(state.read_text())["steps"]
     assert 1 <= len(saved) < 3
@@ -125,38 +222,54 @@ def test_full_compression_killed_midway_resumes_from_last_finished_step(tmp_path
     assert f"seed 0: resuming after step {len(saved)} from" in resumed.stderr
     result = json.loads((out / "full_compression_smoke_vit_fashion-mnist.json").read_text())
     run = next(r for r in result["runs"] if str(state.parent.relative_to(out)) in r["state_dir"])
-    # the finished steps were kept, not recomputed: their records (wall times included) are identical
-    for before, after in zip(saved, run["steps"]):
+    for before, after in zip(saved, run["steps"]):  # kept, not recomputed
         assert after["seconds_compress"] == before["seconds_compress"]
-        assert after["seconds_finetune"] == before["seconds_finetune"]
         assert after["acc_ft"] == before["acc_ft"] and after["acc_cmtf"] == before["acc_cmtf"]
     assert [s["step"] for s in run["steps"]] == [1, 2, 3]
-    # every run of the plan finished and the table is built from them
     plan = result["plan"]
-    assert len(result["runs"]) == 2 * len(plan["bases"]) * plan["runs"]
-    for order in ("FB", "BF"):
-        cells = result["tables"][order]["FT (3)"][plan["bases"][0]]
-        assert len(cells["values"]) == plan["runs"]
-        assert cells["mean"] == pytest.approx(sum(cells["values"]) / plan["runs"])
-    fb_blocks = [s["block"] for s in result["runs"][0]["steps"]]
-    assert result["runs"][0]["order"] == "FB" and fb_blocks == [0, 1, 2]
+    assert plan["capture"] == ["current", "original"]
+    assert len(result["runs"]) == 2 * 2 * len(plan["bases"]) * plan["runs"]
+    for r in result["runs"]:
+        assert all(s["capture"] == r["capture"] for s in r["steps"])
+        for s in r["steps"]:  # what the experiments read: no per-epoch test accuracy any more
+            assert "finetune_kept" in s and 0 <= s["acc_ft"] <= 1
+            assert all(a is not None for a in s["finetune_val_acc"])
+    for capture in plan["capture"]:
+        for order in ("FB", "BF"):
+            cells = result["tables"][capture][order]["FT (3)"][plan["bases"][0]]
+            assert len(cells["values"]) == plan["runs"]
+            assert cells["mean"] == pytest.approx(sum(cells["values"]) / plan["runs"])
+        v = result["verdicts"][capture][plan["bases"][0]]
+        assert v["verdict"] in ("BF better", "FB better", "within noise") and v["n"] == plan["runs"]
+    fb = next(r for r in result["runs"] if r["order"] == "FB")
+    assert [s["block"] for s in fb["steps"]] == [0, 1, 2]
     assert _is_png(out / "full_compression_smoke_vit_fashion-mnist.png")
-    assert (out / "full_compression_smoke_vit_fashion-mnist.csv").read_text().startswith("order,step,")
+    assert (out / "full_compression_smoke_vit_fashion-mnist.csv").read_text().startswith("capture,order,step,")
 
 
-def test_comparison_smoke_respects_the_parameter_budget(tmp_path):
+@slow
+@needs_fashion_mnist
+def test_full_compression_budget_study_smoke(tmp_path):
     out = tmp_path / "out"
-    _run("comparison.py", "--smoke", "--out", str(out), tmp_path=tmp_path)
-    result = json.loads((out / "comparison_smoke.json").read_text())
-    rows = {r["method"]: r for r in result["rows"]}
-    original = rows["DeiT"]["params"]
-    for budget in result["plan"]["budgets"]:
-        tag = f"({100 * budget:.0f} %)"
-        svd, drone, bsd = rows[f"SVD {tag}"], rows[f"DRONE {tag}"], rows[f"B-spline {tag}"]
-        assert svd["params"] == drone["params"] <= (1 - budget) * original
-        assert bsd["params"] <= svd["params"]  # never more parameters than the baseline it is compared with
-        for r in (svd, drone, bsd):
-            assert 0.0 <= r["accuracy"] <= 100.0
-            assert r["reduction"] == pytest.approx(100 * (1 - r["params"] / original))
-    assert _is_png(out / "comparison_smoke.png")
-    assert (out / "comparison_smoke.csv").read_text().startswith("method,top1_accuracy")
+    _run("full_compression.py", "--smoke", "--budget-study", "--runs", "2", "--out", str(out), tmp_path=tmp_path)
+    d = json.loads((out / "full_compression_budget_study_smoke.json").read_text())
+    ours, paper = d["results"]["ours"], d["results"]["paper"]
+    assert ours["image_epochs_per_step"] < paper["image_epochs_per_step"]
+    assert len(ours["final_accuracy"]) == len(paper["final_accuracy"]) == 2
+    assert [r["seed"] for r in ours["runs"]] == [r["seed"] for r in paper["runs"]] == d["seeds"]
+    assert all(r["order"] == "BF" and r["config"]["basis"] == {"kind": "BSpline", "degree": 3, "dof": 4}
+               for r in ours["runs"] + paper["runs"])
+    assert d["difference"]["mean_diff"] == pytest.approx(paper["mean"] - ours["mean"])
+    assert d["difference"]["verdict"] in ("paper budget better", "our budget better", "within noise")
+
+
+@slow
+@needs_cifar10
+def test_full_compression_vit_cifar10_smoke_with_the_papers_table(tmp_path):
+    out = tmp_path / "out"
+    _run("full_compression.py", "--smoke", "--model", "vit", "--dataset", "cifar10", "--capture", "current",
+         "--runs", "1", "--out", str(out), tmp_path=tmp_path)
+    d = json.loads((out / "full_compression_smoke_vit_cifar10.json").read_text())
+    assert d["paper"]["original"] == 75.47 and d["paper"]["BF"]["FT (3)"]["R-CMTF-BSD nu=4 d=3"] == [73.6, 0.091]
+    assert len(d["runs"]) == 2 and all(len(r["steps"]) == 3 for r in d["runs"])
+    assert "paper (vit + cifar10" in d["table"]
