@@ -64,7 +64,9 @@ def test_editing_a_solver_file_makes_results_stale(tmp_path, monkeypatch):
     shutil.copytree(jio.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(jio, "PACKAGE", package)
     before = source_hash(SOLVER_FILES)
-    result = _write(tmp_path / "r.json", {"provenance": provenance("python x.py")})
+    # The copy is not a git checkout, so the commit is given by hand; the hashes are the copy's.
+    result = _write(tmp_path / "r.json", {"provenance": {"command": "python x.py", "commit": "test",
+                                                         "source_hash": source_hash(), "solver_hash": before}})
     assert report.stale_results([result]) == []
     (package / "cmtf.py").write_text((package / "cmtf.py").read_text() + "\n# edit\n")
     assert source_hash(SOLVER_FILES) != before
