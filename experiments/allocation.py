@@ -32,7 +32,7 @@ if str(HERE) not in sys.path:
 import common  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from jaxbsd import compress  # noqa: E402
@@ -44,18 +44,12 @@ ALLOCATIONS = ("uniform", "greedy")
 
 
 def verdict(greedy: np.ndarray, uniform: np.ndarray, alpha: float = 0.05) -> dict:
-    """Paired comparison over seeds: mean difference (greedy − uniform), paired t-test, and
-    "greedy better" / "uniform better" / "within noise"."""
-    diff = np.asarray(greedy, float) - np.asarray(uniform, float)
-    if len(diff) >= 2 and np.std(diff) > 0:
-        p = float(stats.ttest_rel(greedy, uniform).pvalue)
-    else:
-        p = None
-    word = "within noise"
-    if p is not None and p < alpha:
-        word = "greedy better" if diff.mean() > 0 else "uniform better"
-    return {"mean_difference": float(diff.mean()), "differences": diff.tolist(), "p_value_paired_t": p,
-            "verdict": word}
+    """Paired comparison over seeds (:func:`common.paired_verdict`): mean difference
+    (greedy − uniform), paired t-test, and "greedy better" / "uniform better" / "within noise"."""
+    v = common.paired_verdict(greedy, uniform, better="greedy better", worse="uniform better", alpha=alpha)
+    spread = len(v["diffs"]) >= 2 and np.std(v["diffs"]) > 0
+    return {"mean_difference": v["mean_diff"], "differences": v["diffs"],
+            "p_value_paired_t": v["p_ttest"] if spread else None, "verdict": v["verdict"]}
 
 
 def main(argv=None) -> int:
@@ -78,13 +72,15 @@ def main(argv=None) -> int:
     if args.quick:
         data = common.subset(dataset, train=args.train_subset, test=1000, seed=0)
     prefix = "allocation_quick" if args.quick else "allocation"
+    # One trained model, loaded and evaluated once; each run compresses its own copy.
+    original, source = common.load_or_train(
+        "vit", "fashion-mnist", quick_dir=args.out / "checkpoints" if args.quick else None, log=log)
+    params_original = count_params(original)
+    acc_original = evaluate(original, data.test_images, data.test_labels)
     runs = []
     for seed in range(args.seeds):
         for allocation in ALLOCATIONS:
-            model, source = common.load_or_train(
-                "vit", "fashion-mnist", quick_dir=args.out / "checkpoints" if args.quick else None, log=log)
-            params_original = count_params(model)
-            acc_original = evaluate(model, data.test_images, data.test_labels)
+            model = nnx.clone(original)
             config = compress.CompressionConfig(
                 method="bsd", basis=jb.BSpline(3, 4), reduction=args.reduction, allocation=allocation,
                 max_iter=args.max_iter, finetune_epochs=args.epochs, seed=seed)
