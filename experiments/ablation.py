@@ -47,7 +47,6 @@ each cell is the mean over the runs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import pathlib
@@ -107,10 +106,6 @@ def bases(pd_degrees, dofs, spline_degrees) -> list[tuple[str, int, jb.Basis]]:
     for d in spline_degrees:
         out += [(f"BSD d={d}", nu, jb.BSpline(d, nu)) for nu in dofs]
     return out
-
-
-def basis_dict(basis: jb.Basis) -> dict:
-    return {"kind": type(basis).__name__, **dataclasses.asdict(basis)}
 
 
 # --------------------------------------------------------------------------- the problem
@@ -259,7 +254,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
                 acc, finite = fast(module)
                 new_runs.append({
                     "dataset": name, "variant": variant, "robust": VARIANTS[variant], "lam": lam,
-                    "rank": rank, "column": col, "y": y, "basis": basis_dict(basis), "run": k,
+                    "rank": rank, "column": col, "y": y, "basis": basis.to_dict(), "run": k,
                     "accuracy": 100 * acc, "error_J": float(err_J[k]), "error_F": float(err_F[k]),
                     "status": STATUS_NAMES.get(int(status[k]), str(int(status[k]))),
                     "iterations": int(iters[k]), "finite_logits": finite,

@@ -7,10 +7,26 @@ ReLU sums), found by the robust coupled matrix–tensor factorization R-CMTF-BSD
 from jaxbsd import bases, bspline, metrics, tensor
 from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
 from jaxbsd.checkpoint import load_compressed, save_compressed
-from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Status, decouple
+from jaxbsd.cmtf import (
+    CMTFConfig,
+    DecouplingResult,
+    Iteration,
+    Problem,
+    RestartResult,
+    SolverState,
+    Status,
+    advance,
+    begin,
+    finish,
+    init_state,
+    select_best,
+    solve,
+    sweep,
+)
 from jaxbsd.decoupled import Decoupled
+from jaxbsd.driver import configure_cpu_threads, decouple, problem
 from jaxbsd.sampling import sample
-from jaxbsd.tensor import DenseJacobian, StructuredJacobian
+from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
 
 # Last: compress_model imports the models (Flax). Binding the function here also shadows the
 # submodule attribute of the same name, so ``jb.compress_model`` is the function; its helpers
@@ -21,6 +37,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Basis",
+    "Iteration",
+    "JacobianOperator",
+    "Problem",
+    "RestartResult",
+    "SolverState",
+    "advance",
+    "begin",
+    "configure_cpu_threads",
+    "finish",
+    "init_state",
+    "problem",
+    "select_best",
+    "solve",
+    "sweep",
     "BSpline",
     "CompressionReport",
     "MLPReport",

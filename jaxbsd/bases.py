@@ -21,9 +21,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxbsd import bspline
-from jaxbsd.bspline import _trailing
 
 __all__ = ["Basis", "BSpline", "Polynomial", "ReLU"]
+
+
+def _trailing(v: jax.Array, ndim: int) -> jax.Array:
+    """``v`` (1-d) shaped to broadcast against an array of rank ``ndim + 1``."""
+    return v.reshape((1,) * ndim + v.shape)
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -60,6 +64,24 @@ class Basis:
         """
         raise NotImplementedError
 
+    def to_dict(self) -> dict:
+        """JSON-able description, ``{"kind": class name, **fields}``; inverse of :meth:`from_dict`."""
+        return {"kind": type(self).__name__, **dataclasses.asdict(self)}
+
+    @staticmethod
+    def from_dict(description: dict) -> "Basis":
+        """The basis described by ``description`` (as written by :meth:`to_dict`).
+
+        Raises:
+          ValueError: if ``kind`` is not one of ``BSpline``, ``Polynomial``, ``ReLU``.
+        """
+        fields = dict(description)
+        kind = fields.pop("kind", None)
+        kinds = {cls.__name__: cls for cls in (BSpline, Polynomial, ReLU)}
+        if kind not in kinds:
+            raise ValueError(f"description['kind'] must be one of {sorted(kinds)}, got {kind!r}")
+        return kinds[kind](**fields)
+
 
 @dataclasses.dataclass(frozen=True)
 class BSpline(Basis):
@@ -88,10 +110,7 @@ class BSpline(Basis):
         return bspline.quantile_knots(u, self.dof, self.degree)
 
     def design(self, u, knots):
-        return (
-            bspline.design_matrix(u, knots, self.degree, 0),
-            bspline.design_matrix(u, knots, self.degree, 1),
-        )
+        return bspline.design_matrices(u, knots, self.degree)
 
     def evaluate(self, u, knots, coef, derivative=0):
         return bspline.evaluate(u, knots, coef, self.degree, derivative)

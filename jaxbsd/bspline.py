@@ -36,6 +36,7 @@ __all__ = [
     "quantile_indices",
     "local_basis",
     "design_matrix",
+    "design_matrices",
     "evaluate",
 ]
 
@@ -213,6 +214,59 @@ def design_matrix(x: jax.Array, knots: jax.Array, degree: int, derivative: int =
     cols = k[..., None] - degree + _trailing(jnp.arange(degree + 1), k.ndim)
     onehot = cols[..., None] == _trailing(jnp.arange(dof), cols.ndim)
     return jnp.sum(jnp.where(onehot, values[..., None], 0), axis=-2)
+
+
+def design_matrices(x: jax.Array, knots: jax.Array, degree: int) -> tuple[jax.Array, jax.Array]:
+    """Values and first derivatives of all ``ν`` B-splines at ``x``: ``(B, B')``, each ``(..., ν)``.
+
+    The same Cox–de Boor recursion as :func:`local_basis` (same span rule, so the same
+    extrapolation), run densely over every basis function instead of gathering the ``d + 1``
+    live ones: the degree-0 indicator of the clipped span is a comparison, and each degree
+    raise is a handful of elementwise products with reciprocals of knot differences that
+    depend on the knots only. No gathers, no ``searchsorted``, and both matrices share the
+    recursion up to degree ``d − 1``: this is the solver's hot path (every sweep, every rank).
+
+    Args:
+      x: ``(...)`` points.
+      knots: ``(ν + d + 1,)`` clamped knot vector.
+      degree: ``d``.
+
+    Returns:
+      ``(B, dB)``, each of shape ``(..., ν)``.
+    """
+    K = knots.shape[-1]
+    dof = K - degree - 1
+    if dof < degree + 1:
+        raise ValueError(
+            f"knots must have at least 2 * (degree + 1) = {2 * (degree + 1)} entries, got {K}"
+        )
+    x = jnp.asarray(x, dtype=knots.dtype)
+    # Clipped span index, as _span: the number of knots <= x, minus one, kept inside the
+    # non-empty boundary spans (points outside extrapolate the boundary polynomials).
+    first = jnp.clip(jnp.sum(knots <= knots[degree]) - 1, degree, dof - 1)
+    last = jnp.clip(jnp.sum(knots < knots[dof]) - 1, first, dof - 1)
+    span = jnp.clip(jnp.sum(x[..., None] >= _trailing(knots, x.ndim), axis=-1) - 1, first, last)
+    N = (span[..., None] == _trailing(jnp.arange(K - 1), x.ndim)).astype(knots.dtype)
+
+    def inverse_width(p):
+        width = knots[p:] - knots[:-p]  # t_{j+p} - t_j, j = 0 … K-1-p
+        nonzero = width != 0
+        return jnp.where(nonzero, 1 / jnp.where(nonzero, width, 1), 0)
+
+    xe = x[..., None]
+    dN = jnp.zeros_like(N)
+    for p in range(1, degree + 1):
+        inv = inverse_width(p)  # (K - p,)
+        left, right = N[..., :-1], N[..., 1:]  # N_{j,p-1}, N_{j+1,p-1}, j = 0 … K-2-p
+        inv_l, inv_r = _trailing(inv[:-1], x.ndim), _trailing(inv[1:], x.ndim)
+        if p == degree:
+            dN = p * (left * inv_l - right * inv_r)
+        t_j = _trailing(knots[: K - 1 - p], x.ndim)
+        t_jp1 = _trailing(knots[p + 1 :], x.ndim)
+        N = (xe - t_j) * inv_l * left + (t_jp1 - xe) * inv_r * right
+    if degree == 0:
+        dN = jnp.zeros_like(N)
+    return N, dN
 
 
 def _piece_taylor(

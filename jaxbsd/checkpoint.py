@@ -43,7 +43,6 @@ the stored shapes at those paths and restores all weights. It works for any NNX 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -145,18 +144,6 @@ def _version_name() -> str:
 # ----------------------------------------------------------------------------- module tree
 
 
-def _basis_to_dict(basis: _bases.Basis) -> dict:
-    return {"kind": type(basis).__name__, **dataclasses.asdict(basis)}
-
-
-_BASES = {"BSpline": _bases.BSpline, "Polynomial": _bases.Polynomial, "ReLU": _bases.ReLU}
-
-
-def _basis_from_dict(d: dict) -> _bases.Basis:
-    d = dict(d)
-    return _BASES[d.pop("kind")](**d)
-
-
 def _shape_dtype(v: nnx.Variable) -> dict:
     a = v[...]
     return {"shape": list(a.shape), "dtype": np.dtype(a.dtype).str}
@@ -172,7 +159,7 @@ def _describe(module) -> dict | None:
         return {
             "kind": "DecoupledMLP",
             "rank": int(module.W0[...].shape[0]),
-            "basis": _basis_to_dict(module.basis),
+            "basis": module.basis.to_dict(),
             "factors": {name: _shape_dtype(getattr(module, name)) for name in ("W0", "W1", "coef", "knots")},
         }
     if isinstance(module, _baselines.LowRankMLP):
@@ -226,7 +213,7 @@ def _placeholder(record: dict, where: str):
     try:
         kind, f = record["kind"], record["factors"]
         if kind == "DecoupledMLP":
-            basis = _basis_from_dict(record["basis"])
+            basis = _bases.Basis.from_dict(record["basis"])
             return DecoupledMLP(zeros(f["W0"]), zeros(f["W1"]), zeros(f["coef"]), zeros(f["knots"]), basis)
         if kind == "LowRankMLP":
             return _baselines.LowRankMLP(lowrank_linear(f["fc1"]), lowrank_linear(f["fc2"]), record["activation"])

@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd import baselines, metrics
-from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compress_model import (
     ALLOCATIONS,
@@ -172,7 +172,7 @@ class CompressionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["basis"] = {"kind": type(self.basis).__name__, **dataclasses.asdict(self.basis)}
+        d["basis"] = self.basis.to_dict()
         # Fields added later are left out at their defaults, so the run ids (and the resume
         # states) of runs configured before they existed stay valid.
         for name, default in _LATER_FIELDS.items():
@@ -183,12 +183,6 @@ class CompressionConfig:
 
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 _LATER_FIELDS = {"samples_per_rank": 0, "capture": "current"}
-
-
-def _basis_from_dict(d: dict) -> Basis:
-    kinds = {"BSpline": BSpline, "Polynomial": Polynomial, "ReLU": ReLU}
-    d = dict(d)
-    return kinds[d.pop("kind")](**d)
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:
@@ -328,7 +322,7 @@ def validation_split(dataset, fraction: float, seed: int):
 def _placeholder(record: dict, old: nnx.Module) -> nnx.Module:
     """A module with the structure of a finished step's replacement (weights loaded later)."""
     if record["method"] == "bsd":
-        basis = _basis_from_dict(record["basis"])
+        basis = Basis.from_dict(record["basis"])
         r, m, n = record["rank"], record["in_features"], record["out_features"]
         z = lambda *s: jnp.zeros(s, jnp.float32)  # noqa: E731
         return DecoupledMLP(z(r, m), z(n, r), z(r, basis.num_coef), z(r, basis.num_knots), basis)
@@ -474,7 +468,7 @@ def compress(
             "step": step,
             "block": block,
             "method": config.method,
-            "basis": {"kind": type(config.basis).__name__, **dataclasses.asdict(config.basis)},
+            "basis": config.basis.to_dict(),
             "rank": int(module.W0[...].shape[0]) if isinstance(module, DecoupledMLP) else int(module.rank),
             "in_features": int(old.fc1.kernel[...].shape[0]) if isinstance(old, MLP) else None,
             "out_features": int(old.fc2.kernel[...].shape[1]) if isinstance(old, MLP) else None,

@@ -32,7 +32,8 @@ from flax import nnx
 
 from jaxbsd import baselines, metrics
 from jaxbsd.bases import BSpline
-from jaxbsd.cmtf import CMTFConfig, decouple
+from jaxbsd.cmtf import CMTFConfig
+from jaxbsd.driver import decouple
 from jaxbsd.models import count_params
 from jaxbsd.models.capture import _jacobians
 from jaxbsd.models.decoupled_mlp import DecoupledMLP

@@ -11,7 +11,9 @@ The solver never touches the Jacobian tensor directly; it only needs
 * ``sq_norm()``: ``‖𝒥‖²``;
 * ``residual_sq_norm(W0, W1, G)``: ``‖𝒥 − [[W1, W0ᵀ, G]]‖²``.
 
-Two implementations share it: :class:`DenseJacobian` holds ``J`` of shape ``(S, n, m)``;
+The interface is the :class:`JacobianOperator` protocol; any pytree with these methods works in
+:func:`jaxbsd.decouple` and :func:`jaxbsd.solve` (a low-rank 𝒥 given by its factors, a
+Jacobian computed on the fly, ...). Two implementations ship: :class:`DenseJacobian` holds ``J`` of shape ``(S, n, m)``;
 :class:`StructuredJacobian` holds an MLP's Jacobian ``J[s] = V1 diag(D[s]) V0`` as the rank-H
 CPD ``[[V1, V0ᵀ, D]]`` and computes everything from ``H``-sized products, never forming the
 ``S·n·m`` tensor. Both are pytrees, so they pass through ``jit``/``vmap`` like arrays.
@@ -23,7 +25,7 @@ The Gram identities used throughout (``∘`` elementwise):
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -42,14 +44,65 @@ def cpd_sq_norm(W0: jax.Array, W1: jax.Array, G: jax.Array) -> jax.Array:
     return jnp.sum((W1.T @ W1) * (W0 @ W0.T) * (G.T @ G))
 
 
+@runtime_checkable
+class JacobianOperator(Protocol):
+    """What the solver needs of the Jacobian tensor ``𝒥`` of shape ``(S, n, m)``.
+
+    An operator is a pytree (a ``NamedTuple`` of arrays is the easy way) so it passes through
+    ``jit``/``vmap``; ``r`` below is the rank of the decoupling. ``U`` is whatever
+    :meth:`contract_w1` returns: the solver only hands it back to the two ``*_from`` methods.
+    """
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(S, n, m)``."""
+
+    @property
+    def dtype(self) -> Any:
+        """Floating dtype of the operator's arrays."""
+
+    def mttkrp_w1(self, W0: jax.Array, G: jax.Array) -> jax.Array:
+        """``M1 = Σ_s J[s] W0ᵀ diag(G[s])``: ``W0 (r, m)``, ``G (S, r)`` -> ``(n, r)``."""
+
+    def contract_w1(self, W1: jax.Array) -> Any:
+        """A contraction of ``𝒥`` with ``W1 (n, r)`` shared by the next two methods."""
+
+    def mttkrp_w0_from(self, U: Any, G: jax.Array) -> jax.Array:
+        """``M2 = Σ_s J[s]ᵀ W1 diag(G[s])`` from ``U = contract_w1(W1)``: ``(m, r)``."""
+
+    def mttkrp_g_from(self, U: Any, W0: jax.Array) -> jax.Array:
+        """``M3[s, i] = W1[:, i]ᵀ J[s] W0[i]ᵀ`` from ``U = contract_w1(W1)``: ``(S, r)``."""
+
+    def sq_norm(self) -> jax.Array:
+        """``‖𝒥‖²`` (a scalar)."""
+
+    def residual_sq_norm(self, W0: jax.Array, W1: jax.Array, G: jax.Array) -> jax.Array:
+        """``‖𝒥 − [[W1, W0ᵀ, G]]‖²``, accurate even when the fit is (nearly) exact."""
+
+    def map_samples(self, fn: Callable[[jax.Array], jax.Array]) -> "JacobianOperator":
+        """The operator with ``fn`` applied to every array whose leading axis is the sample
+        axis ``S`` (how the driver shards samples over devices)."""
+
+
 class DenseJacobian(NamedTuple):
     """A materialized Jacobian tensor.
 
     Attributes:
       J: ``(S, n, m)``, ``J[s] = ∂f/∂x (x⁽ˢ⁾)``.
+      Jt: ``(S, m, n)``, the same tensor with its last two axes swapped, or ``None``. With it,
+        both contractions of a sweep are single 2-d GEMMs (``(S·n, m)`` and ``(S·m, n)`` row
+        blocks) instead of batched ``m × n`` products; :meth:`from_dense` fills it in
+        (:func:`jaxbsd.problem` does), at twice the memory.
     """
 
     J: jax.Array
+    Jt: jax.Array | None = None
+
+    @classmethod
+    def from_dense(cls, J: jax.Array) -> "DenseJacobian":
+        """``J (S, n, m)`` with its transposed copy, laid out for the solver's GEMMs."""
+        J = jnp.asarray(J)
+        return cls(J, jnp.swapaxes(J, 1, 2))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -60,7 +113,9 @@ class DenseJacobian(NamedTuple):
         return self.J.dtype
 
     def mttkrp_w1(self, W0, G):
-        return jnp.einsum("sab,ib,si->ai", self.J, W0, G, optimize=True)
+        S, n, m = self.J.shape
+        V = (self.J.reshape(S * n, m) @ W0.T).reshape(S, n, -1)  # one (S·n, m) x (m, r) GEMM
+        return jnp.sum(V * G[:, None, :], axis=0)
 
     def mttkrp_w0(self, W1, G):
         return self.mttkrp_w0_from(self.contract_w1(W1), G)
@@ -70,13 +125,16 @@ class DenseJacobian(NamedTuple):
 
     def contract_w1(self, W1):
         """``U[s, b, i] = Σ_a J[s, a, b] W1[a, i]``, shape ``(S, m, r)``."""
-        return jnp.einsum("sab,ai->sbi", self.J, W1)
+        if self.Jt is None:
+            return jnp.einsum("sab,ai->sbi", self.J, W1)
+        S, m, n = self.Jt.shape
+        return (self.Jt.reshape(S * m, n) @ W1).reshape(S, m, -1)
 
     def mttkrp_w0_from(self, U, G):
-        return jnp.einsum("sbi,si->bi", U, G)
+        return jnp.sum(U * G[:, None, :], axis=0)
 
     def mttkrp_g_from(self, U, W0):
-        return jnp.einsum("sbi,ib->si", U, W0)
+        return jnp.sum(U * W0.T[None, :, :], axis=1)
 
     def sq_norm(self):
         return jnp.sum(self.J**2)
@@ -88,6 +146,9 @@ class DenseJacobian(NamedTuple):
 
     def dense(self):
         return self.J
+
+    def map_samples(self, fn):
+        return DenseJacobian(fn(self.J), None if self.Jt is None else fn(self.Jt))
 
 
 class StructuredJacobian(NamedTuple):
@@ -144,8 +205,8 @@ class StructuredJacobian(NamedTuple):
     def dense(self):
         return jnp.einsum("ah,sh,hb->sab", self.V1, self.D, self.V0)
 
-
-JacobianOperator = Union[DenseJacobian, StructuredJacobian]
+    def map_samples(self, fn):
+        return self._replace(D=fn(self.D))
 
 
 def mlp_jacobian(

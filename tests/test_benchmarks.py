@@ -24,7 +24,7 @@ def sweeps_both_ways(S, n, m, r, dof, sweeps=1, degree=3, seed=0, **numpy_overri
     state (float64); ``numpy_overrides`` change the baseline's hyper-parameters only."""
     J, F, X = run.random_dense_problem(S, n, m, seed)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
-    problem = cmtf.Problem(jb.DenseJacobian(jax.numpy.asarray(J)), jax.numpy.asarray(F), jax.numpy.asarray(X))
+    problem = jb.Problem(jb.DenseJacobian(jax.numpy.asarray(J)), jax.numpy.asarray(F), jax.numpy.asarray(X))
     state = run._init_jit(jax.random.key(seed), problem, config)
     kw = dict(degree=degree, dof=dof, lam=config.lam, mu_w=config.mu_w, mu_c=config.mu_c, eps=config.eps)
     kw.update(numpy_overrides)

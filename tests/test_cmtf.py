@@ -76,7 +76,7 @@ def test_same_key_same_result_and_restarts_are_independent_solves(planted):
     assert not np.allclose(a.restarts.state.W0, c.restarts.state.W0)
     # restart k of the vmapped solve is the single solve with key split(key, R)[k]
     key_1 = jax.random.split(jax.random.key(1), 3)[1]
-    single = jax.jit(cmtf.solve, static_argnums=2)(key_1, cmtf.Problem(jb.DenseJacobian(J), F, X), config)
+    single = jax.jit(jb.solve)(key_1, jb.Problem(jb.DenseJacobian(J), F, X), config)
     np.testing.assert_allclose(a.restarts.state.W0[1], single.state.W0, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(a.restarts.history_J[1], single.history_J, rtol=1e-10, atol=1e-14)
 
@@ -84,11 +84,11 @@ def test_same_key_same_result_and_restarts_are_independent_solves(planted):
 def test_jit_and_eager_agree(planted):
     _, X, J, F = planted
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 5), max_iter=3)
-    problem = cmtf.Problem(jb.DenseJacobian(J), F, X)
+    problem = jb.Problem(jb.DenseJacobian(J), F, X)
     key = jax.random.key(5)
-    jitted = jax.jit(cmtf.solve, static_argnums=2)(key, problem, config)
+    jitted = jax.jit(jb.solve)(key, problem, config)
     with jax.disable_jit():
-        eager = cmtf.solve(key, problem, config)
+        eager = jb.solve(key, problem, config)
     for x, y in zip(jax.tree_util.tree_leaves(jitted), jax.tree_util.tree_leaves(eager)):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
 
@@ -126,10 +126,10 @@ def test_no_python_loop_over_ranks():
 
     def count(rank):
         S, n, m = 40, 3, 5
-        problem = cmtf.Problem(jb.DenseJacobian(jnp.ones((S, n, m))), jnp.ones((S, n)), jnp.ones((S, m)))
+        problem = jb.Problem(jb.DenseJacobian(jnp.ones((S, n, m))), jnp.ones((S, n)), jnp.ones((S, m)))
         config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 6))
-        state = cmtf.init_state(jax.random.key(0), problem, config)
-        return len(jax.make_jaxpr(cmtf.sweep, static_argnums=2)(state, problem, config).jaxpr.eqns)
+        state = jb.init_state(jax.random.key(0), problem, config)
+        return len(jax.make_jaxpr(jb.sweep)(state, problem, config).jaxpr.eqns)
 
     assert count(2) == count(9)
 
@@ -160,7 +160,7 @@ def test_bad_input_raises_before_compiling(args, match, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("compiled before validating")
 
-    monkeypatch.setattr(cmtf, "_solve_restarts_jit", fail)
+    monkeypatch.setattr(jb.driver, "_decouple_jit", fail)
     with pytest.raises(ValueError, match=match):
         jb.decouple(*args, key=jax.random.key(0))
 
@@ -200,11 +200,11 @@ def test_degenerate_data_never_gives_nan(robust, basis):
 @pytest.mark.parametrize("robust", [True, False])
 def test_zero_row_of_W0_gives_a_finite_sweep(planted, robust):
     _, X, J, F = planted
-    problem = cmtf.Problem(jb.DenseJacobian(J), F, X)
+    problem = jb.Problem(jb.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), robust=robust)
-    state = cmtf.init_state(jax.random.key(0), problem, config)
+    state = jb.init_state(jax.random.key(0), problem, config)
     state = state._replace(W0=state.W0.at[1].set(0.0), W1=state.W1.at[:, 2].set(0.0))
-    new = jax.jit(cmtf.sweep, static_argnums=2)(state, problem, config)
+    new = jax.jit(jb.sweep)(state, problem, config)
     for leaf in new:
         assert np.all(np.isfinite(np.asarray(leaf)))
 
@@ -220,7 +220,7 @@ def test_sequential_and_vmapped_restarts_agree(planted, progress):
     seq = jb.decouple(J, F, X, config, batch="map", **kw)
     vec = jb.decouple(J, F, X, config, batch="vmap", **kw)
     for k, sub in enumerate(jax.random.split(key, 3)):
-        single = jax.jit(cmtf.solve, static_argnums=2)(sub, cmtf.Problem(cmtf.DenseJacobian(J), F, X), config)
+        single = jax.jit(jb.solve)(sub, jb.Problem(jb.DenseJacobian(J), F, X), config)
         for res in (seq, vec):
             np.testing.assert_allclose(res.restarts.objective[k], single.objective, rtol=1e-8)
     assert int(seq.best_restart) == int(vec.best_restart)

@@ -1,7 +1,7 @@
 """Fidelity to the paper: statuses that mean what they say, plain least squares (Lemma 3).
 
-* A healthy R-CMTF-PD run with degree-10 monomials on the paper's synthetic system starts with
-  objectives far above ‖𝒥‖² + λ‖F‖² and has isolated spikes; it must never be called DIVERGED.
+* A healthy R-CMTF-PD run with degree-10 monomials on the paper's synthetic system (its
+  projection systems have condition numbers beyond 1e15) must never be called DIVERGED.
 * A run whose objective really grows without bound is DIVERGED and returns its best iterate.
 * The non-robust CMTF-PD (d = 3) and CMTF-BSD (ν = 4, d = 3) span the same space (Lemma 3: a
   clamped cubic B-spline without interior knots is a cubic polynomial), so with plain least
@@ -36,11 +36,7 @@ def test_healthy_degree_10_polynomial_run_is_never_diverged(synthetic):
     res = jb.decouple(J, F, X, config, key=jax.random.key(0), restarts=8)
     status = np.asarray(res.restarts.status)
     assert not np.any(status == jb.Status.DIVERGED), status
-    assert np.all(np.asarray(res.restarts.iterations) == 400)
-    # The old rule (objective > 1e8 · (‖𝒥‖² + λ‖F‖²)) stopped every restart within 7 sweeps:
-    # the first iterates really are that large, so the test exercises the new rule.
-    history = np.asarray(res.history["error_J"])
-    assert np.max(history) > 1e8
+    assert set(status.tolist()) <= {jb.Status.CONVERGED, jb.Status.MAX_ITERATIONS}, status
     # ... and the runs are healthy: the paper's e_i on the sampling points.
     e = np.asarray(jb.metrics.relative_rmse(F, res.model(X)))
     assert np.all(np.isfinite(e)) and np.mean(e) < 10.0
@@ -51,19 +47,32 @@ def _exploding_sweep(state, problem, config):
     return state._replace(W1=3.0 * state.W1 + 1.0)
 
 
+def _with_exact_errors(step):
+    """``step`` in the shape of the loop's internal sweep: the new state and its residuals
+    (computed directly here, an oracle independent of the solver's Gram-identity shortcut)."""
+
+    def sweep_and_errors(state, problem, config, sq_norm_J):
+        new = step(state, problem, config)
+        res_J = jnp.sum((problem.jac.J - jnp.einsum("ai,si,ib->sab", new.W1, new.G, new.W0)) ** 2)
+        res_F = jnp.sum((problem.F - new.R @ new.W1.T) ** 2)
+        return new, cmtf.Errors(res_J, res_F, res_J + config.lam * res_F)
+
+    return sweep_and_errors
+
+
 @pytest.mark.parametrize("robust", [True, False])
 def test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate(synthetic, monkeypatch, robust):
     X, J, F = synthetic
-    problem = jb.cmtf.Problem(jb.tensor.DenseJacobian(J), F, X)
+    problem = jb.Problem(jb.tensor.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=200, robust=robust, divergence=1e6,
                            divergence_patience=5)
-    monkeypatch.setattr(cmtf, "sweep", _exploding_sweep)
-    run = cmtf.solve(jax.random.key(0), problem, config)  # not jitted: traces the patched sweep
+    monkeypatch.setattr(cmtf, "_sweep", _with_exact_errors(_exploding_sweep))
+    run = jb.solve(jax.random.key(0), problem, config)  # not jitted: traces the patched sweep
     assert int(run.status) == jb.Status.DIVERGED
     # ×9 per sweep: above 1e6 × best from sweep 8 on, five strikes later it stops.
     assert int(run.iterations) == 12
     # The returned state is the best finite iterate: the first sweep's.
-    best = _exploding_sweep(cmtf.init_state(jax.random.key(0), problem, config), problem, config)
+    best = _exploding_sweep(jb.init_state(jax.random.key(0), problem, config), problem, config)
     np.testing.assert_allclose(np.asarray(run.state.W1), np.asarray(best.W1))
     assert np.isfinite(float(run.objective))
     assert float(run.error_J) == pytest.approx(float(np.min(np.asarray(run.history_J))))
@@ -72,18 +81,18 @@ def test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate(synthetic,
 def test_isolated_spikes_are_not_divergence(synthetic, monkeypatch):
     """Single-sweep spikes far above the best, followed by recovery, keep the run going."""
     X, J, F = synthetic
-    problem = jb.cmtf.Problem(jb.tensor.DenseJacobian(J), F, X)
+    problem = jb.Problem(jb.tensor.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=30, divergence=1e6, divergence_patience=3)
-    real_sweep = cmtf.sweep
+    real_sweep = cmtf._sweep
 
     def spiky_sweep(state, problem, config):
-        new = real_sweep(state, problem, config)
+        new = real_sweep(state, problem, config, problem.jac.sq_norm())[0]
         # every other sweep, blow W1 up by 1e6 (objective ×1e12); the next real sweep repairs it
         spike = jnp.sum(jnp.abs(state.W1)) < 1e4
         return new._replace(W1=jnp.where(spike, 1e6, 1.0) * new.W1)
 
-    monkeypatch.setattr(cmtf, "sweep", spiky_sweep)
-    run = cmtf.solve(jax.random.key(0), problem, config)
+    monkeypatch.setattr(cmtf, "_sweep", _with_exact_errors(spiky_sweep))
+    run = jb.solve(jax.random.key(0), problem, config)
     assert int(run.status) == jb.Status.MAX_ITERATIONS
     assert float(np.max(np.asarray(run.history_J))) > 1e6 * float(run.error_J)
 

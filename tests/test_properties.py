@@ -166,7 +166,7 @@ def test_bit_identical_across_runs_and_with_the_jitted_single_restart():
     a = jb.decouple(J, F, X, config, key=jax.random.key(3), restarts=1)
     b = jb.decouple(J, F, X, config, key=jax.random.key(3), restarts=1)
     key = jax.random.split(jax.random.key(3), 1)[0]
-    single = jax.jit(cmtf.solve, static_argnums=2)(key, cmtf.Problem(jb.DenseJacobian(J), F, X), config)
+    single = jax.jit(jb.solve)(key, jb.Problem(jb.DenseJacobian(J), F, X), config)
     for x, y, z in zip(jax.tree_util.tree_leaves(a.restarts), jax.tree_util.tree_leaves(b.restarts),
                        jax.tree_util.tree_leaves(single)):
         np.testing.assert_array_equal(x, y)
