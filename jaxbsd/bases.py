@@ -205,7 +205,7 @@ class ReLU(Basis):
         if self.dof == 1:
             return jnp.zeros((0,), u.dtype)
         idx = bspline.quantile_indices(u.shape[0], range(1, self.dof), self.dof)
-        return jnp.sort(u)[idx]
+        return bspline.sort_floats(u)[idx]
 
     def _columns(self, u, knots, derivative):
         shifted = u[..., None] - _trailing(knots, u.ndim)

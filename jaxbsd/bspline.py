@@ -34,6 +34,7 @@ __all__ = [
     "num_knots",
     "quantile_knots",
     "quantile_indices",
+    "sort_floats",
     "local_basis",
     "design_matrix",
     "design_matrices",
@@ -79,6 +80,23 @@ def quantile_indices(num_samples: int, levels_num: range | list[int], levels_den
     return (2 * k * (num_samples - 1) + levels_den) // (2 * levels_den)
 
 
+def sort_floats(x: jax.Array) -> jax.Array:
+    """``jnp.sort(x, axis=-1)`` for finite floats, through their integer bit patterns.
+
+    Flipping the non-sign bits of negative floats makes the signed-integer order of the bit
+    patterns the float order; XLA's CPU sort of integers is about 3x faster than its sort of
+    floats (whose comparator handles NaN), and the knots are refitted every sweep for every
+    rank. ``-0.0`` sorts before ``0.0``; NaN is not expected here.
+    """
+    x = jnp.asarray(x)
+    itype = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[x.dtype.itemsize]
+    flip = jnp.asarray(jnp.iinfo(itype).max, itype)
+    bits = jax.lax.bitcast_convert_type(x, itype)
+    keys = jnp.where(bits < 0, bits ^ flip, bits)
+    keys = jax.lax.sort(keys, dimension=x.ndim - 1, is_stable=False)
+    return jax.lax.bitcast_convert_type(jnp.where(keys < 0, keys ^ flip, keys), x.dtype)
+
+
 def quantile_knots(x: jax.Array, dof: int, degree: int) -> jax.Array:
     """Clamped knot vector with interior knots at quantiles of the data (paper, Alg. 3).
 
@@ -101,7 +119,7 @@ def quantile_knots(x: jax.Array, dof: int, degree: int) -> jax.Array:
     x = jnp.asarray(x)
     if x.ndim != 1 or x.shape[0] < 1:
         raise ValueError(f"x must have shape (S,) with S >= 1, got {x.shape}")
-    xs = jnp.sort(x)
+    xs = sort_floats(x)
     lo, hi = xs[0], xs[-1]
     scale = jnp.maximum(jnp.maximum(jnp.abs(lo), jnp.abs(hi)), 1)
     min_width = jnp.sqrt(jnp.finfo(xs.dtype).eps) * scale
@@ -245,28 +263,26 @@ def design_matrices(x: jax.Array, knots: jax.Array, degree: int) -> tuple[jax.Ar
     # non-empty boundary spans (points outside extrapolate the boundary polynomials).
     first = jnp.clip(jnp.sum(knots <= knots[degree]) - 1, degree, dof - 1)
     last = jnp.clip(jnp.sum(knots < knots[dof]) - 1, first, dof - 1)
-    span = jnp.clip(jnp.sum(x[..., None] >= _trailing(knots, x.ndim), axis=-1) - 1, first, last)
-    N = (span[..., None] == _trailing(jnp.arange(K - 1), x.ndim)).astype(knots.dtype)
+    span = sum(((x >= knots[j]).astype(jnp.int32) for j in range(1, K)), jnp.zeros(x.shape, jnp.int32))
+    span = jnp.clip(span, first, last)
 
-    def inverse_width(p):
-        width = knots[p:] - knots[:-p]  # t_{j+p} - t_j, j = 0 … K-1-p
+    def inverse_width(j: int, p: int) -> jax.Array:
+        """``1 / (t_{j+p} − t_j)``, ``0`` for an empty span (the ``0/0 := 0`` convention)."""
+        width = knots[j + p] - knots[j]
         nonzero = width != 0
         return jnp.where(nonzero, 1 / jnp.where(nonzero, width, 1), 0)
 
-    xe = x[..., None]
-    dN = jnp.zeros_like(N)
+    # One array of the shape of x per basis function (a Python list, not a trailing axis):
+    # every operation is then a plain elementwise one that XLA vectorizes, 4-5x faster on CPU
+    # than the same recursion on an (..., K) array.
+    N = [(span == j).astype(knots.dtype) for j in range(K - 1)]
+    dN = [jnp.zeros_like(x) for _ in range(dof)]
     for p in range(1, degree + 1):
-        inv = inverse_width(p)  # (K - p,)
-        left, right = N[..., :-1], N[..., 1:]  # N_{j,p-1}, N_{j+1,p-1}, j = 0 … K-2-p
-        inv_l, inv_r = _trailing(inv[:-1], x.ndim), _trailing(inv[1:], x.ndim)
+        inv = [inverse_width(j, p) for j in range(K - p)]
         if p == degree:
-            dN = p * (left * inv_l - right * inv_r)
-        t_j = _trailing(knots[: K - 1 - p], x.ndim)
-        t_jp1 = _trailing(knots[p + 1 :], x.ndim)
-        N = (xe - t_j) * inv_l * left + (t_jp1 - xe) * inv_r * right
-    if degree == 0:
-        dN = jnp.zeros_like(N)
-    return N, dN
+            dN = [p * (N[j] * inv[j] - N[j + 1] * inv[j + 1]) for j in range(K - 1 - p)]
+        N = [(x - knots[j]) * inv[j] * N[j] + (knots[j + p + 1] - x) * inv[j + 1] * N[j + 1] for j in range(K - 1 - p)]
+    return jnp.stack(N, axis=-1), jnp.stack(dN, axis=-1)
 
 
 def _piece_taylor(

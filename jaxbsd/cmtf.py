@@ -236,6 +236,36 @@ class SolverState(NamedTuple):
 # --------------------------------------------------------------------------- linear algebra
 
 
+def _one_at_a_time(fn: Callable) -> Callable:
+    """``fn`` (a LAPACK-backed solve), whose ``vmap`` runs the batch as a ``lax.map``.
+
+    jaxlib's batched CPU LAPACK kernels split a batch over XLA's intra-op thread pool and
+    block a pool thread until the pieces are done; when two such kernels run concurrently
+    (the sweep's independent ``eigh`` and LU under ``vmap`` over restarts or over λ) on a
+    two-thread pool, both threads wait and nothing runs the pieces: a deadlock (stack traces
+    show both pool threads in ``jax::ParallelBatchMap``). Unbatched calls never block the
+    pool, so under ``vmap`` these solves run one batch member after the other. On
+    accelerators nothing changes but the loop.
+    """
+    wrapped = jax.custom_batching.custom_vmap(fn)
+
+    @wrapped.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        batched = [i for i, b in enumerate(in_batched) if b]
+
+        def one(xs):
+            full = list(args)
+            for i, x in zip(batched, xs):
+                full[i] = x
+            return wrapped(*full)
+
+        out = jax.lax.map(one, tuple(args[i] for i in batched))
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return wrapped
+
+
+@_one_at_a_time
 def _tikhonov_solve(A: jax.Array, B: jax.Array, mu: jax.Array) -> jax.Array:
     """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A (r, r)`` and ``μ > 0``
     (``B (k, r)``): the robust updates of ``W0`` and ``W1``.
@@ -248,6 +278,7 @@ def _tikhonov_solve(A: jax.Array, B: jax.Array, mu: jax.Array) -> jax.Array:
     return jnp.linalg.solve(A + mu * jnp.eye(r, dtype=A.dtype), B.T).T
 
 
+@_one_at_a_time
 def _pinv_solve(A: jax.Array, B: jax.Array) -> jax.Array:
     """``B A⁺`` for symmetric positive semi-definite ``A (r, r)``, ``B (k, r)``: the paper's
     plain least squares (the G and R updates, and every update of the non-robust CMTF-BSD/PD).
@@ -302,6 +333,7 @@ def _small_tikhonov_solve(A: jax.Array, b: jax.Array, mu: jax.Array) -> jax.Arra
     return jnp.stack(x, axis=-1)
 
 
+@_one_at_a_time
 def _lstsq(A: jax.Array, b: jax.Array) -> jax.Array:
     """Minimum-norm ``argmin_c ‖A c − b‖²`` (``A (k, ν)``, ``b (k,)``), singular values below
     ``max(k, ν) · eps · σ_max`` dropped (``jnp.linalg.lstsq(rcond=None)``).
@@ -336,24 +368,30 @@ def _project(
       ``(G, R, coef, knots)`` with shapes ``(S, r), (S, r), (r, ν), (r, K)``.
     """
     basis, lam = config.basis, config.lam
-    U = X @ W0.T  # (S, r)
-    knots = jax.vmap(basis.fit, in_axes=1)(U)  # (r, K)
-    B, dB = jax.vmap(basis.design, in_axes=(1, 0), out_axes=(1, 1))(U, knots)  # (S, r, ν) each
+    # Rank-major layout throughout: every per-rank quantity is a contiguous row.
+    U = W0 @ X.T  # (r, S)
+    knots = jax.vmap(basis.fit)(U)  # (r, K)
+    B, dB = jax.vmap(basis.design)(U, knots)  # (r, S, ν) each
+    Gt, Rt = G.T, R.T  # (r, S)
     if config.robust:
         # Tikhonov-regularized normal equations (μ_c > 0 keeps them definite), one ν × ν system
         # per rank.
-        A = jnp.einsum("sri,srj->rij", dB, dB) + lam * jnp.einsum("sri,srj->rij", B, B)
-        b = jnp.einsum("sri,sr->ri", dB, G) + lam * jnp.einsum("sri,sr->ri", B, R)
+        # Sums over the samples run along the contiguous minor axis ((r, ν, S) layout): on CPU
+        # 1.6x faster than batched ν × S products.
+        Bt, dBt = jnp.swapaxes(B, 1, 2), jnp.swapaxes(dB, 1, 2)  # (r, ν, S)
+        gram = lambda M: jnp.sum(M[:, :, None, :] * M[:, None, :, :], axis=-1)  # noqa: E731
+        A = gram(dBt) + lam * gram(Bt)
+        b = jnp.sum(dBt * Gt[:, None, :], axis=-1) + lam * jnp.sum(Bt * Rt[:, None, :], axis=-1)
         coef = _small_tikhonov_solve(A, b, config.mu_c)
     else:
         # The paper's CMTF-BSD/PD: plain least squares on the stacked system
         # [B'; √λ B] c ≈ [g; √λ r].
         root = jnp.sqrt(jnp.asarray(lam, B.dtype))
-        stacked = jnp.concatenate([dB, root * B], axis=0)  # (2S, r, ν)
-        rhs = jnp.concatenate([G, root * R], axis=0)  # (2S, r)
-        coef = jax.vmap(_lstsq, in_axes=(1, 1))(stacked, rhs)
-    G = jnp.einsum("sri,ri->sr", dB, coef)
-    R = jnp.einsum("sri,ri->sr", B, coef)
+        stacked = jnp.concatenate([dB, root * B], axis=1)  # (r, 2S, ν)
+        rhs = jnp.concatenate([Gt, root * Rt], axis=1)  # (r, 2S)
+        coef = jax.vmap(_lstsq)(stacked, rhs)
+    G = jnp.einsum("rsi,ri->sr", dB, coef)
+    R = jnp.einsum("rsi,ri->sr", B, coef)
     return G, R, coef, knots
 
 

@@ -128,7 +128,7 @@ def problem(J: Any, F: Any, X: Any) -> Problem:
     S, m = X.shape
     if isinstance(J, JacobianOperator):
         jac = J
-        if isinstance(jac, DenseJacobian) and jac.Jt is None:
+        if isinstance(jac, DenseJacobian) and (jac.J_out is None or jac.J_in is None):
             jac = DenseJacobian.from_dense(_as_array("J.J", jac.J, 3, "(S, n, m)"))
         named = {}
         for path, leaf in jax.tree_util.tree_flatten_with_path(jac)[0]:
