@@ -484,9 +484,9 @@ def main(argv=None) -> int:
             "budget_note": ("full mode: max_iter 100 sweeps per restart (solver keeps its best iterate), "
                             "accuracy on a fixed random subset of eval_images test images; everything "
                             "else as in the paper (S = 128, 5 runs, the paper's λ, ranks, degrees and ν)"),
-            "solver_note": ("the 3 λ of a configuration share one compiled program and restarts run "
-                            "sequentially (lax.map) instead of under vmap: see experiments/common.py "
-                            "solve_lambdas (jaxlib 0.10.2 LAPACK deadlock with batched restarts)"),
+            "solver_note": ("the 3 λ of a configuration share one compiled program, vmapped over λ "
+                            "(a traced leaf of CMTFConfig) and over the restarts: see "
+                            "experiments/common.py solve_lambdas"),
             "paper": PAPER,
             "table": table,
             **result,

@@ -1,10 +1,9 @@
 """Shared helpers of the paper-reproduction experiments (``experiments/*.py``).
 
-* one BLAS thread per process, set on import (before numpy or JAX load; see below);
 * :func:`load_or_train` — a trained model from ``checkpoints/<kind>-<dataset>.npz``, or trains
   it with the exact command recorded in ``experiments/results/training.json`` and caches it;
-* :func:`solve_lambdas` — R-CMTF-BSD restarts for several λ in one compiled program, each
-  restart run one after the other (see the function for why);
+* :func:`solve_lambdas` — R-CMTF-BSD restarts for several λ in one compiled program (vmapped
+  over λ and over the restarts);
 * :func:`subset`, :func:`write_json`, :func:`command_line`, :func:`mean_std`.
 
 The scripts import this file as ``common`` (``experiments/`` is put on ``sys.path``).
@@ -14,11 +13,6 @@ from __future__ import annotations
 
 import os
 
-# OpenBLAS/MKL threads fighting XLA's own pool over two shared cores made a 114 × 114 eigh
-# take 7–160 ms instead of 1 ms here; one BLAS thread per process is faster on such machines.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 import sys as _sys  # noqa: E402
 
 # The scripts use the jaxbsd of the checkout they belong to (the one their provenance hashes),
@@ -27,7 +21,6 @@ _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _CHECKOUT not in _sys.path:
     _sys.path.insert(1, _CHECKOUT)
 
-import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
@@ -41,7 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxbsd import cmtf  # noqa: E402
+import jaxbsd as jb  # noqa: E402
 from jaxbsd.io import provenance, read_json, write_json_atomic  # noqa: E402
 from jaxbsd.data import Dataset  # noqa: E402
 
@@ -202,7 +195,7 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
     path = CHECKPOINTS / f"{kind}-{dataset}.npz"
     if path.exists():
         model, meta = load_checkpoint(path)
-        return model, {"checkpoint": _rel(path), "trained_now": False, "command": meta.get("command")}
+        return model, {"checkpoint": rel_path(path), "trained_now": False, "command": meta.get("command")}
     args, source = training_command(kind, dataset)
     overrides = MODEL_OVERRIDES.get((kind, dataset), {})
     if quick_dir is not None:
@@ -227,11 +220,11 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
         + (f" with config overrides {overrides}" if overrides else ""))
     train_from_args(args, path, overrides=overrides, log=log)
     model, meta = load_checkpoint(path)
-    return model, {"checkpoint": _rel(path), "trained_now": True, "command": meta.get("command"),
+    return model, {"checkpoint": rel_path(path), "trained_now": True, "command": meta.get("command"),
                    "recipe": source, "config_overrides": overrides}
 
 
-def _rel(path: pathlib.Path) -> str:
+def rel_path(path: pathlib.Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
@@ -289,51 +282,31 @@ def train_from_args(args: list[str], path: pathlib.Path, *, overrides: dict | No
 # --------------------------------------------------------------------------- solver
 
 
-def _with_lam(config: cmtf.CMTFConfig, lam) -> cmtf.CMTFConfig:
-    """``config`` with a traced λ (the frozen dataclass only checks its fields in __init__)."""
-    cfg = copy.copy(config)
-    object.__setattr__(cfg, "lam", lam)
-    return cfg
-
-
-@functools.partial(jax.jit, static_argnames=("config", "restarts"))
+@functools.partial(jax.jit, static_argnames="restarts")
 def _solve_lambdas(key, problem, lams, config, restarts):
     keys = jax.random.split(key, restarts)  # the keys decouple(key=key, restarts=...) uses
 
     def per_lam(lam):
-        cfg = _with_lam(config, lam)
-        return jax.lax.map(lambda k: cmtf.solve(k, problem, cfg), keys)
+        cfg = config.replace(lam=lam)
+        return jax.vmap(lambda k: jb.solve(k, problem, cfg))(keys)
 
-    return jax.lax.map(per_lam, lams)
+    return jax.vmap(per_lam)(lams)
 
 
-def solve_lambdas(jac, F, X, config: cmtf.CMTFConfig, lams: Sequence[float], *, key: jax.Array,
-                  restarts: int) -> list[cmtf.DecouplingResult]:
-    """``[decouple(jac, F, X, replace(config, lam=λ), key=key, restarts=restarts) for λ in lams]``,
-    as one compiled program.
+def solve_lambdas(jac, F, X, config: jb.CMTFConfig, lams: Sequence[float], *, key: jax.Array,
+                  restarts: int) -> list[jb.DecouplingResult]:
+    """``[decouple(jac, F, X, config.replace(lam=λ), key=key, restarts=restarts) for λ in lams]``,
+    as one compiled program: λ is a traced leaf of the config, so the ablation compiles one
+    program per (rank, basis, variant), vmapped over λ and over the restarts.
 
-    Two deliberate differences from calling :func:`jaxbsd.decouple` per λ:
-
-    * λ is an argument of the program, not part of the static config, so the ablation compiles
-      one program per (rank, basis, variant) instead of three (compilation dominated its cost);
-    * restarts run one after the other (``lax.map``), not under ``jax.vmap``: with jaxlib 0.10.2
-      on a 2-core CPU, vmapped restarts batch the solver's independent LAPACK calls (the LU solve
-      of W0 and the eigh of the R update), and two batched LAPACK kernels running concurrently
-      deadlock XLA's intra-op thread pool (each waits for work queued behind the other).
-
-    Each restart uses the same key and the same :func:`jaxbsd.cmtf.solve` as ``decouple``; the
-    best restart is picked the same way, so ``res.restart_model(k)``, ``res.restarts.error_J``,
-    ``res.model`` mean what they mean for ``decouple``.
+    Each restart uses the same key and the same :func:`jaxbsd.solve` as ``decouple``; the best
+    restart is picked by :func:`jaxbsd.select_best`, as ``decouple`` does, so
+    ``res.restart_model(k)``, ``res.restarts.error_J``, ``res.model`` mean what they mean there.
     """
-    X, F = jnp.asarray(X), jnp.asarray(F)
-    S, n, m = jac.shape
-    if X.shape != (S, m) or F.shape != (S, n):
-        raise ValueError(f"X {X.shape} and F {F.shape} must be ({S}, {m}) and ({S}, {n}) to match J {jac.shape}")
-    problem = cmtf.Problem(jac=jac, F=F, X=X)
+    problem = jb.problem(jac, F, X)
     lam_arr = jnp.asarray(np.asarray(lams, dtype=np.float64), dtype=problem.F.dtype)
     runs = _solve_lambdas(key, problem, lam_arr, config, restarts)
-    # Best restart per λ, picked and summarized exactly as decouple does (jaxbsd.cmtf._select).
-    return [cmtf._select(jax.tree_util.tree_map(lambda x: x[i], runs), dataclasses.replace(config, lam=float(lam)))
+    return [jb.select_best(jax.tree_util.tree_map(lambda x: x[i], runs), config.replace(lam=float(lam)))
             for i, lam in enumerate(lams)]
 
 
@@ -387,7 +360,7 @@ def paired_verdict(a: Sequence[float], b: Sequence[float], *, better: str, worse
         if np.all(d == d[0]):  # no spread: the t statistic is undefined (0/0) or infinite
             t, p_t = (None, 1.0) if d[0] == 0 else (float(np.sign(d[0]) * np.inf), 0.0)
         else:
-            res = stats.ttest_rel(a, b)
+            res = stats.ttestrel_path(a, b)
             t, p_t = float(res.statistic), float(res.pvalue)
     p_sign = float(stats.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else None
     mean_diff = float(d.mean()) if n else float("nan")

@@ -108,15 +108,15 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order)}, sort_keys=True)
     if (done := common.unit_done(state / "unit.json", tag)) is not None:
-        log(f"  {name}: finished before, kept from {common._rel(state / 'unit.json')}")
+        log(f"  {name}: finished before, kept from {common.rel_path(state / 'unit.json')}")
         return done
     if steps_done := common.finished_steps(state):
-        log(f"  {name}: resuming after step {steps_done} from {common._rel(state)}")
+        log(f"  {name}: resuming after step {steps_done} from {common.rel_path(state)}")
     t0 = common.Timer()
     model = load_checkpoint(model_path)[0]
     params_original = count_params(model)
     record = {"method": method, "reduction": reduction, "seed": seed, "config": config.to_dict(),
-              "params_original": params_original, "state_dir": common._rel(state)}
+              "params_original": params_original, "state_dir": common.rel_path(state)}
     try:
         steps = compress(model, data, order=order, config=config, state_dir=state, teacher=teacher, progress=False,
                          on_step=lambda s: log(f"  {name} step {s['step']} (block {s['block']}, rank {s['rank']}, "

@@ -180,7 +180,7 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     state = state_root / f"{capture}-{order_name}-{'-'.join(basis_tag).replace('=', '')}-seed{seed}-{digest}"
     label = f"{kind}/{name} {capture} {order_name} {basis_name} seed {seed}"
     if done := common.finished_steps(state):
-        log(f"  {label}: resuming after step {done} from {common._rel(state)}")
+        log(f"  {label}: resuming after step {done} from {common.rel_path(state)}")
     t0 = common.Timer()
     model = load_checkpoint(_ckpt(info))[0]
     steps = compress(model, data, order=order, config=config, state_dir=state, progress=False)
@@ -188,7 +188,7 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     log(f"  {label}: CMTF/FT per step {accs}  ({t0():.0f} s)")
     return {"order": order_name, "basis": basis_name, "capture": capture, "seed": seed, "epochs": epochs,
             "train_images": int(data.train_images.shape[0]), "config": config.to_dict(),
-            "state_dir": common._rel(state), "seconds": t0(),
+            "state_dir": common.rel_path(state), "seconds": t0(),
             # compress() keeps validation accuracies per fine-tuning epoch (test accuracy is only
             # measured once per step, as acc_ft, so it never steers anything).
             "steps": [{k: v for k, v in s.items() if k != "finetune"}

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import pathlib
 import sys
 
@@ -88,9 +87,7 @@ def draw_points(key: jax.Array, train: int, test: int):
     return X, X_heldout, jnp.asarray(ring)
 
 
-@functools.partial(jax.jit, static_argnames="config")
-def _solve_one(key, problem, config):
-    return jb.cmtf.solve(key, problem, config)
+_solve_one = jax.jit(jb.solve)
 
 
 def solve(strategy: str, J, F, X, basis: jb.Basis, key: jax.Array, budget: dict):
@@ -106,7 +103,7 @@ def solve(strategy: str, J, F, X, basis: jb.Basis, key: jax.Array, budget: dict)
     keys = jax.random.split(key, budget["short_restarts"])  # the keys decouple used
     total = budget["restarts"] * budget["sweeps"]
     long_iters = total - budget["short_restarts"] * budget["short_sweeps"]
-    problem = jb.cmtf.Problem(jb.DenseJacobian(J), F, X)
+    problem = jb.problem(J, F, X)
     best = int(res.best_restart)
     cont = _solve_one(keys[best], problem, dataclasses.replace(config, max_iter=long_iters))
     records = _restarts(res.restarts)

@@ -25,18 +25,18 @@ def sweeps_both_ways(S, n, m, r, dof, sweeps=1, degree=3, seed=0, **numpy_overri
     J, F, X = run.random_dense_problem(S, n, m, seed)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
     problem = jb.Problem(jb.DenseJacobian(jax.numpy.asarray(J)), jax.numpy.asarray(F), jax.numpy.asarray(X))
-    state = run._init_jit(jax.random.key(seed), problem, config)
+    state = run.init_jit(jax.random.key(seed), problem, config)
     kw = dict(degree=degree, dof=dof, lam=config.lam, mu_w=config.mu_w, mu_c=config.mu_c, eps=config.eps)
     kw.update(numpy_overrides)
     ours, ref = state, numpy_baseline.State(*(np.asarray(a) for a in state))
     for _ in range(sweeps):
-        ours = run._sweep_jit(ours, problem, config)
+        ours = run.sweep_jit(ours, problem, config)
         ref = numpy_baseline.sweep(ref, J, F, X, **kw)
     return ours, ref
 
 
 def max_rel_diff(ours, ref):
-    return max(run._rel(getattr(ours, f), getattr(ref, f)) for f in cmtf.SolverState._fields)
+    return max(run.rel_diff(getattr(ours, f), getattr(ref, f)) for f in cmtf.SolverState._fields)
 
 
 # S=24, ν=5: the knot's quantile rank 11.5 is a tie (both sides must take the upper sample);
@@ -47,7 +47,7 @@ def test_numpy_baseline_is_a_faithful_sweep(S, n, m, r, dof, sweeps):
     for field in cmtf.SolverState._fields:
         a, b = np.asarray(getattr(ours, field)), getattr(ref, field)
         assert a.shape == b.shape, field
-        assert run._rel(a, b) <= 1e-6, (field, run._rel(a, b))
+        assert run.rel_diff(a, b) <= 1e-6, (field, run.rel_diff(a, b))
     # The check discriminates: a baseline with a slightly different λ or μ_W is caught.
     assert max_rel_diff(*sweeps_both_ways(S, n, m, r, dof, sweeps, lam=0.3)) > 1e-4
     assert max_rel_diff(*sweeps_both_ways(S, n, m, r, dof, sweeps, mu_w=1e-2)) > 1e-4

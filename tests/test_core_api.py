@@ -1,0 +1,199 @@
+"""The public functional core: a pytree config swept by vmap in one program, user-written
+Jacobian operators, progress inside the compiled loop, validation on the device, and the
+batched-LAPACK deadlock kept out of vmapped solves."""
+
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbsd as jb
+
+
+def gelu_mlp(key, m=6, H=20, n=4, S=64):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    V0 = jax.random.normal(k1, (H, m)) / np.sqrt(m)
+    V1 = jax.random.normal(k2, (n, H)) / np.sqrt(H)
+    b0 = 0.1 * jax.random.normal(k3, (H,))
+    X = jax.random.normal(k4, (S, m))
+    J, F = jb.sample(lambda x: V1 @ jax.nn.gelu(V0 @ x + b0), X)
+    return J, F, X
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return gelu_mlp(jax.random.key(5))
+
+
+CONFIG = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=40)
+
+
+class _CompileCounter:
+    """Counts XLA backend compilations (an oracle outside the library)."""
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+_COUNTER = _CompileCounter()
+
+
+def test_vmap_over_lambda_is_one_program_and_matches_separate_solves(mlp):
+    problem = jb.problem(*mlp)
+    key = jax.random.key(0)
+    study = jax.jit(jax.vmap(lambda lam: jb.solve(key, problem, CONFIG.replace(lam=lam))))
+    lams = [1e-6, 0.01, 0.25]
+    first, second = jax.block_until_ready((jnp.array(lams), jnp.array([0.5, 1e-3, 0.1])))
+    before = _COUNTER.count
+    rows = jax.block_until_ready(study(first))
+    assert _COUNTER.count - before == 1
+    # New values of λ reuse the program.
+    before = _COUNTER.count
+    jax.block_until_ready(study(second))
+    assert _COUNTER.count == before
+    solve = jax.jit(jb.solve)
+    for i, lam in enumerate(lams):
+        single = solve(key, problem, CONFIG.replace(lam=lam))
+        assert float(single.objective) > 0
+        chex.assert_trees_all_close(jax.tree_util.tree_map(lambda x: x[i], rows), single, rtol=1e-8, atol=1e-12)
+    # A different λ changes the result (the leaf really is used).
+    assert not np.allclose(rows.objective[0], rows.objective[2])
+
+
+def test_numbers_of_the_config_are_traced_leaves_and_structure_is_static():
+    leaves, treedef = jax.tree_util.tree_flatten(CONFIG)
+    assert leaves == [CONFIG.lam, CONFIG.mu_w, CONFIG.mu_c, CONFIG.eps, CONFIG.tol, CONFIG.divergence]
+    rebuilt = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in leaves])
+    assert rebuilt.rank == CONFIG.rank and rebuilt.basis == CONFIG.basis and rebuilt.max_iter == CONFIG.max_iter
+    # replace validates concrete values, passes traced ones.
+    with pytest.raises(ValueError, match="lam"):
+        CONFIG.replace(lam=-1.0)
+    with pytest.raises(ValueError, match="lam must be a scalar"):
+        CONFIG.replace(lam=jnp.array([0.1, 0.2]))
+    with pytest.raises(ValueError, match="tol"):
+        CONFIG.replace(tol="small")
+    assert jax.jit(lambda t: CONFIG.replace(tol=t).tol * 2)(0.5) == 1.0
+
+
+def test_float64_hyperparameters_do_not_promote_a_float32_problem(mlp):
+    J, F, X = (a.astype(jnp.float32) for a in mlp)
+    problem = jb.problem(J, F, X)
+    out = jax.jit(jax.vmap(lambda lam: jb.solve(jax.random.key(0), problem, CONFIG.replace(lam=lam))))(
+        jnp.array([0.1, 0.2], jnp.float64))
+    for leaf in jax.tree_util.tree_leaves(out.state):
+        assert leaf.dtype == jnp.float32
+
+
+class LowRankJacobian:
+    """A user-written operator: 𝒥 = [[A, B, C]] given by its CP factors (never dense),
+    ``A (n, q)``, ``B (m, q)``, ``C (S, q)``; written here from the protocol alone."""
+
+    def __init__(self, A, B, C):
+        self.A, self.B, self.C = A, B, C
+
+    @property
+    def shape(self):
+        return (self.C.shape[0], self.A.shape[0], self.B.shape[0])
+
+    @property
+    def dtype(self):
+        return self.C.dtype
+
+    def mttkrp_w1(self, W0, G):
+        return self.A @ ((self.B.T @ W0.T) * (self.C.T @ G))
+
+    def contract_w1(self, W1):
+        return self.A.T @ W1
+
+    def mttkrp_w0_from(self, U, G):
+        return self.B @ (U * (self.C.T @ G))
+
+    def mttkrp_g_from(self, U, W0):
+        return self.C @ (U * (self.B.T @ W0.T))
+
+    def sq_norm(self):
+        return jnp.sum((self.A.T @ self.A) * (self.B.T @ self.B) * (self.C.T @ self.C))
+
+    def residual_sq_norm(self, W0, W1, G):
+        dense = jnp.einsum("aq,sq,bq->sab", self.A, self.C, self.B)
+        return jnp.sum((dense - jnp.einsum("ai,si,ib->sab", W1, G, W0)) ** 2)
+
+    def map_samples(self, fn):
+        return LowRankJacobian(self.A, self.B, fn(self.C))
+
+
+jax.tree_util.register_pytree_node(
+    LowRankJacobian, lambda op: ((op.A, op.B, op.C), None), lambda _, leaves: LowRankJacobian(*leaves)
+)
+
+
+def test_a_user_written_operator_gives_the_dense_result():
+    k = jax.random.split(jax.random.key(9), 4)
+    S, n, m, q = 50, 4, 5, 8
+    op = LowRankJacobian(jax.random.normal(k[0], (n, q)), jax.random.normal(k[1], (m, q)), jax.random.normal(k[2], (S, q)))
+    assert isinstance(op, jb.JacobianOperator)
+    J = jnp.einsum("aq,sq,bq->sab", op.A, op.C, op.B)
+    X = jax.random.normal(k[3], (S, m))
+    F = jnp.einsum("sab,sb->sa", J, X)  # any outputs of the right shape
+    config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 5), max_iter=25)
+    ours = jb.decouple(op, F, X, config, key=jax.random.key(1), restarts=2)
+    dense = jb.decouple(J, F, X, config, key=jax.random.key(1), restarts=2)
+    chex.assert_trees_all_close(ours.restarts.state, dense.restarts.state, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(ours.error_J, dense.error_J, rtol=1e-8)
+    with pytest.raises(ValueError, match=r"J.* contains NaN or inf"):
+        jb.decouple(LowRankJacobian(op.A, op.B, op.C.at[0, 0].set(jnp.nan)), F, X, config, key=jax.random.key(1))
+
+
+@pytest.mark.parametrize("batch", ["vmap", "map"])
+def test_progress_is_reported_from_the_same_program_with_identical_results(mlp, batch):
+    J, F, X = mlp
+    config = CONFIG.replace(tol=0.0, max_iter=30)
+    kw = dict(key=jax.random.key(2), restarts=3, batch=batch)
+    quiet = jb.decouple(J, F, X, config, **kw)
+    programs = jb.driver._decouple_jit._cache_size()
+    calls = []
+    loud = jb.decouple(J, F, X, config, progress=lambda it, eJ, eF: calls.append((it, eJ.copy())),
+                       progress_every=10, **kw)
+    assert jb.driver._decouple_jit._cache_size() == programs  # no new compilation
+    for a, b in zip(jax.tree_util.tree_leaves(quiet), jax.tree_util.tree_leaves(loud)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    expected = [10, 20, 30] * (3 if batch == "map" else 1)
+    assert [c[0] for c in calls] == expected
+    final = calls[-1][1]
+    np.testing.assert_allclose(final, np.asarray(loud.restarts.history_J)[:, -1])
+
+
+def test_vmapped_solves_contain_no_batched_lapack_call(mlp):
+    """jaxlib's batched CPU LAPACK kernels deadlock XLA's pool when two run at once; under
+    vmap (restarts, λ) every LAPACK call must stay unbatched (a 2-d operand)."""
+    problem = jb.problem(*mlp)
+    for robust in (True, False):
+        config = CONFIG.replace(robust=robust)
+        fn = jax.vmap(jax.vmap(lambda k, lam: jb.solve(k, problem, config.replace(lam=lam)), (0, None)), (None, 0))
+        keys = jax.random.split(jax.random.key(0), 4)
+        hlo = jax.jit(fn).lower(keys, jnp.array([0.1, 0.2])).as_text()
+        lapack_lines = [line for line in hlo.splitlines() if "lapack_" in line and "custom_call" in line]
+        assert lapack_lines, "expected LAPACK calls in the solve"
+        for line in lapack_lines:
+            assert re.search(r'num_batch_dims = "0"', line), line
+
+
+class SweepParityTest(chex.TestCase):
+    """``jb.sweep`` gives the same iterate jitted and eager (chex variants)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_sweep_jit_and_eager_agree(self):
+        problem = jb.problem(*gelu_mlp(jax.random.key(5)))
+        state = jb.init_state(jax.random.key(3), problem, CONFIG)
+        reference = jax.jit(jb.sweep)(state, problem, CONFIG)
+        new = self.variant(jb.sweep)(state, problem, CONFIG)
+        chex.assert_shape([new.W0, new.W1, new.G, new.coef, new.knots], [(3, 6), (4, 3), (64, 3), (3, 6), (3, 10)])
+        chex.assert_trees_all_close(new, reference, rtol=1e-9, atol=1e-12)
