@@ -119,7 +119,8 @@ def _check_rank(k: int, K: jax.Array) -> None:
         raise ValueError(f"rank must be an int in [1, {min(K.shape)}], got {k!r}")
 
 
-def _kernels(mlp: MLP):
+def kernels(mlp: MLP):
+    """``((fc1 kernel, fc1 bias), (fc2 kernel, fc2 bias))`` of an :class:`MLP`."""
     return (mlp.fc1.kernel[...], mlp.fc1.bias[...]), (mlp.fc2.kernel[...], mlp.fc2.bias[...])
 
 
@@ -167,13 +168,13 @@ def lowrank_mlp(
 
 def svd_mlp(mlp: MLP, rank: int) -> LowRankMLP:
     """Truncated SVD of both dense layers of ``mlp`` at the same ``rank``."""
-    (K1, b1), (K2, b2) = _kernels(mlp)
+    (K1, b1), (K2, b2) = kernels(mlp)
     return lowrank_mlp(K1, b1, K2, b2, mlp.activation, rank, method="svd")
 
 
 def drone_mlp(mlp: MLP, X: jax.Array, rank: int) -> LowRankMLP:
     """DRONE on both dense layers of ``mlp``; their inputs are ``X (S, m)`` and ``h(fc1(X))``."""
-    (K1, b1), (K2, b2) = _kernels(mlp)
+    (K1, b1), (K2, b2) = kernels(mlp)
     return lowrank_mlp(K1, b1, K2, b2, mlp.activation, rank, method="drone", X=X)
 
 

@@ -48,7 +48,6 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 import time
 import uuid
 import zipfile
@@ -60,6 +59,7 @@ from flax import nnx
 
 from jaxbsd import bases as _bases
 from jaxbsd import baselines as _baselines
+from jaxbsd.io import fsync_dir, write_bytes_atomic
 from jaxbsd.models import MODELS, build_model, config_to_dict
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 
@@ -104,37 +104,6 @@ def _checksum(arrays: dict[str, np.ndarray]) -> str:
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(path: pathlib.Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a directory be fsynced
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_file_atomic(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; use the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _version_name() -> str:
@@ -256,7 +225,9 @@ def _path_str(path) -> str:
 # ----------------------------------------------------------------------------- writing
 
 
-def _collect(model) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+def collect_arrays(model) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Every variable of ``model`` as ``({name: array}, {name: {"type", ...}})`` (the table
+    records what is needed to rebuild it; PRNG keys are stored as their key data)."""
     arrays: dict[str, np.ndarray] = {}
     table: dict[str, dict] = {}
     for name, var in _flat_variables(model).items():
@@ -277,7 +248,7 @@ def _header_for(model, metadata: dict | None) -> tuple[dict, dict[str, np.ndarra
         raise ValueError(f"metadata must be a dict or None, got {type(metadata).__name__}")
     if not isinstance(model, nnx.Module):
         raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
-    arrays, table = _collect(model)
+    arrays, table = collect_arrays(model)
     kind = getattr(type(model), "kind", None)
     config = getattr(model, "config", None)
     known = kind in MODELS and isinstance(model, MODELS[kind])
@@ -313,7 +284,7 @@ def _write_version(directory: pathlib.Path, blob: bytes, arrays: dict[str, np.nd
         f.write(blob)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def _latest_blob(version: str, header_blob: bytes) -> bytes:
@@ -335,8 +306,8 @@ def _write(path: pathlib.Path, header: dict, arrays: dict[str, np.ndarray]) -> p
         try:
             _write_version(tmp, blob, arrays)
             os.rename(tmp, path / version)
-            _fsync_dir(path)
-            _write_file_atomic(path / _LATEST, _latest_blob(version, blob))
+            fsync_dir(path)
+            write_bytes_atomic(path / _LATEST, _latest_blob(version, blob))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -357,14 +328,14 @@ def _write(path: pathlib.Path, header: dict, arrays: dict[str, np.ndarray]) -> p
     try:
         _write_version(tmp / version, blob, arrays)
         (tmp / _LATEST).write_bytes(_latest_blob(version, blob))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if path.is_file() or path.is_dir():
             # An old-format file or an empty directory: set it aside first (a crash between
             # the two renames leaves it under the .old name).
             old = path.parent / f".{path.name}.old-{version}"
             os.rename(path, old)
         os.rename(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not path.exists():

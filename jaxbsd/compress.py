@@ -326,7 +326,7 @@ def _placeholder(record: dict, old: nnx.Module) -> nnx.Module:
         r, m, n = record["rank"], record["in_features"], record["out_features"]
         z = lambda *s: jnp.zeros(s, jnp.float32)  # noqa: E731
         return DecoupledMLP(z(r, m), z(n, r), z(r, basis.num_coef), z(r, basis.num_knots), basis)
-    (K1, b1), (K2, b2) = baselines._kernels(old)
+    (K1, b1), (K2, b2) = baselines.kernels(old)
     k = record["rank"]
     z = lambda a, b: jnp.zeros((a, b), K1.dtype)  # noqa: E731
     return baselines.LowRankMLP(

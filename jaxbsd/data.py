@@ -37,7 +37,6 @@ import os
 import pathlib
 import pickle
 import struct
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -45,6 +44,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+
+from jaxbsd.io import write_bytes_atomic
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -786,18 +787,11 @@ def _read_cache(path: pathlib.Path) -> dict[str, np.ndarray] | None:
 
 
 def _write_cache(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically (temporary file, then rename) so readers never see half a file."""
+    """Write atomically (:func:`jaxbsd.io.write_bytes_atomic`) so readers never see half a file."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # uncompressed: loading is then a plain read
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)  # uncompressed: loading is then a plain read
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; the data are public
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_bytes_atomic(path, buffer.getvalue())
     except OSError as err:  # a read-only or full cache directory must not stop the load
         warnings.warn(f"{path}: cannot write cache ({err}); continuing without it", stacklevel=3)
 

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from typing import Any, Iterable
 
-__all__ = ["write_json_atomic", "write_bytes_atomic", "read_json", "provenance", "source_hash", "SOLVER_FILES"]
+__all__ = ["write_json_atomic", "write_bytes_atomic", "fsync_dir", "read_json", "provenance", "source_hash", "SOLVER_FILES"]
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
 
@@ -61,10 +61,33 @@ def provenance(command: str, *, solver: bool = True) -> dict:
     return record
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory's entries (a rename is durable only once its directory is synced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> pathlib.Path:
     """Write ``data`` to a temporary file beside ``path``, then rename it into place.
 
-    A crash mid-write leaves the previous file (or none), never a truncated one.
+    The one atomic writer of the package (results, checkpoints, data caches). A crash at any
+    point leaves the previous file (or none), never a truncated one; the file gets the usual
+    mode (``0666`` less the umask, not ``mkstemp``'s private ``0600``), its bytes are flushed
+    to disk before the rename and the directory entry after it.
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,10 +97,12 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> pathlib.Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     return path
 
 

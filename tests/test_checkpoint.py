@@ -316,7 +316,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise Crash
 
     monkeypatch.setattr(ocp.Checkpointer, "save", real_save)
-    monkeypatch.setattr(checkpoint, "_write_file_atomic", crash_on_latest)
+    monkeypatch.setattr(checkpoint, "write_bytes_atomic", crash_on_latest)
     with pytest.raises(Crash):  # the new version is complete but LATEST was not flipped
         save_checkpoint(path, changed, {"epoch": 2})
     monkeypatch.undo()
@@ -332,7 +332,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def _write_old_format(path: pathlib.Path, model, metadata: dict) -> None:
     """A version-1 checkpoint, byte for byte what earlier jaxbsd.train.save_checkpoint wrote."""
-    arrays, table = checkpoint._collect(model)
+    arrays, table = checkpoint.collect_arrays(model)
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
