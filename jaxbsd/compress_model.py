@@ -35,7 +35,7 @@ from jaxbsd.bases import BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.driver import decouple
 from jaxbsd.models import count_params
-from jaxbsd.models.capture import _jacobians
+from jaxbsd.models.capture import module_jacobians
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS, MLP
 from jaxbsd.tensor import StructuredJacobian, cpd_sq_norm, mlp_jacobian
@@ -380,7 +380,7 @@ def _jacobian(site: Site):
         K1, b1, K2 = (jnp.asarray(a, site.X.dtype) for a in (K1, b1, K2))
         return mlp_jacobian(site.X, K1.T, b1, K2.T, site.spec.h_prime), "structured"
     graphdef, state = nnx.split(site.module)
-    J, _ = _jacobians(graphdef, state, site.X, min(256, site.X.shape[0]))
+    J, _ = module_jacobians(graphdef, state, site.X, min(256, site.X.shape[0]))
     return J, "dense"
 
 

@@ -38,6 +38,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from jaxbsd import data as _data
+from jaxbsd.models.capture import padded_batches
 from jaxbsd.checkpoint import (
     CHECKPOINT_FORMAT,
     load_checkpoint,
@@ -226,18 +227,6 @@ def _logits_step(model, x):
     return model(x)
 
 
-def _padded_batches(images, batch_size):
-    """Fixed-size batches (the last one zero-padded) so each jitted step compiles once."""
-    n = images.shape[0]
-    size = min(batch_size, n)
-    for start in range(0, n, size):
-        chunk = np.asarray(images[start : start + size])
-        valid = chunk.shape[0]
-        if valid < size:
-            chunk = np.concatenate([chunk, np.zeros((size - valid,) + chunk.shape[1:], chunk.dtype)])
-        yield start, valid, chunk
-
-
 def _check_arrays(images, labels) -> None:
     if getattr(images, "ndim", None) != 4:
         raise ValueError(f"images must have shape (N, H, W, C), got {getattr(images, 'shape', None)}")
@@ -261,7 +250,7 @@ def predict(model, images, batch_size: int = 512) -> np.ndarray:
     model.eval()
     out = [
         np.asarray(_logits_step(model, jnp.asarray(chunk)))[:valid]
-        for _, valid, chunk in _padded_batches(images, batch_size)
+        for _, valid, chunk in padded_batches(images, batch_size)
     ]
     return np.concatenate(out)
 
@@ -280,7 +269,7 @@ def evaluate(model, images, labels, batch_size: int = 512) -> float:
     model.eval()
     labels = np.asarray(labels, dtype=np.int32)
     correct = 0
-    for start, valid, chunk in _padded_batches(images, batch_size):
+    for start, valid, chunk in padded_batches(images, batch_size):
         size = chunk.shape[0]
         y = np.zeros(size, np.int32)
         y[:valid] = labels[start : start + valid]

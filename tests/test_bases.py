@@ -1,5 +1,7 @@
 """The three bases: shared interface, the paper's Lemmas 2 and 3, polynomial and ReLU oracles."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,3 +141,12 @@ def test_balanced_model_is_the_same_function_and_survives_float32(basis):
     out = layer(x.astype(jnp.float32))
     assert bool(jnp.all(jnp.isfinite(out)))
     np.testing.assert_allclose(out, reference, rtol=0, atol=1e-4 * float(jnp.max(jnp.abs(reference))))
+
+
+@pytest.mark.parametrize("basis", [jb.BSpline(2, 7), jb.Polynomial(5), jb.ReLU(6)], ids=str)
+def test_basis_description_round_trips(basis):
+    description = basis.to_dict()
+    assert json.loads(json.dumps(description)) == description
+    assert jb.Basis.from_dict(description) == basis
+    with pytest.raises(ValueError, match="kind"):
+        jb.Basis.from_dict({**description, "kind": "Fourier"})

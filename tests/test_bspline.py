@@ -45,6 +45,33 @@ def test_design_matrix_matches_scipy(degree):
 
 
 @pytest.mark.parametrize("degree", DEGREES)
+def test_solver_design_matrices_match_scipy(degree):
+    """The solver's per-column Cox–de Boor (values and first derivatives together), including
+    repeated interior knots and points outside the range, against scipy."""
+    for seed in range(3):
+        rng = np.random.default_rng(10 + seed)
+        dof = degree + 1 + int(rng.integers(0, 6))
+        t = random_knots(rng, dof, degree)
+        if dof - degree - 1 >= 2:
+            t[degree + 2] = t[degree + 1]  # a repeated interior knot
+        x = np.r_[rng.uniform(-1, 2, 40), t, rng.uniform(-3, -1, 5), rng.uniform(2, 4, 5)]
+        B, dB = jax.jit(bspline.design_matrices, static_argnums=2)(jnp.asarray(x), jnp.asarray(t), degree)
+        for ours, derivative in ((B, 0), (dB, 1)):
+            ref = scipy_design(x, t, degree, derivative)
+            scale = max(1.0, np.abs(ref).max())
+            np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-9, atol=1e-9 * scale, err_msg=f"q={derivative}")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_sort_floats_is_numpy_sort(dtype):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal((4, 300)) * 10.0 ** rng.integers(-30, 30, (4, 300)),
+                        np.array([[0.0, -0.0, 5e-324 if dtype == jnp.float64 else 1e-45, -1.0, np.inf, -np.inf]] * 4)], 1)
+    x = x.astype(dtype)
+    np.testing.assert_array_equal(np.asarray(bspline.sort_floats(jnp.asarray(x))), np.sort(x, axis=-1))
+
+
+@pytest.mark.parametrize("degree", DEGREES)
 def test_evaluate_matches_scipy_spline(degree):
     rng = np.random.default_rng(degree)
     dof = degree + 4

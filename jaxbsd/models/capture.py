@@ -53,16 +53,22 @@ def _mlp_inputs_batch(model, images, index):
     return x.reshape(x.shape[0], -1, x.shape[-1])
 
 
-def _batched_mlp_inputs(model, images, block_index, batch_size):
-    """Yield ``(start, tokens)`` per batch; the last batch is padded to keep one compile."""
+def padded_batches(images, batch_size):
+    """Yield ``(start, valid, chunk)``: fixed-size batches of ``images``, the last one
+    zero-padded (``valid`` real rows), so a jitted step compiles once for all of them."""
     n = images.shape[0]
     size = min(batch_size, n)
     for start in range(0, n, size):
         chunk = np.asarray(images[start : start + size])
         valid = chunk.shape[0]
         if valid < size:
-            pad = np.zeros((size - valid,) + chunk.shape[1:], chunk.dtype)
-            chunk = np.concatenate([chunk, pad])
+            chunk = np.concatenate([chunk, np.zeros((size - valid,) + chunk.shape[1:], chunk.dtype)])
+        yield start, valid, chunk
+
+
+def _batched_mlp_inputs(model, images, block_index, batch_size):
+    """Yield ``(start, tokens)`` per batch; the last batch is padded to keep one compile."""
+    for start, valid, chunk in padded_batches(images, batch_size):
         yield start, _mlp_inputs_batch(model, jnp.asarray(chunk), int(block_index))[:valid]
 
 
@@ -101,7 +107,10 @@ def mlp_function(module: nnx.Module) -> Callable[[jax.Array], jax.Array]:
 
 
 @jax.jit(static_argnums=(0, 3))
-def _jacobians(graphdef, state, X, batch_size):
+def module_jacobians(graphdef, state, X, batch_size):
+    """``(J, F)`` of the token-wise module ``nnx.merge(graphdef, state)`` at the rows of ``X``:
+    ``J (S, n, m)`` by ``jax.jacfwd``, ``F (S, n)``, ``batch_size`` rows at a time."""
+
     def f(x):
         return nnx.merge(graphdef, state)(x)
 
@@ -170,5 +179,5 @@ def capture(model, images, block_index: int, num_samples: int, *, key: jax.Array
     X = X_sorted[np.argsort(order, kind="stable")]  # back to the drawn order
 
     graphdef, state = nnx.split(model.blocks[block_index].mlp)
-    J, F = _jacobians(graphdef, state, X, min(batch_size, num_samples))
+    J, F = module_jacobians(graphdef, state, X, min(batch_size, num_samples))
     return X, J, F

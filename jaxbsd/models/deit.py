@@ -21,7 +21,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from jaxbsd.models.layers import _PARAM_DTYPE
+from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.vit import ViT, ViTConfig
 
 __all__ = ["DeiTConfig", "DeiT"]
@@ -68,7 +68,7 @@ class DeiT(ViT):
             raise ValueError(f"config must be a DeiTConfig, got {type(config).__name__}")
         super().__init__(config, rngs=rngs)
         self.head_dist = nnx.Linear(
-            config.dim, config.num_classes, param_dtype=_PARAM_DTYPE, rngs=rngs
+            config.dim, config.num_classes, param_dtype=PARAM_DTYPE, rngs=rngs
         )
 
     def heads(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:

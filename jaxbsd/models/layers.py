@@ -39,9 +39,9 @@ __all__ = [
     "config_from_dict",
 ]
 
-_PARAM_DTYPE = jnp.float32
+PARAM_DTYPE = jnp.float32
 # ViT/DeiT initialise token and position embeddings with a small normal (std 0.02).
-_EMBED_INIT = nnx.initializers.normal(stddev=0.02)
+EMBED_INIT = nnx.initializers.normal(stddev=0.02)
 
 
 def _gelu(x: jax.Array) -> jax.Array:
@@ -126,8 +126,8 @@ class MLP(nnx.Module):
         self.dim = dim
         self.hidden = hidden
         self.activation = activation
-        self.fc1 = nnx.Linear(dim, hidden, param_dtype=_PARAM_DTYPE, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden, dim, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.fc1 = nnx.Linear(dim, hidden, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, dim, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
@@ -183,8 +183,8 @@ class Attention(nnx.Module):
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.qkv = nnx.Linear(dim, 3 * dim, param_dtype=_PARAM_DTYPE, rngs=rngs)
-        self.proj = nnx.Linear(dim, dim, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.qkv = nnx.Linear(dim, 3 * dim, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.proj = nnx.Linear(dim, dim, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def __call__(self, x: jax.Array, bias: jax.Array | None = None) -> jax.Array:
         *lead, tokens, _ = x.shape
@@ -229,7 +229,7 @@ class PatchEmbed(nnx.Module):
         _check_positive("channels", channels)
         self.patch = patch
         self.channels = channels
-        self.proj = nnx.Linear(patch * patch * channels, dim, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.proj = nnx.Linear(patch * patch * channels, dim, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def __call__(self, images: jax.Array) -> jax.Array:
         if images.ndim != 4 or images.shape[-1] != self.channels:
@@ -264,9 +264,9 @@ class Block(nnx.Module):
         activation: str = "gelu",
         rngs: nnx.Rngs,
     ):
-        self.norm1 = nnx.LayerNorm(dim, epsilon=1e-6, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.norm1 = nnx.LayerNorm(dim, epsilon=1e-6, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.attn = attn
-        self.norm2 = nnx.LayerNorm(dim, epsilon=1e-6, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(dim, epsilon=1e-6, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.mlp = MLP(dim, mlp_hidden, activation=activation, rngs=rngs)
         self.drop_path = DropPath(drop_path, rngs=rngs)
 
@@ -313,3 +313,32 @@ def check_config_ints(config, *names: str) -> None:
     """``ValueError`` naming the field unless every ``names`` field is a positive int."""
     for name in names:
         _check_positive(name, getattr(config, name))
+
+
+class ImagePresets:
+    """Per-data-set constructors shared by the model configs: each calls the config's
+    ``for_images(image_size, channels, num_classes, **overrides)``."""
+
+    @classmethod
+    def mnist(cls, **kw):
+        return cls.for_images(28, 1, 10, **kw)
+
+    @classmethod
+    def fashion_mnist(cls, **kw):
+        return cls.for_images(28, 1, 10, **kw)
+
+    @classmethod
+    def usps(cls, **kw):
+        return cls.for_images(16, 1, 10, **kw)
+
+    @classmethod
+    def digits(cls, **kw):
+        return cls.for_images(8, 1, 10, **kw)
+
+    @classmethod
+    def cifar10(cls, **kw):
+        return cls.for_images(32, 3, 10, **kw)
+
+    @classmethod
+    def svhn(cls, **kw):
+        return cls.for_images(32, 3, 10, **kw)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.models.layers import _PARAM_DTYPE, Attention, Block, PatchEmbed, check_config_ints
+from jaxbsd.models.layers import PARAM_DTYPE, Attention, Block, ImagePresets, PatchEmbed, check_config_ints
 from jaxbsd.models.vit import drop_path_rates
 
 __all__ = ["SwinConfig", "Swin", "WindowAttention", "PatchMerging", "shift_mask"]
@@ -41,7 +41,7 @@ _MASK_VALUE = -1e9
 
 
 @dataclasses.dataclass(frozen=True)
-class SwinConfig:
+class SwinConfig(ImagePresets):
     """Hyper-parameters of :class:`Swin`.
 
     Attributes:
@@ -112,22 +112,6 @@ class SwinConfig:
                 raise ValueError(f"image_size {image_size} is not a multiple of 8; pass patch_size")
             overrides["patch_size"] = image_size // 8
         return cls(image_size=image_size, channels=channels, num_classes=num_classes, **overrides)
-
-    @classmethod
-    def cifar10(cls, **kw):
-        return cls.for_images(32, 3, 10, **kw)
-
-    @classmethod
-    def svhn(cls, **kw):
-        return cls.for_images(32, 3, 10, **kw)
-
-    @classmethod
-    def usps(cls, **kw):
-        return cls.for_images(16, 1, 10, **kw)
-
-    @classmethod
-    def digits(cls, **kw):
-        return cls.for_images(8, 1, 10, **kw)
 
     @classmethod
     def tiny(cls, **kw):
@@ -210,7 +194,7 @@ class WindowAttention(nnx.Module):
         self.attn = Attention(dim, num_heads, rngs=rngs)
         init = nnx.initializers.truncated_normal(stddev=0.02)
         self.relative_bias = nnx.Param(
-            init(rngs.params(), ((2 * window - 1) ** 2, num_heads), _PARAM_DTYPE)
+            init(rngs.params(), ((2 * window - 1) ** 2, num_heads), PARAM_DTYPE)
         )
 
     def attention_bias(self) -> jax.Array:
@@ -240,8 +224,8 @@ class PatchMerging(nnx.Module):
     """Concatenate 2×2 neighbours and project: ``(B, H, W, C) -> (B, H/2, W/2, out_dim)``."""
 
     def __init__(self, dim: int, out_dim: int, *, rngs: nnx.Rngs):
-        self.norm = nnx.LayerNorm(4 * dim, epsilon=1e-5, param_dtype=_PARAM_DTYPE, rngs=rngs)
-        self.reduction = nnx.Linear(4 * dim, out_dim, use_bias=False, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.norm = nnx.LayerNorm(4 * dim, epsilon=1e-5, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.reduction = nnx.Linear(4 * dim, out_dim, use_bias=False, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = jnp.concatenate(
@@ -265,7 +249,7 @@ class Swin(nnx.Module):
         self.config = config
         c = config
         self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.dim, rngs=rngs)
-        self.embed_norm = nnx.LayerNorm(c.dim, epsilon=1e-5, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.embed_norm = nnx.LayerNorm(c.dim, epsilon=1e-5, param_dtype=PARAM_DTYPE, rngs=rngs)
         rates = iter(drop_path_rates(c.drop_path, c.depth))
         blocks, starts = [], []
         for stage, (depth, grid) in enumerate(zip(c.depths, c.grid_sizes)):
@@ -280,8 +264,8 @@ class Swin(nnx.Module):
         #: index of the first block of each stage after the first (a merging precedes it)
         self.merge_before = tuple(starts[1:])
         self.merges = nnx.List([PatchMerging(c.dim, c.dim, rngs=rngs) for _ in starts[1:]])
-        self.norm = nnx.LayerNorm(c.dim, epsilon=1e-5, param_dtype=_PARAM_DTYPE, rngs=rngs)
-        self.head = nnx.Linear(c.dim, c.num_classes, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.norm = nnx.LayerNorm(c.dim, epsilon=1e-5, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.head = nnx.Linear(c.dim, c.num_classes, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def embed(self, images: jax.Array) -> jax.Array:
         """Input grid of block 0: ``(B, H, W, C) -> (B, H/p, W/p, dim)``."""

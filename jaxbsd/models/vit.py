@@ -23,8 +23,9 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.layers import (
-    _EMBED_INIT,
-    _PARAM_DTYPE,
+    ImagePresets,
+    EMBED_INIT,
+    PARAM_DTYPE,
     Attention,
     Block,
     PatchEmbed,
@@ -38,7 +39,7 @@ PAPER_PATCH_SIZES = {28: 7, 32: 8, 16: 4, 8: 4}
 
 
 @dataclasses.dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(ImagePresets):
     """Hyper-parameters of :class:`ViT`.
 
     Attributes:
@@ -96,30 +97,6 @@ class ViTConfig:
         return cls(image_size=image_size, channels=channels, num_classes=num_classes, **overrides)
 
     @classmethod
-    def mnist(cls, **kw):
-        return cls.for_images(28, 1, 10, **kw)
-
-    @classmethod
-    def fashion_mnist(cls, **kw):
-        return cls.for_images(28, 1, 10, **kw)
-
-    @classmethod
-    def usps(cls, **kw):
-        return cls.for_images(16, 1, 10, **kw)
-
-    @classmethod
-    def digits(cls, **kw):
-        return cls.for_images(8, 1, 10, **kw)
-
-    @classmethod
-    def cifar10(cls, **kw):
-        return cls.for_images(32, 3, 10, **kw)
-
-    @classmethod
-    def svhn(cls, **kw):
-        return cls.for_images(32, 3, 10, **kw)
-
-    @classmethod
     def tiny(cls, **kw):
         """A few-thousand-parameter model on 8×8×1 images, for tests."""
         base = dict(image_size=8, channels=1, num_classes=3, patch_size=4, dim=16, depth=2,
@@ -150,9 +127,9 @@ class ViT(nnx.Module):
         self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.dim, rngs=rngs)
         tokens = self.num_prefix_tokens + c.num_patches
         self.prefix_tokens = nnx.Param(
-            _EMBED_INIT(rngs.params(), (1, self.num_prefix_tokens, c.dim), _PARAM_DTYPE)
+            EMBED_INIT(rngs.params(), (1, self.num_prefix_tokens, c.dim), PARAM_DTYPE)
         )
-        self.pos_embed = nnx.Param(_EMBED_INIT(rngs.params(), (1, tokens, c.dim), _PARAM_DTYPE))
+        self.pos_embed = nnx.Param(EMBED_INIT(rngs.params(), (1, tokens, c.dim), PARAM_DTYPE))
         self.blocks = nnx.List(
             [
                 Block(
@@ -166,8 +143,8 @@ class ViT(nnx.Module):
                 for rate in drop_path_rates(c.drop_path, c.depth)
             ]
         )
-        self.norm = nnx.LayerNorm(c.dim, epsilon=1e-6, param_dtype=_PARAM_DTYPE, rngs=rngs)
-        self.head = nnx.Linear(c.dim, c.num_classes, param_dtype=_PARAM_DTYPE, rngs=rngs)
+        self.norm = nnx.LayerNorm(c.dim, epsilon=1e-6, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.head = nnx.Linear(c.dim, c.num_classes, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def embed(self, images: jax.Array) -> jax.Array:
         """Input tokens of block 0: ``(B, H, W, C) -> (B, prefix + patches, dim)``."""
