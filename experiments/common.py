@@ -360,7 +360,7 @@ def paired_verdict(a: Sequence[float], b: Sequence[float], *, better: str, worse
         if np.all(d == d[0]):  # no spread: the t statistic is undefined (0/0) or infinite
             t, p_t = (None, 1.0) if d[0] == 0 else (float(np.sign(d[0]) * np.inf), 0.0)
         else:
-            res = stats.ttestrel_path(a, b)
+            res = stats.ttest_rel(a, b)
             t, p_t = float(res.statistic), float(res.pvalue)
     p_sign = float(stats.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else None
     mean_diff = float(d.mean()) if n else float("nan")

@@ -307,13 +307,19 @@ def _small_tikhonov_solve(A: jax.Array, b: jax.Array, mu: jax.Array) -> jax.Arra
     One ``ν × ν`` system per rank (and per restart, per λ under vmap), ``ν = 4 … 11``:
     unrolled Cholesky and substitutions over the static ``ν``, vectorized over the batch, a
     few hundred elementwise operations that XLA fuses, instead of a LAPACK call per system
-    (whose per-call overhead dominated the sweep). In exact arithmetic every pivot of
-    ``A + μ I`` is at least ``μ``; the pivots are clamped there, so rounding in an
-    ill-conditioned ``A`` (monomials of degree 10) cannot make the factorization fail, as the
-    eigenvalues clamped at zero did before. Larger ``ν`` use a batched LAPACK Cholesky.
+    (whose per-call overhead dominated the sweep). Larger ``ν`` use a batched LAPACK Cholesky.
+
+    In exact arithmetic every pivot of ``A + μ I`` is at least ``μ``. Computed pivots carry a
+    rounding error of about ``ν · eps · max diag(A)``, which for a collapsed rank (activations
+    in an interval of width 1e-8, degree-10 splines: ``max diag(A) ~ 1e20``) dwarfs ``μ``; a
+    pivot that rounding drove below ``max(μ, ν · eps · max diag(A))`` is clamped to that floor,
+    which leaves every well-conditioned system as it is and keeps the factor's growth bounded
+    (clamping at ``μ`` alone let it overflow to inf).
     """
     nu = A.shape[-1]
-    floor = jnp.maximum(mu, jnp.finfo(A.dtype).tiny)
+    eps = jnp.finfo(A.dtype).eps
+    scale = jnp.max(jnp.diagonal(A, axis1=-2, axis2=-1), axis=-1)
+    floor = jnp.maximum(jnp.maximum(mu, nu * eps * scale), jnp.finfo(A.dtype).tiny)
     if nu > _UNROLLED_MAX:
         factor = jnp.linalg.cholesky(A + mu * jnp.eye(nu, dtype=A.dtype).reshape((1,) * (A.ndim - 2) + (nu, nu)))
         return cho_solve((factor, True), b[..., None])[..., 0]
