@@ -174,15 +174,28 @@ def benchmark_table() -> str:
     d = json.loads(path.read_text())
     if not d.get("provenance"):
         return _source_line(d)
+    def value(x, unit):
+        if x is None:
+            return "—"
+        if unit != "s":
+            return f"{x:.2f} {unit}"
+        return f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.2f} ms" if x >= 1e-3 else f"{x * 1e6:.1f} µs"
+
     rows = []
     for r in d["rows"]:
         ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}×"
         passed = {True: "yes", False: "**no**", None: "—"}[r.get("passed")]
-        rows.append([r["name"], ratio, str(r.get("target") or "—"), passed])
+        unit = r.get("unit", "s")
+        rows.append([r["name"], value(r.get("ours"), unit), value(r.get("reference"), unit), ratio,
+                     str(r.get("target") or "—"), passed])
     head = (f"Generated from `{d['provenance']['command']}` at commit `{str(d['provenance']['commit'])[:10]}` "
             f"({d['total_s'] / 60:.1f} min, {d['machine'].get('device_kind', '?')}, load at start "
             f"{d['machine'].get('loadavg_start')}).")
-    return head + "\n\n" + _md(["benchmark", "ratio", "target", "met"], rows)
+    notes = [f"- {r['name']}: {r['note']}" for r in d["rows"]
+             if r.get("note") and (r["name"].startswith("(f)") or "headline" in r["name"])]
+    table = _md(["benchmark", "ours", "reference", "ratio", "target", "met"], rows)
+    return head + "\n\n" + table + ("\n\n" + "\n".join(notes) if notes else "")
+
 
 _NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)"}
 
