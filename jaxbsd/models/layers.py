@@ -315,6 +315,19 @@ def check_config_ints(config, *names: str) -> None:
         _check_positive(name, getattr(config, name))
 
 
+def check_vision_config(config, *int_fields: str) -> None:
+    """The checks every vision-transformer config shares: the ``int_fields`` are positive
+    ints, the patch divides the image, the heads divide the width, ``drop_path`` in [0, 1)."""
+    check_config_ints(config, "image_size", "channels", "num_classes", "patch_size", "dim", "num_heads",
+                      "mlp_dim", *int_fields)
+    if config.image_size % config.patch_size:
+        raise ValueError(f"patch_size ({config.patch_size}) must divide image_size ({config.image_size})")
+    if config.dim % config.num_heads:
+        raise ValueError(f"num_heads ({config.num_heads}) must divide dim ({config.dim})")
+    if not 0.0 <= config.drop_path < 1.0:
+        raise ValueError(f"drop_path must lie in [0, 1), got {config.drop_path!r}")
+
+
 class ImagePresets:
     """Per-data-set constructors shared by the model configs: each calls the config's
     ``for_images(image_size, channels, num_classes, **overrides)``."""

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.models.layers import PARAM_DTYPE, Attention, Block, ImagePresets, PatchEmbed, check_config_ints
+from jaxbsd.models.layers import PARAM_DTYPE, Attention, Block, ImagePresets, PatchEmbed, check_vision_config
 from jaxbsd.models.vit import drop_path_rates
 
 __all__ = ["SwinConfig", "Swin", "WindowAttention", "PatchMerging", "shift_mask"]
@@ -69,22 +69,11 @@ class SwinConfig(ImagePresets):
     drop_path: float = 0.1
 
     def __post_init__(self):
-        check_config_ints(
-            self, "image_size", "channels", "num_classes", "patch_size", "dim", "num_heads",
-            "window_size", "mlp_dim",
-        )
+        check_vision_config(self, "window_size")
         if not isinstance(self.depths, tuple) or not self.depths or any(
             not isinstance(d, int) or d < 1 for d in self.depths
         ):
             raise ValueError(f"depths must be a non-empty tuple of positive ints, got {self.depths!r}")
-        if self.image_size % self.patch_size:
-            raise ValueError(
-                f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})"
-            )
-        if self.dim % self.num_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must divide dim ({self.dim})")
-        if not 0.0 <= self.drop_path < 1.0:
-            raise ValueError(f"drop_path must lie in [0, 1), got {self.drop_path!r}")
         for stage, grid in enumerate(self.grid_sizes):
             if stage < len(self.depths) - 1 and grid % 2:
                 raise ValueError(f"grid side {grid} of stage {stage} must be even for patch merging")

@@ -29,7 +29,7 @@ from jaxbsd.models.layers import (
     Attention,
     Block,
     PatchEmbed,
-    check_config_ints,
+    check_vision_config,
 )
 
 __all__ = ["ViTConfig", "ViT", "PAPER_PATCH_SIZES"]
@@ -67,18 +67,7 @@ class ViTConfig(ImagePresets):
     drop_path: float = 0.0
 
     def __post_init__(self):
-        check_config_ints(
-            self, "image_size", "channels", "num_classes", "patch_size", "dim", "depth",
-            "num_heads", "mlp_dim",
-        )
-        if self.image_size % self.patch_size:
-            raise ValueError(
-                f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})"
-            )
-        if self.dim % self.num_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must divide dim ({self.dim})")
-        if not 0.0 <= self.drop_path < 1.0:
-            raise ValueError(f"drop_path must lie in [0, 1), got {self.drop_path!r}")
+        check_vision_config(self, "depth")
 
     @property
     def num_patches(self) -> int:
