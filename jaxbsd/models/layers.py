@@ -328,30 +328,26 @@ def check_vision_config(config, *int_fields: str) -> None:
         raise ValueError(f"drop_path must lie in [0, 1), got {config.drop_path!r}")
 
 
+#: ``(image_size, channels, num_classes)`` of every data set a config has a preset for.
+IMAGE_PRESETS = {
+    "mnist": (28, 1, 10),
+    "fashion_mnist": (28, 1, 10),
+    "usps": (16, 1, 10),
+    "digits": (8, 1, 10),
+    "cifar10": (32, 3, 10),
+    "svhn": (32, 3, 10),
+}
+
+
+def _preset(image_size: int, channels: int, num_classes: int) -> classmethod:
+    return classmethod(lambda cls, **kw: cls.for_images(image_size, channels, num_classes, **kw))
+
+
 class ImagePresets:
-    """Per-data-set constructors shared by the model configs: each calls the config's
-    ``for_images(image_size, channels, num_classes, **overrides)``."""
+    """Per-data-set constructors shared by the model configs (``ViTConfig.mnist()``, ...): each
+    calls the config's ``for_images(image_size, channels, num_classes, **overrides)`` with the
+    data set's shape from :data:`IMAGE_PRESETS`."""
 
-    @classmethod
-    def mnist(cls, **kw):
-        return cls.for_images(28, 1, 10, **kw)
 
-    @classmethod
-    def fashion_mnist(cls, **kw):
-        return cls.for_images(28, 1, 10, **kw)
-
-    @classmethod
-    def usps(cls, **kw):
-        return cls.for_images(16, 1, 10, **kw)
-
-    @classmethod
-    def digits(cls, **kw):
-        return cls.for_images(8, 1, 10, **kw)
-
-    @classmethod
-    def cifar10(cls, **kw):
-        return cls.for_images(32, 3, 10, **kw)
-
-    @classmethod
-    def svhn(cls, **kw):
-        return cls.for_images(32, 3, 10, **kw)
+for _name, _shape in IMAGE_PRESETS.items():
+    setattr(ImagePresets, _name, _preset(*_shape))
