@@ -278,8 +278,9 @@ def _write_version(directory: pathlib.Path, blob: bytes, arrays: dict[str, np.nd
     import orbax.checkpoint as ocp  # imported here: Orbax is slow to import
 
     directory.mkdir(parents=True)
+    # Orbax refuses relative paths; users pass ``checkpoints/model.npz``.
     with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
-        checkpointer.save(directory / _STATE, {name: np.asarray(a) for name, a in arrays.items()})
+        checkpointer.save(directory.absolute() / _STATE, {name: np.asarray(a) for name, a in arrays.items()})
     with open(directory / _HEADER, "wb") as f:
         f.write(blob)
         f.flush()
@@ -512,7 +513,7 @@ def _restore_arrays(path: pathlib.Path, directory: pathlib.Path, table: dict[str
     }
     try:
         with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
-            restored = checkpointer.restore(state, target)
+            restored = checkpointer.restore(state.absolute(), target)  # Orbax wants absolute paths
     except Exception as e:  # Orbax/TensorStore raise many types on truncated or missing files
         raise ValueError(f"checkpoint {path} is truncated or corrupt: cannot restore {state}: "
                          f"{type(e).__name__}: {str(e)[:500]}") from None

@@ -72,6 +72,17 @@ def test_checkpoint_round_trip(kind, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_relative_paths_save_and_load(tmp_path, monkeypatch):
+    """``checkpoints/model.npz`` relative to the working directory, as the CLI and scripts pass it."""
+    model = build_model("vit", CONFIGS["vit"].tiny(), seed=5)
+    monkeypatch.chdir(tmp_path)
+    save_checkpoint(pathlib.Path("checkpoints") / "model.npz", model, {"acc": 0.5})
+    monkeypatch.chdir(tmp_path / "checkpoints")  # a different directory than at save time
+    restored, metadata = load_checkpoint("model.npz")
+    assert metadata == {"acc": 0.5}
+    np.testing.assert_array_equal(forward(restored, _images()), forward(model, _images()))
+
+
 def test_header_is_read_without_the_weights(tmp_path, monkeypatch):
     model = build_model("vit", CONFIGS["vit"].tiny())
     save_checkpoint(tmp_path / "m", model, {"history": [1, 2]})
