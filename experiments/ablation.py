@@ -350,6 +350,13 @@ def _mean(values):
     return float(np.mean(v)) if v else None
 
 
+def budget_note(grid: dict) -> str:
+    """What this run spent, in words, from the grid it actually ran (``--max-iter`` etc. included)."""
+    return (f"max_iter {grid['max_iter']} sweeps per restart (solver keeps its best iterate), "
+            f"{grid['restarts']} restarts, accuracy on a fixed random subset of {grid['eval_images']} test "
+            "images; everything else as in the paper (S = 128, the paper's λ, ranks, degrees and ν)")
+
+
 def variant_table(result: dict) -> str:
     """Mean accuracy / Error(𝒥) / Error(F) per variant, λ and column (over ranks, ν and runs)."""
     g = result["grids"]
@@ -481,9 +488,7 @@ def main(argv=None) -> int:
             "command": command,
             "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
             "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()},
-            "budget_note": ("full mode: max_iter 100 sweeps per restart (solver keeps its best iterate), "
-                            "accuracy on a fixed random subset of eval_images test images; everything "
-                            "else as in the paper (S = 128, 5 runs, the paper's λ, ranks, degrees and ν)"),
+            "budget_note": budget_note(grid),
             "solver_note": ("the 3 λ of a configuration share one compiled program, vmapped over λ "
                             "(a traced leaf of CMTFConfig) and over the restarts: see "
                             "experiments/common.py solve_lambdas"),
