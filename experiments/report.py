@@ -167,8 +167,9 @@ def training_table() -> str:
     return _md(["model / data", "params", "epochs", "test accuracy", "wall time"], rows)
 
 
-def benchmark_table() -> str:
-    path = ROOT / "benchmarks" / "results.json"
+def benchmark_table(name: str = "results.json") -> str:
+    """The benchmark table of ``benchmarks/<name>``, headed by the machine that measured it."""
+    path = ROOT / "benchmarks" / name
     if not path.exists():
         return "_No benchmark result committed._"
     d = json.loads(path.read_text())
@@ -188,9 +189,11 @@ def benchmark_table() -> str:
         unit = r.get("unit", "s")
         rows.append([r["name"], value(r.get("ours"), unit), value(r.get("reference"), unit), ratio,
                      str(r.get("target") or "—"), passed])
+    m = d["machine"]
     head = (f"Generated from `{d['provenance']['command']}` at commit `{str(d['provenance']['commit'])[:10]}` "
-            f"({d['total_s'] / 60:.1f} min, {d['machine'].get('device_kind', '?')}, load at start "
-            f"{d['machine'].get('loadavg_start')}).")
+            f"({d['total_s'] / 60:.1f} min on {m.get('device_kind', '?')} ({m.get('backend', '?')}), "
+            f"{m.get('cpu_count', '?')} CPUs, jax {m.get('jax', '?')}, load at start "
+            f"{[round(x, 2) for x in m.get('loadavg_start') or []]}).")
     notes = [f"- {r['name']}: {r['note']}" for r in d["rows"]
              if r.get("note") and (r["name"].startswith("(f)") or "headline" in r["name"])]
     table = _md(["benchmark", "ours", "reference", "ratio", "target", "met"], rows)
@@ -329,6 +332,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ablation": ablation_tables,
     "training": training_table,
     "benchmarks": benchmark_table,
+    "benchmarks-gpu": lambda: benchmark_table("results_gpu.json"),
     "comparison": comparison_table,
     "fb-bf": fb_bf_table,
     "vit-cifar10": vit_cifar10_table,
