@@ -269,8 +269,9 @@ def vit_cifar10_table() -> str:
     """ViT / CIFAR-10 per step, ours beside the paper's appendix table."""
     d = _load("full_compression_vit_cifar10.json")
     if d is None:
-        return ("No current result committed (`python experiments/full_compression.py --model vit "
-                "--dataset cifar10`).")
+        return ("No current result committed (`python experiments/full_compression.py --model vit --dataset cifar10 "
+                "--capture current --basis \"R-CMTF-PD d=3\" --basis \"R-CMTF-BSD nu=4 d=1\" "
+                "--basis \"R-CMTF-BSD nu=4 d=2\" --basis \"R-CMTF-BSD nu=4 d=3\"`).")
     paper = d.get("paper") or {}
     out = [f"ViT / CIFAR-10: ours (original {d['accuracy_original']:.2f} %) beside the paper (original "
            f"{paper.get('original', float('nan')):.2f} %), mean ± std over runs.", "", _source_line(d), ""]
@@ -338,7 +339,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "vit-cifar10": vit_cifar10_table,
     "budget-study": budget_study_table,
 }
-BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
+BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 
 
 def render(text: str) -> str:
@@ -349,6 +350,12 @@ def render(text: str) -> str:
             raise ValueError(f"README block report:{name} has no generator; known: {sorted(TABLES)}")
         return m.group(1) + TABLES[name]().rstrip("\n") + "\n" + m.group(4)
 
+    opened = re.findall(r"<!-- report:([^ >]*) -->", text)
+    matched = [m.group("name") for m in BLOCK.finditer(text)]
+    if opened != matched:
+        # A block the pattern does not see would be left as it is, silently: refuse instead.
+        raise ValueError(f"README report blocks {sorted(set(opened) - set(matched))} are malformed (a name "
+                         "of a-z, 0-9, _ and -, a newline after the opening marker, a matching closing marker)")
     return BLOCK.sub(fill, text)
 
 

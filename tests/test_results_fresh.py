@@ -8,6 +8,7 @@ README's result tables are generated from those files (``experiments/report.py``
 
 import json
 import pathlib
+import re
 import shutil
 import sys
 
@@ -76,3 +77,18 @@ def test_editing_a_solver_file_makes_results_stale(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", sorted(report.TABLES))
 def test_each_generated_table_renders(name):
     assert report.TABLES[name]().strip()
+
+
+def test_every_readme_block_has_a_generator():
+    """Each report marker in the README is one the generator sees (a name it cannot parse would
+    leave a table silently ungenerated)."""
+    text = report.README.read_text()
+    opened = re.findall(r"<!-- report:([^ >]*) -->", text)
+    assert opened and sorted(opened) == sorted(report.TABLES)
+
+
+@pytest.mark.parametrize("marker", ["<!-- report:Synthetic -->\nx\n<!-- /report:Synthetic -->",
+                                    "<!-- report:synthetic -->x<!-- /report:synthetic -->"])
+def test_malformed_block_is_refused(marker):
+    with pytest.raises(ValueError, match="malformed"):
+        report.render("intro\n" + marker + "\n")
