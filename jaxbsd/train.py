@@ -172,9 +172,10 @@ RECIPES: dict[tuple[str, str], TrainConfig] = {
     ("deit", "usps"): _cosine(40, 3, drop_path=0.1, shift=1, **_REGULARISED),
     ("vit", "fashion-mnist"): _cosine(20, 1, drop_path=0.1, **_REGULARISED),
     ("swin", "cifar10"): _cosine(20, 1, shift=2, **_REGULARISED),  # Swin's preset drop_path is 0.1
+    # recorded in training_vit_cifar10.json (72.07 %; the paper trains 200 epochs for 75.47 %)
+    ("vit", "cifar10"): _cosine(60, 1, drop_path=0.1, shift=2, **_REGULARISED),
     # not trained for training.json; used by the experiments when no checkpoint exists
     ("vit", "mnist"): _cosine(20, 1, drop_path=0.1, shift=1, **_REGULARISED),
-    ("vit", "cifar10"): _cosine(20, 1, drop_path=0.1, shift=2, **_REGULARISED),
     ("swin", "fashion-mnist"): _cosine(20, 1, **_REGULARISED),
 }
 
