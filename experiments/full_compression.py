@@ -179,6 +179,11 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     basis_tag = basis_name.split()[-2:] if "BSD" in basis_name else ["pd", "d=3"]
     state = state_root / f"{capture}-{order_name}-{'-'.join(basis_tag).replace('=', '')}-seed{seed}-{digest}"
     label = f"{kind}/{name} {capture} {order_name} {basis_name} seed {seed}"
+    # A finished run is kept as unit.json (tracked in git, unlike the step checkpoints), so a
+    # study that spans sessions or machines resumes from its finished runs.
+    if (kept := common.unit_done(state / "unit.json", tag)) is not None:
+        log(f"  {label}: finished before, kept from {common.rel_path(state / 'unit.json')}")
+        return kept
     if done := common.finished_steps(state):
         log(f"  {label}: resuming after step {done} from {common.rel_path(state)}")
     t0 = common.Timer()
@@ -186,14 +191,16 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     steps = compress(model, data, order=order, config=config, state_dir=state, progress=False)
     accs = "  ".join(f"{100 * s['acc_cmtf']:.2f}/{100 * s['acc_ft']:.2f}" for s in steps)
     log(f"  {label}: CMTF/FT per step {accs}  ({t0():.0f} s)")
-    return {"order": order_name, "basis": basis_name, "capture": capture, "seed": seed, "epochs": epochs,
-            "train_images": int(data.train_images.shape[0]), "config": config.to_dict(),
-            "state_dir": common.rel_path(state), "seconds": t0(),
-            # compress() keeps validation accuracies per fine-tuning epoch (test accuracy is only
-            # measured once per step, as acc_ft, so it never steers anything).
-            "steps": [{k: v for k, v in s.items() if k != "finetune"}
-                      | {"finetune_val_acc": [h.get("val_acc", h.get("test_acc")) for h in s.get("finetune", [])]}
-                      for s in steps]}
+    record = {"order": order_name, "basis": basis_name, "capture": capture, "seed": seed, "epochs": epochs,
+              "train_images": int(data.train_images.shape[0]), "config": config.to_dict(),
+              "state_dir": common.rel_path(state), "seconds": t0(),
+              # compress() keeps validation accuracies per fine-tuning epoch (test accuracy is only
+              # measured once per step, as acc_ft, so it never steers anything).
+              "steps": [{k: v for k, v in s.items() if k != "finetune"}
+                        | {"finetune_val_acc": [h.get("val_acc", h.get("test_acc")) for h in s.get("finetune", [])]}
+                        for s in steps]}
+    common.save_unit(state / "unit.json", tag, record)
+    return record
 
 
 def run_pair(kind: str, name: str, plan: dict, args, log) -> dict:

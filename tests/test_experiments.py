@@ -246,6 +246,15 @@ def test_full_compression_both_captures_killed_midway_resumes(tmp_path):
     assert _is_png(out / "full_compression_smoke_vit_fashion-mnist.png")
     assert (out / "full_compression_smoke_vit_fashion-mnist.csv").read_text().startswith("capture,order,step,")
 
+    # Another machine has only what git tracks of the state: each finished run's unit.json.
+    for path in (out / "state").rglob("*"):
+        if path.is_file() and path.name != "unit.json":
+            path.unlink()
+    again = _run("full_compression.py", "--smoke", "--out", str(out), tmp_path=tmp_path)
+    assert again.stderr.count("finished before, kept") == len(result["runs"])
+    rerun = json.loads((out / "full_compression_smoke_vit_fashion-mnist.json").read_text())
+    assert rerun["runs"] == result["runs"] and rerun["tables"] == result["tables"]
+
 
 @slow
 @needs_fashion_mnist
