@@ -28,7 +28,7 @@ import pathlib  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Sequence  # noqa: E402
+from typing import Any, Callable, Sequence  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -55,6 +55,7 @@ __all__ = [
     "mean_std",
     "paired_verdict",
     "unit_done",
+    "resume_unit",
     "save_unit",
     "Timer",
 ]
@@ -382,6 +383,18 @@ def unit_done(path: str | os.PathLike, tag: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return saved.get("record") if isinstance(saved, dict) and saved.get("tag") == tag else None
+
+
+def resume_unit(state_dir: pathlib.Path, tag: str, label: str, log: Callable[[str], None]) -> dict | None:
+    """Where a resumable unit stands: its record if it finished before under the same ``tag``
+    (``state_dir/unit.json``, logged as kept), else None, after logging the step an unfinished one
+    resumes after (``compress(state_dir=...)``'s ``steps.json``), if any."""
+    if (kept := unit_done(state_dir / "unit.json", tag)) is not None:
+        log(f"  {label}: finished before, kept from {rel_path(state_dir / 'unit.json')}")
+        return kept
+    if done := finished_steps(state_dir):
+        log(f"  {label}: resuming after step {done} from {rel_path(state_dir)}")
+    return None
 
 
 def save_unit(path: str | os.PathLike, tag: str, record: dict) -> None:

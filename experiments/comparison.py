@@ -107,11 +107,8 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order)}, sort_keys=True)
-    if (done := common.unit_done(state / "unit.json", tag)) is not None:
-        log(f"  {name}: finished before, kept from {common.rel_path(state / 'unit.json')}")
+    if (done := common.resume_unit(state, tag, name, log)) is not None:
         return done
-    if steps_done := common.finished_steps(state):
-        log(f"  {name}: resuming after step {steps_done} from {common.rel_path(state)}")
     t0 = common.Timer()
     model = load_checkpoint(model_path)[0]
     params_original = count_params(model)

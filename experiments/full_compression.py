@@ -181,11 +181,8 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     label = f"{kind}/{name} {capture} {order_name} {basis_name} seed {seed}"
     # A finished run is kept as unit.json (tracked in git, unlike the step checkpoints), so a
     # study that spans sessions or machines resumes from its finished runs.
-    if (kept := common.unit_done(state / "unit.json", tag)) is not None:
-        log(f"  {label}: finished before, kept from {common.rel_path(state / 'unit.json')}")
+    if (kept := common.resume_unit(state, tag, label, log)) is not None:
         return kept
-    if done := common.finished_steps(state):
-        log(f"  {label}: resuming after step {done} from {common.rel_path(state)}")
     t0 = common.Timer()
     model = load_checkpoint(_ckpt(info))[0]
     steps = compress(model, data, order=order, config=config, state_dir=state, progress=False)

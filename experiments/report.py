@@ -339,6 +339,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "vit-cifar10": vit_cifar10_table,
     "budget-study": budget_study_table,
 }
+MARKER = re.compile(r"<!-- report:([^ >]*) -->")  # every opening marker, well-formed or not
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 
 
@@ -350,7 +351,7 @@ def render(text: str) -> str:
             raise ValueError(f"README block report:{name} has no generator; known: {sorted(TABLES)}")
         return m.group(1) + TABLES[name]().rstrip("\n") + "\n" + m.group(4)
 
-    opened = re.findall(r"<!-- report:([^ >]*) -->", text)
+    opened = MARKER.findall(text)
     matched = [m.group("name") for m in BLOCK.finditer(text)]
     if opened != matched:
         # A block the pattern does not see would be left as it is, silently: refuse instead.

@@ -8,7 +8,6 @@ README's result tables are generated from those files (``experiments/report.py``
 
 import json
 import pathlib
-import re
 import shutil
 import sys
 
@@ -83,7 +82,7 @@ def test_every_readme_block_has_a_generator():
     """Each report marker in the README is one the generator sees (a name it cannot parse would
     leave a table silently ungenerated)."""
     text = report.README.read_text()
-    opened = re.findall(r"<!-- report:([^ >]*) -->", text)
+    opened = report.MARKER.findall(text)
     assert opened and sorted(opened) == sorted(report.TABLES)
 
 
