@@ -404,6 +404,12 @@ def save_unit(path: str | os.PathLike, tag: str, record: dict) -> None:
     write_json_atomic(path, jsonable({"tag": tag, "record": record}))
 
 
+def machine() -> str:
+    """The accelerator a unit ran on and the JAX version, e.g. ``"NVIDIA H200 (gpu), jax 0.11.2"``:
+    a study that resumes across machines records, per unit, which figures came from where."""
+    return f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
+
+
 class Timer:
     """Wall-clock seconds since construction (``Timer()()``)."""
 

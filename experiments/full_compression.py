@@ -190,7 +190,7 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     log(f"  {label}: CMTF/FT per step {accs}  ({t0():.0f} s)")
     record = {"order": order_name, "basis": basis_name, "capture": capture, "seed": seed, "epochs": epochs,
               "train_images": int(data.train_images.shape[0]), "config": config.to_dict(),
-              "state_dir": common.rel_path(state), "seconds": t0(),
+              "state_dir": common.rel_path(state), "seconds": t0(), "machine": common.machine(),
               # compress() keeps validation accuracies per fine-tuning epoch (test accuracy is only
               # measured once per step, as acc_ft, so it never steers anything).
               "steps": [{k: v for k, v in s.items() if k != "finetune"}
@@ -228,7 +228,10 @@ def run_pair(kind: str, name: str, plan: dict, args, log) -> dict:
             "params_original": params_original, "params_final": runs[-1]["steps"][-1]["params_model"],
             "savings_final": runs[-1]["steps"][-1]["savings_model"],
             "train_images": int(data.train_images.shape[0]), "test_images": int(data.test_images.shape[0]),
-            "runs": runs, "tables": tables, "verdicts": verdicts, "wall_seconds": timer()}
+            "runs": runs, "tables": tables, "verdicts": verdicts, "wall_seconds": timer(),
+            # Runs kept from unit.json may come from another machine: the compute they cost and where.
+            "run_seconds_total": sum(r["seconds"] for r in runs),
+            "machines": sorted({r.get("machine", "not recorded") for r in runs})}
 
 
 def order_verdict(runs: list[dict]) -> dict:

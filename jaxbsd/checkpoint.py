@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -278,9 +279,15 @@ def _write_version(directory: pathlib.Path, blob: bytes, arrays: dict[str, np.nd
     import orbax.checkpoint as ocp  # imported here: Orbax is slow to import
 
     directory.mkdir(parents=True)
-    # Orbax refuses relative paths; users pass ``checkpoints/model.npz``.
-    with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
-        checkpointer.save(directory.absolute() / _STATE, {name: np.asarray(a) for name, a in arrays.items()})
+    # Newer Orbax refuses zero-size arrays (a polynomial basis has no knots); their shape and
+    # dtype in the header determine them, so only the others are stored.
+    stored = {name: np.asarray(a) for name, a in arrays.items() if np.size(a)}
+    if stored:
+        # Orbax refuses relative paths; users pass ``checkpoints/model.npz``.
+        with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
+            checkpointer.save(directory.absolute() / _STATE, stored)
+    else:
+        (directory / _STATE).mkdir()
     with open(directory / _HEADER, "wb") as f:
         f.write(blob)
         f.flush()
@@ -510,15 +517,20 @@ def _restore_arrays(path: pathlib.Path, directory: pathlib.Path, table: dict[str
         raise ValueError(f"checkpoint {path}: {state} is missing")
     target = {
         name: jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"])) for name, e in table.items()
+        if math.prod(e["shape"])  # zero-size arrays are not stored (see _write_version)
     }
-    try:
-        with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
-            restored = checkpointer.restore(state.absolute(), target)  # Orbax wants absolute paths
-    except Exception as e:  # Orbax/TensorStore raise many types on truncated or missing files
-        raise ValueError(f"checkpoint {path} is truncated or corrupt: cannot restore {state}: "
-                         f"{type(e).__name__}: {str(e)[:500]}") from None
-    if not isinstance(restored, dict) or set(restored) != set(table):
+    restored = {}
+    if target:
+        try:
+            with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
+                restored = checkpointer.restore(state.absolute(), target)  # Orbax wants absolute paths
+        except Exception as e:  # Orbax/TensorStore raise many types on truncated or missing files
+            raise ValueError(f"checkpoint {path} is truncated or corrupt: cannot restore {state}: "
+                             f"{type(e).__name__}: {str(e)[:500]}") from None
+    if not isinstance(restored, dict) or set(restored) != set(target):
         raise ValueError(f"checkpoint {path} is corrupt: {state} does not hold the variables of {_HEADER}")
+    restored |= {name: np.zeros(tuple(e["shape"]), np.dtype(e["dtype"]))
+                 for name, e in table.items() if name not in target}
     arrays = {}
     for name, value in restored.items():
         arr = np.asarray(value)
