@@ -444,7 +444,8 @@ def main(argv=None) -> int:
     for key in ("epochs", "train_subset", "test_subset", "runs", "max_iter"):
         if getattr(args, key) is not None:
             plan[key] = (getattr(args, key) or None) if key.endswith("subset") else getattr(args, key)
-    args.prefix = "full_compression_smoke" if args.smoke else "full_compression_quick" if args.quick else "full_compression"
+    args.prefix = ("full_compression_smoke" if args.smoke else "full_compression_quick" if args.quick else
+                   "full_compression_paper_budget" if args.paper_budget else "full_compression")
     args.out.mkdir(parents=True, exist_ok=True)
     command = common.command_line("full_compression.py", argv)
     common.enable_compilation_cache()
