@@ -224,23 +224,27 @@ def run_pair(kind: str, name: str, plan: dict, args, log) -> dict:
     tables = {c: summarize([r for r in runs if r["capture"] == c], plan, depth) for c in plan["capture"]}
     verdicts = {c: {b: order_verdict([r for r in runs if r["capture"] == c and r["basis"] == b])
                     for b in plan["bases"]} for c in plan["capture"]}
+    # Over every basis at once (pairs share seeds, so this is a summary, not independent evidence).
+    pooled = {c: order_verdict([r for r in runs if r["capture"] == c]) for c in plan["capture"]}
     return {"model": kind, "dataset": name, "checkpoint": info, "accuracy_original": 100 * acc_original,
             "params_original": params_original, "params_final": runs[-1]["steps"][-1]["params_model"],
             "savings_final": runs[-1]["steps"][-1]["savings_model"],
             "train_images": int(data.train_images.shape[0]), "test_images": int(data.test_images.shape[0]),
-            "runs": runs, "tables": tables, "verdicts": verdicts, "wall_seconds": timer(),
+            "runs": runs, "tables": tables, "verdicts": verdicts, "pooled_verdicts": pooled,
+            "wall_seconds": timer(),
             # Runs kept from unit.json may come from another machine: the compute they cost and where.
             "run_seconds_total": sum(r["seconds"] for r in runs),
             "machines": sorted({r.get("machine", "not recorded") for r in runs})}
 
 
 def order_verdict(runs: list[dict]) -> dict:
-    """BF against FB on the final test accuracy (after the last fine-tuning), paired by seed."""
-    final = {(r["order"], r["seed"]): 100 * r["steps"][-1]["acc_ft"] for r in runs}
-    seeds = sorted(s for (o, s) in final if o == "BF" and ("FB", s) in final)
-    v = common.paired_verdict([final[("BF", s)] for s in seeds], [final[("FB", s)] for s in seeds],
+    """BF against FB on the final test accuracy (after the last fine-tuning), paired by (basis, seed)."""
+    final = {(r["order"], r["basis"], r["seed"]): 100 * r["steps"][-1]["acc_ft"] for r in runs}
+    pairs = sorted((b, s) for (o, b, s) in final if o == "BF" and ("FB", b, s) in final)
+    v = common.paired_verdict([final[("BF", *k)] for k in pairs], [final[("FB", *k)] for k in pairs],
                               better="BF better", worse="FB better")
-    v["seeds"] = seeds
+    v["seeds"] = sorted({s for _, s in pairs})
+    v["pairs"] = len(pairs)
     return v
 
 
@@ -283,6 +287,9 @@ def format_tables(result: dict, plan: dict) -> str:
             lines.append(f"  final accuracy, BF − FB ({short[b]}): {v['mean_diff']:+.2f} points over seeds "
                          f"{v['seeds']} (paired t-test p = {_p(v['p_ttest'])}, sign test p = {_p(v['p_sign'])}): "
                          f"{v['verdict']}")
+        if len(bases) > 1 and (v := result.get("pooled_verdicts", {}).get(capture)):
+            lines.append(f"  final accuracy, BF − FB over all bases ({v['pairs']} pairs): {v['mean_diff']:+.2f} points "
+                         f"(paired t-test p = {_p(v['p_ttest'])}, sign test p = {_p(v['p_sign'])}): {v['verdict']}")
     paper = PAPER.get((result["model"], result["dataset"]))
     if paper:
         lines.append(f"paper ({result['model']} + {result['dataset']}, original {paper['original']:.2f} %):")

@@ -79,8 +79,13 @@ def _source_line(payload: dict) -> str:
     if not prov:
         return "**No provenance: this result is stale (report --check fails) and must be regenerated.**"
     wall = payload.get("wall_seconds")
-    return (f"Generated from `{prov['command']}` at commit `{str(prov['commit'])[:10]}`"
-            + (f" ({wall / 60:.1f} min on the 2-core CPU machine)." if wall else "."))
+    machines = payload.get("machines") or []
+    if any("(cpu)" not in m for m in machines):
+        # Runs kept from unit.json computed elsewhere (a GPU): say where, and what they cost there.
+        where = f" (runs: {payload['run_seconds_total'] / 60:.1f} min on {', '.join(machines)})."
+    else:
+        where = f" ({wall / 60:.1f} min on the 2-core CPU machine)." if wall else "."
+    return f"Generated from `{prov['command']}` at commit `{str(prov['commit'])[:10]}`" + where
 
 
 def synthetic_tables() -> str:
@@ -273,17 +278,51 @@ def vit_cifar10_table() -> str:
                 "--capture current --basis \"R-CMTF-PD d=3\" --basis \"R-CMTF-BSD nu=4 d=1\" "
                 "--basis \"R-CMTF-BSD nu=4 d=2\" --basis \"R-CMTF-BSD nu=4 d=3\"`).")
     paper = d.get("paper") or {}
-    out = [f"ViT / CIFAR-10: ours (original {d['accuracy_original']:.2f} %) beside the paper (original "
-           f"{paper.get('original', float('nan')):.2f} %), mean ± std over runs.", "", _source_line(d), ""]
     capture = "current" if "current" in d["tables"] else next(iter(d["tables"]))
+    bases = list(d["verdicts"][capture])
+    out = [f"ViT / CIFAR-10, {capture} capture: ours (original {d['accuracy_original']:.2f} %; {d['plan']['runs']} "
+           f"seeds; fine-tuning {d['plan']['epochs']} epoch(s) on {d['train_images']:,} images per step), and in "
+           f"brackets the paper (original {paper.get('original', float('nan')):.2f} %; 5 epochs on 50,000 "
+           "images), mean ± std over runs.", "", _source_line(d), ""]
     rows = []
     for order in ("FB", "BF"):
         for label, cells in d["tables"][capture][order].items():
-            for basis, c in cells.items():
-                p = paper.get(order, {}).get(label, {}).get(basis)
-                rows.append([order, label, basis.replace("nu=", "ν="), _pm(c["mean"], c["std"]),
-                             "—" if p is None else f"{p[0]:.2f} ± {p[1]:.3f}"])
-    out.append(_md(["order", "step", "basis", f"ours ({capture} capture) %", "paper %"], rows))
+            row = [order, label]
+            for basis in bases:
+                c, p = cells[basis], paper.get(order, {}).get(label, {}).get(basis)
+                row.append(_pm(c["mean"], c["std"]) + ("" if p is None else f" ({p[0]:.2f})"))
+            rows.append(row)
+    out.append(_md(["order", "step", *(b.replace("nu=", "ν=") for b in bases)], rows))
+    out += ["", "Final accuracy, BF − FB paired over seeds (ours; the paper's difference in brackets):", ""]
+    rows = []
+    for basis, v in d["verdicts"][capture].items():
+        last = list(d["tables"][capture]["FB"])[-1]
+        p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+        rows.append([basis.replace("nu=", "ν="), f"{v['mean_diff']:+.2f}"
+                     + ("" if p_fb is None or p_bf is None else f" ({p_bf[0] - p_fb[0]:+.2f})"),
+                     _pval(v["p_ttest"]), _pval(v["p_sign"]), v["verdict"]])
+    if (v := d.get("pooled_verdicts", {}).get(capture)) and len(bases) > 1:
+        rows.append([f"all bases ({v['pairs']} pairs)", f"{v['mean_diff']:+.2f}", _pval(v["p_ttest"]),
+                     _pval(v["p_sign"]), v["verdict"]])
+    out.append(_md(["basis", "BF − FB", "t-test p", "sign p", "verdict"], rows))
+    budget = _load("full_compression_paper_budget_vit_cifar10.json")
+    if budget is not None:
+        c = budget["verdicts"][capture] if capture in budget["verdicts"] else next(iter(budget["verdicts"].values()))
+        cap = capture if capture in budget["tables"] else next(iter(budget["tables"]))
+        last = list(budget["tables"][cap]["FB"])[-1]
+        rows = []
+        for basis, v in c.items():
+            fb, bf = budget["tables"][cap]["FB"][last][basis], budget["tables"][cap]["BF"][last][basis]
+            ours = {o: d["tables"][capture][o][last].get(basis) for o in ("FB", "BF")}
+            one = len(v["seeds"]) == 1  # no spread to show
+            rows.append([basis.replace("nu=", "ν="), ", ".join(str(s) for s in v["seeds"]),
+                         *(f"{c['mean']:.2f}" if one else _pm(c["mean"], c["std"]) for c in (fb, bf)),
+                         f"{v['mean_diff']:+.2f}",
+                         *("—" if ours[o] is None else f"{ours[o]['mean']:.2f}" for o in ("FB", "BF"))])
+        out += ["", f"The paper's fine-tuning budget ({budget['plan']['epochs']} epochs on "
+                f"{budget['train_images']:,} images per step), final accuracy:", "", _source_line(budget), "",
+                _md(["basis", "seeds", "FB final %", "BF final %", "BF − FB", "FB, our budget", "BF, our budget"],
+                    rows)]
     return "\n".join(out)
 
 

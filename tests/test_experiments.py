@@ -150,6 +150,33 @@ def test_paired_verdict_on_constructed_data():
         common.paired_verdict([1.0, 2.0], [1.0], **kw)
 
 
+def test_order_verdict_pairs_by_basis_and_seed():
+    import full_compression
+
+    def run(order, basis, seed, acc):
+        return {"order": order, "basis": basis, "seed": seed, "steps": [{"acc_ft": acc / 100}]}
+
+    # Per basis, BF leads by 1 point on seeds 0-2; an FB run without its BF partner is left out.
+    runs = [run("FB", b, s, 70.0 + s + off) for b, off in (("a", 0.0), ("b", 5.0)) for s in range(3)]
+    runs += [run("BF", b, s, 71.0 + s + off + 0.01 * s) for b, off in (("a", 0.0), ("b", 5.0)) for s in range(3)]
+    runs.append(run("FB", "a", 7, 10.0))
+    v = full_compression.order_verdict(runs)
+    assert v["pairs"] == 6 and v["seeds"] == [0, 1, 2]
+    assert v["mean_diff"] == pytest.approx(1.01) and v["verdict"] == "BF better"
+    one = full_compression.order_verdict([r for r in runs if r["basis"] == "b"])
+    assert one["pairs"] == 3 and one["mean_diff"] == pytest.approx(1.01)
+
+
+def test_source_line_names_the_machine_that_computed_the_runs():
+    import report
+
+    prov = {"provenance": {"command": "python x.py", "commit": "0123456789abc"}, "wall_seconds": 30.0}
+    assert "2-core CPU machine" in report._source_line(prov)
+    gpu = prov | {"machines": ["NVIDIA H200 (gpu), jax 0.11.2"], "run_seconds_total": 372.0}
+    line = report._source_line(gpu)
+    assert "6.2 min on NVIDIA H200 (gpu)" in line and "CPU machine" not in line
+
+
 def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path):
     import report
 
