@@ -279,8 +279,9 @@ def _write_version(directory: pathlib.Path, blob: bytes, arrays: dict[str, np.nd
     import orbax.checkpoint as ocp  # imported here: Orbax is slow to import
 
     directory.mkdir(parents=True)
-    # Newer Orbax refuses zero-size arrays (a polynomial basis has no knots); their shape and
-    # dtype in the header determine them, so only the others are stored.
+    # Orbax refuses zero-size arrays (a polynomial basis has no knots), so every polynomial
+    # compression with a state_dir failed; their shape and dtype in the header determine them,
+    # so only the others are stored.
     stored = {name: np.asarray(a) for name, a in arrays.items() if np.size(a)}
     if stored:
         # Orbax refuses relative paths; users pass ``checkpoints/model.npz``.

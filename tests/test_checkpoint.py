@@ -161,8 +161,8 @@ def test_compressed_vit_round_trip(tmp_path, compressed_vit):
 
 
 def test_zero_size_arrays_round_trip(tmp_path, monkeypatch):
-    """A polynomial basis has no knots (a zero-size array). Orbax >= 0.11.x refuses to save
-    zero-size arrays; emulate that refusal so the test fails if one reaches Orbax."""
+    """A polynomial basis has no knots (a zero-size array), which Orbax refuses to save. The
+    refusal is emulated as well, so the test fails if one reaches Orbax whatever its version."""
     import orbax.checkpoint as ocp
 
     save = ocp.Checkpointer.save
