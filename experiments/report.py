@@ -74,6 +74,12 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _run_seconds(payload: dict) -> float:
+    """Seconds the result's runs took, each as recorded when it finished (0 if none say)."""
+    runs = payload.get("runs")
+    return sum(r.get("seconds") or 0 for r in runs if isinstance(r, dict)) if isinstance(runs, list) else 0.0
+
+
 def _source_line(payload: dict) -> str:
     prov = payload.get("provenance")
     if not prov:
@@ -83,6 +89,10 @@ def _source_line(payload: dict) -> str:
     if any("(cpu)" not in m for m in machines):
         # Runs kept from unit.json computed elsewhere (a GPU): say where, and what they cost there.
         where = f" (runs: {payload['run_seconds_total'] / 60:.1f} min on {', '.join(machines)})."
+    elif wall and (runs := _run_seconds(payload)) > 2 * wall:
+        # Most runs were kept from unit.json (a study that spans sessions): their own time counts.
+        where = (f" (runs: {runs / 3600:.1f} h on the 2-core CPU machine over several sessions; "
+                 f"this assembly {wall / 60:.1f} min).")
     else:
         where = f" ({wall / 60:.1f} min on the 2-core CPU machine)." if wall else "."
     return f"Generated from `{prov['command']}` at commit `{str(prov['commit'])[:10]}`" + where

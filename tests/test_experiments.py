@@ -175,6 +175,9 @@ def test_source_line_names_the_machine_that_computed_the_runs():
     gpu = prov | {"machines": ["NVIDIA H200 (gpu), jax 0.11.2"], "run_seconds_total": 372.0}
     line = report._source_line(gpu)
     assert "6.2 min on NVIDIA H200 (gpu)" in line and "CPU machine" not in line
+    kept = prov | {"runs": [{"seconds": 3600.0}, {"seconds": 1800.0}, {"note": "infeasible"}]}
+    assert "runs: 1.5 h on the 2-core CPU machine over several sessions; this assembly 0.5 min" in \
+        report._source_line(kept)
 
 
 def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path):
