@@ -76,6 +76,8 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
 
 def _run_seconds(payload: dict) -> float:
     """Seconds the result's runs took, each as recorded when it finished (0 if none say)."""
+    if "run_seconds_total" in payload:  # full_compression records the sum itself
+        return payload["run_seconds_total"]
     runs = payload.get("runs")
     return sum(r.get("seconds") or 0 for r in runs if isinstance(r, dict)) if isinstance(runs, list) else 0.0
 
@@ -88,7 +90,7 @@ def _source_line(payload: dict) -> str:
     machines = payload.get("machines") or []
     if any("(cpu)" not in m for m in machines):
         # Runs kept from unit.json computed elsewhere (a GPU): say where, and what they cost there.
-        where = f" (runs: {payload['run_seconds_total'] / 60:.1f} min on {', '.join(machines)})."
+        where = f" (runs: {_run_seconds(payload) / 60:.1f} min on {', '.join(machines)})."
     elif wall and (runs := _run_seconds(payload)) > 2 * wall:
         # Most runs were kept from unit.json (a study that spans sessions): their own time counts.
         where = (f" (runs: {runs / 3600:.1f} h on the 2-core CPU machine over several sessions; "
@@ -305,8 +307,8 @@ def vit_cifar10_table() -> str:
     out.append(_md(["order", "step", *(b.replace("nu=", "ν=") for b in bases)], rows))
     out += ["", "Final accuracy, BF − FB paired over seeds (ours; the paper's difference in brackets):", ""]
     rows = []
+    last = list(d["tables"][capture]["FB"])[-1]
     for basis, v in d["verdicts"][capture].items():
-        last = list(d["tables"][capture]["FB"])[-1]
         p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
         rows.append([basis.replace("nu=", "ν="), f"{v['mean_diff']:+.2f}"
                      + ("" if p_fb is None or p_bf is None else f" ({p_bf[0] - p_fb[0]:+.2f})"),
@@ -317,11 +319,9 @@ def vit_cifar10_table() -> str:
     out.append(_md(["basis", "BF − FB", "t-test p", "sign p", "verdict"], rows))
     budget = _load("full_compression_paper_budget_vit_cifar10.json")
     if budget is not None:
-        c = budget["verdicts"][capture] if capture in budget["verdicts"] else next(iter(budget["verdicts"].values()))
         cap = capture if capture in budget["tables"] else next(iter(budget["tables"]))
-        last = list(budget["tables"][cap]["FB"])[-1]
         rows = []
-        for basis, v in c.items():
+        for basis, v in budget["verdicts"][cap].items():
             fb, bf = budget["tables"][cap]["FB"][last][basis], budget["tables"][cap]["BF"][last][basis]
             ours = {o: d["tables"][capture][o][last].get(basis) for o in ("FB", "BF")}
             one = len(v["seeds"]) == 1  # no spread to show
