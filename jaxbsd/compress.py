@@ -46,8 +46,8 @@ from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compress_model import (
     ALLOCATIONS,
-    _check_budget,
-    _make_site,
+    check_budget,
+    make_site,
     build_replacement,
     greedy_candidates,
     greedy_ranks,
@@ -231,7 +231,7 @@ def _block_site(model, block_index: int, images, config: CompressionConfig, key:
         raise ValueError(f"num_samples ({S}) exceeds the {X_all.shape[0]} available tokens")
     path = f"blocks.{block_index}.mlp"
     spec = spec_for(mlp, path, None) if (config.structured or config.method != "bsd") else None
-    return _make_site(path, mlp, spec, X_all, mlp(X_all), S, key, validate=False)
+    return make_site(path, mlp, spec, X_all, mlp(X_all), S, key, validate=False)
 
 
 def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array, *,
@@ -279,7 +279,7 @@ def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig,
     dof = config.basis.num_coef
     total = count_params(model)
     budget = int(np.floor((1 - config.reduction) * total)) - (total - sum(s.params for s in sites))
-    _check_budget(sites, config.method, dof, budget, config.reduction)
+    check_budget(sites, config.method, dof, budget, config.reduction)
     ranks = uniform_ranks(sites, config.method, dof, budget)
     if config.allocation == "greedy":
         floor = sum(s.params_at(config.method, 1, dof) for s in sites)
