@@ -23,7 +23,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from jaxbsd.cli_args import CLIParser, checkpoint_slot, existing_path, output_file, positive_int
+from jaxbsd.cli_args import CLIParser, checkpoint_slot, existing_path, one_line, output_file, positive_int
 
 __all__ = ["build_parser", "main", "add_train_command", "train_config_from_args", "validate_train_args",
            "SUBCOMMANDS", "USER_ERRORS"]
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as err:
         if args.debug:
             traceback.print_exc()
-        command.error(str(err))
+        command.error(one_line(err) or type(err).__name__)
     except KeyboardInterrupt:
         if args.debug:
             traceback.print_exc()

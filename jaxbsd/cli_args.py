@@ -40,7 +40,7 @@ def one_line(message: object) -> str:
     """``message`` as one line: its lines joined by ``"; "``, without numpy's advice to load a
     file unsafely (``allow_pickle``)."""
     text = "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
-    return _UNSAFE_ADVICE.sub("", text).rstrip(" :;") or type(message).__name__
+    return _UNSAFE_ADVICE.sub("", text).rstrip(" :;")
 
 
 class CLIParser(argparse.ArgumentParser):

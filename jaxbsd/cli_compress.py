@@ -6,6 +6,11 @@ B-splines, ν = 4, rank = embedding width, S = 128, or the ranks a ``--reduction
 allows), fine-tunes after every step (kept only if the validation hold-out does not get worse),
 prints a table (step, accuracy after decoupling and after fine-tuning, parameters, savings) and
 writes the step records (JSON) and a PNG of the accuracy and parameter count per step.
+
+Every argument, file and data set is checked before anything is written: a user error is one
+line ``jaxbsd compress: error: ...`` (exit status 2) and leaves ``--out`` as it was. Rerun with
+the same settings and ``--out``, it resumes after the last finished step (``--out/state``);
+``--out`` holding the state of other settings is refused.
 """
 
 from __future__ import annotations
