@@ -122,7 +122,7 @@ def test_compress_model_reference_renders_its_docstring(site):
 
 
 @pytest.mark.parametrize("page, module, function", [("api/", "driver", "decouple"), ("api/", "cmtf", "solve"),
-                                                    ("api/", "compress_model", "compress_model")])
+                                                    ("api/compress_model/", "compress_model", "compress_model")])
 def test_api_reference_shows_the_main_functions(site, page, module, function):
     out, _ = site
     dom = (out / "site" / page / "index.html").read_text()
