@@ -149,3 +149,14 @@ def test_results_page_shows_every_plot(site):
     _, server = site
     served = {pathlib.PurePosixPath(path).name for path, code in server.requests if code == 200}
     assert plots <= served, f"plots not served: {sorted(plots - served)}"
+
+
+def test_every_public_module_is_in_the_api_reference(site):
+    """A new module of the package needs its ``::: jaxbsd.<module>`` line on a page of docs/api/."""
+    out, _ = site
+    ids = set()
+    for page in (out / "site" / "api").rglob("index.html"):
+        ids |= set(re.findall(r'id="(jaxbsd[\w.]*)"', page.read_text()))
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+               for p in (ROOT / "jaxbsd").rglob("*.py") if not p.name.startswith("_") or p.name == "__init__.py"}
+    assert modules and not sorted(modules - ids)
