@@ -11,7 +11,8 @@ a SwiGLU MLP ``d → 3d → d``, never materialized) against the same sweep thro
   separately (``details["sq_norm_s"]``), and so is building each Jacobian;
 * memory (deterministic, no sampling): the bytes of the problem's and state's arrays as they
   sit in memory between sweeps, plus the compiled sweep's scratch (``temp`` of
-  ``memory_analysis()``), i.e. the sweep's peak footprint apart from its (small) outputs;
+  ``memory_analysis()``), i.e. the sweep's peak footprint apart from its (small) outputs; the
+  one-off ``‖𝒥‖²``'s scratch (``H × H`` Gram blocks) is in ``details["sq_norm_temp_bytes"]``;
 * the same iterate from both (relative difference of ``W1``), so the rows compare equals.
 
 Ratios read as ``dense / gated`` (above 1: the structured operator wins). Dense is skipped
@@ -142,7 +143,9 @@ def bench_gated(
         fns = {"gated": lambda: _block(_loop_sweep_jit(state, p_gated, config, norm_g))}
         mem = {"gated": _footprint(state, p_gated, config, norm_g)}
         dense_bytes = 3 * S * d * d * 4
+        norm_mem = _sq_norm_jit.lower(jac).compile().memory_analysis()
         details = {"d": d, "H": H, "S": S, "r": r, "build_gated_s": t_build, "sq_norm_s": t_norm,
+                   "sq_norm_temp_bytes": None if norm_mem is None else int(norm_mem.temp_size_in_bytes),
                    "dense_tensor_bytes": dense_bytes, "memory": mem}
         p_dense = None
         if dense_bytes <= dense_max_bytes:

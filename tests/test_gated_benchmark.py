@@ -26,6 +26,7 @@ def test_gated_rows_run_at_a_tiny_size():
     assert mem["dense"]["argument"] >= 2 * details["dense_tensor_bytes"] // 3
     assert mem["gated"]["resident"] < mem["dense"]["resident"]
     assert mem["dense"]["peak"] == mem["dense"]["resident"] + mem["dense"]["temp"]
+    assert details["sq_norm_temp_bytes"] >= 0 and details["sq_norm_s"] > 0
     assert mem_row.unit == "MiB" and mem_row.ratio > 0
     # dense skipped above the memory limit: one time row and one memory row, no ratio
     skipped = bench.bench_gated(ds=(6,), S=16, r=3, repeats=1, dense_max_bytes=0)
