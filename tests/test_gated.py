@@ -164,9 +164,8 @@ def test_map_samples_restricts_to_those_samples():
 CONFIG = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 5), max_iter=6, tol=0.0)
 
 
-@pytest.mark.parametrize("act_name,biases", [("silu", False), ("gelu", True)])
-def test_decouple_on_the_operator_equals_the_dense_decouple(act_name, biases):
-    op, J, F, X = case(40, 4, 5, 12, act_name, biases)
+def test_decouple_on_the_operator_equals_the_dense_decouple():
+    op, J, F, X = case(40, 4, 5, 12, "silu", False)
     key = jax.random.key(3)
     ours = jb.decouple(op, F, X, CONFIG, key=key, restarts=2)
     ref = jb.decouple(J, F, X, CONFIG, key=key, restarts=2)
@@ -179,13 +178,19 @@ def test_decouple_on_the_operator_equals_the_dense_decouple(act_name, biases):
     np.testing.assert_allclose(ours.restarts.error_F, ref.restarts.error_F, rtol=1e-8)
 
 
-def test_solve_on_the_operator_equals_the_dense_solve():
-    op, J, F, X = case(40, 4, 5, 12, "gelu_tanh", True)
+@pytest.mark.parametrize("act_name", ["gelu", "gelu_tanh"])  # the second reuses the compiled solves
+def test_solve_on_the_operator_equals_the_dense_solve(act_name):
+    op, J, F, X = case(40, 4, 5, 12, act_name, True)
     key = jax.random.key(4)
     one = jb.solve(key, jb.problem(op, F, X), CONFIG)
     one_dense = jb.solve(key, jb.problem(J, F, X), CONFIG)
-    np.testing.assert_allclose(one.state.W1, one_dense.state.W1, rtol=1e-7, atol=1e-10)
+    assert int(one.iterations) == int(one_dense.iterations) == CONFIG.max_iter
+    for field in ("W0", "W1", "G", "coef"):
+        np.testing.assert_allclose(getattr(one.state, field), getattr(one_dense.state, field),
+                                   rtol=1e-7, atol=1e-10, err_msg=field)
+    np.testing.assert_allclose(one.history_J, one_dense.history_J, rtol=1e-8)
     np.testing.assert_allclose(one.error_J, one_dense.error_J, rtol=1e-8)
+    assert float(one.error_J) < 0.9  # the fit is not trivial: six sweeps did reduce Error(J)
 
 
 SCRIPT = textwrap.dedent(
