@@ -133,14 +133,14 @@ def bench_gated(
     rows = []
     for d in ds:
         H = hidden_factor * d
-        (jac, F, X), t_build = _timed(lambda: gated_problem(d, H, S))
+        (jac, F, X), t_build = _timed(lambda d=d, H=H: gated_problem(d, H, S))
         config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
         p_gated = jb.Problem(jac, F, X)
         state = _init_jit(jax.random.key(0), p_gated, config)
         _sq_norm_jit(jac)  # compile
-        norm_g, t_norm = _timed(lambda: _sq_norm_jit(jac))
+        norm_g, t_norm = _timed(lambda j=jac: _sq_norm_jit(j))
         _check_dtype("gated sweep", _loop_sweep_jit(state, p_gated, config, norm_g), jnp.float32)
-        fns = {"gated": lambda: _block(_loop_sweep_jit(state, p_gated, config, norm_g))}
+        fns = {"gated": lambda s=state, p=p_gated, c=config, nj=norm_g: _block(_loop_sweep_jit(s, p, c, nj))}
         mem = {"gated": _footprint(state, p_gated, config, norm_g)}
         dense_bytes = 3 * S * d * d * 4
         norm_mem = _sq_norm_jit.lower(jac).compile().memory_analysis()
@@ -149,10 +149,10 @@ def bench_gated(
                    "dense_tensor_bytes": dense_bytes, "memory": mem}
         p_dense = None
         if dense_bytes <= dense_max_bytes:
-            dense, t_dense_build = _timed(lambda: dense_from_gated(jac))
+            dense, t_dense_build = _timed(lambda j=jac: dense_from_gated(j))
             p_dense = jb.Problem(dense, F, X)
             norm_d = _block(_sq_norm_jit(dense))
-            fns["dense"] = lambda: _block(_loop_sweep_jit(state, p_dense, config, norm_d))
+            fns["dense"] = lambda s=state, p=p_dense, c=config, nj=norm_d: _block(_loop_sweep_jit(s, p, c, nj))
             mem["dense"] = _footprint(state, p_dense, config, norm_d)
             details["build_dense_s"] = t_dense_build
             details["rel_diff_sq_norm"] = rel_diff(norm_g, norm_d)

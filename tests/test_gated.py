@@ -110,6 +110,20 @@ def test_blocked_norm_equals_the_dense_norm(H, block, monkeypatch):
     np.testing.assert_allclose(jax.jit(lambda o: o.sq_norm())(op), np.sum(J**2), rtol=1e-12)
 
 
+@pytest.mark.parametrize("block", [64, 4])
+def test_inner_product_of_two_gated_jacobians(block, monkeypatch):
+    monkeypatch.setattr(gated, "GRAM_BLOCK", block)
+    a, Ja, _, X = case(8, 3, 4, 10, "silu", True, seed=0)
+    _, gate, up, down, bg, bu, _ = weights(8, 3, 4, 7, biases=True, seed=5)  # other hidden width
+    b = jb.gated_mlp_jacobian(X, gate, up, down, ACTIVATIONS["silu"], gate_bias=bg, up_bias=bu)
+    Jb = np.asarray(jax.vmap(jax.jacrev(reference_f(gate, up, down, bg, bu, None, ACTIVATIONS["silu"])))(X))
+    np.testing.assert_allclose(a.inner(b), np.sum(Ja * Jb), rtol=1e-12)
+    np.testing.assert_allclose(b.inner(a), np.sum(Ja * Jb), rtol=1e-12)
+    np.testing.assert_allclose(a.inner(a), np.sum(Ja**2), rtol=1e-12)
+    with pytest.raises(ValueError, match="other"):
+        a.inner(b.map_samples(lambda d: d[:5]))
+
+
 def test_residual_of_the_planted_exact_fit_is_zero():
     # 𝒥 is the rank-2H CPD [[ [V1 V1], [Vg; Vu]ᵀ, [Dg Du] ]]: fitting it with those factors is exact.
     op, J, _, _ = case(10, 3, 4, 6, "gelu", True)
@@ -211,7 +225,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow  # a subprocess with four host devices: ~80 s on the shared 2-core machine
 def test_sample_sharding_over_four_devices_matches_one_device():
-    op, J, F, X = case(40, 4, 5, 12, "silu", True)
+    op, _, F, X = case(40, 4, 5, 12, "silu", True)
     single = jb.decouple(op, F, X, CONFIG, key=jax.random.key(0), restarts=2)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     script = SCRIPT.format(tests=os.path.dirname(__file__))
@@ -288,7 +302,7 @@ def test_nan_input_raises_naming_the_argument(field):
 
 
 def test_problem_validates_a_hand_built_operator():
-    op, J, F, X = case(8, 3, 4, 5, "silu", True)
+    op, _, F, X = case(8, 3, 4, 5, "silu", True)
     jb.problem(op, F, X)  # consistent: accepted
     with pytest.raises(ValueError, match="J: gated factors disagree"):
         jb.problem(op._replace(Vu=op.Vu[:, :3]), F, X)
