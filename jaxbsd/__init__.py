@@ -4,7 +4,7 @@
 ReLU sums), found by the robust coupled matrix–tensor factorization R-CMTF-BSD.
 """
 
-from jaxbsd import bases, bspline, metrics, tensor
+from jaxbsd import bases, bspline, gated, metrics, tensor
 from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
 from jaxbsd.checkpoint import load_compressed, save_compressed
 from jaxbsd.cmtf import (
@@ -27,6 +27,7 @@ from jaxbsd.decoupled import Decoupled
 from jaxbsd.driver import configure_cpu_threads, decouple, problem
 from jaxbsd.sampling import sample
 from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
+from jaxbsd.gated import GatedJacobian, gated_mlp, gated_mlp_jacobian
 
 # Last: compress_model imports the models (Flax). Binding the function here also shadows the
 # submodule attribute of the same name, so ``jb.compress_model`` is the function; its helpers
@@ -59,6 +60,7 @@ __all__ = [
     "Decoupled",
     "DecouplingResult",
     "DenseJacobian",
+    "GatedJacobian",
     "Polynomial",
     "ReLU",
     "Status",
@@ -67,6 +69,9 @@ __all__ = [
     "bspline",
     "compress_model",
     "decouple",
+    "gated",
+    "gated_mlp",
+    "gated_mlp_jacobian",
     "load_compressed",
     "metrics",
     "sample",

@@ -140,6 +140,10 @@ def problem(J: Any, F: Any, X: Any) -> Problem:
     else:
         jac = DenseJacobian.from_dense(_as_array("J", J, 3, "(S, n, m)"))
         named = {"J": jac.J}
+    # An operator may check the consistency of its own factors (GatedJacobian does).
+    check_shapes = getattr(jac, "check_shapes", None)
+    if callable(check_shapes):
+        check_shapes()
     if isinstance(jac, StructuredJacobian):
         H = jac.D.shape[1]
         if jac.V1.ndim != 2 or jac.V0.ndim != 2 or jac.D.ndim != 2 or jac.V1.shape[1] != H or jac.V0.shape[0] != H:
