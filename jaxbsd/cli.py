@@ -30,7 +30,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-_FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float}
+_FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float, "int | None": int}
 
 
 def _train_config_flags(p: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, choices=sorted(MODELS), help="architecture")
     p.add_argument("--dataset", required=True,
-                   help="digits, fashion-mnist, mnist, usps, cifar10 or svhn")
+                   help="digits, fashion-mnist, mnist, usps, cifar10 or svhn; pystdlib (text) for --model lm")
     p.add_argument("--data-root", default=None,
                    help="file or directory holding the data set (default: under $JAXBSD_DATA)")
     _train_config_flags(p)
@@ -107,6 +107,10 @@ def _run_train(args: argparse.Namespace) -> int:
     from jaxbsd.models import build_model, config_for_dataset, config_to_dict, count_params
     from jaxbsd.train import load_checkpoint, train
 
+    if args.model == "lm" or args.dataset in data.TEXT_DATASETS:  # the character language model
+        from jaxbsd.cli_lm import run_train_lm
+
+        return run_train_lm(args)
     try:
         cfg = train_config_from_args(args)
     except ValueError as e:
