@@ -11,6 +11,11 @@ the ``jaxbsd train`` flags are generated from its fields.  Its defaults are the 
 this project trained each (model, data set) with, the one recorded in
 ``experiments/results/training.json``, and :meth:`TrainConfig.recipe` picks it.
 
+The character language model (:class:`jaxbsd.models.LM` on a :class:`jaxbsd.data.TextDataset`)
+trains with :func:`train_lm` (``train`` hands text data sets to it) on next-character
+cross-entropy; :func:`evaluate_lm` gives bits per character, :func:`ngram_bpc` the unigram and
+bigram baselines. ``TrainConfig.steps`` stops any training after that many steps.
+
 Reproducibility: batches come from :func:`jaxbsd.data.batches` seeded per epoch from
 ``seed``, stochastic-depth streams are reseeded from ``seed``, and every step is one
 jitted XLA computation, so the same seed gives bit-identical parameters on CPU.
