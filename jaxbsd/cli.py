@@ -37,7 +37,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
 
-_FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float}
+_FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float, "int | None": int}
 
 
 def _train_config_flags(p: argparse.ArgumentParser) -> None:
@@ -91,7 +91,7 @@ def validate_train_args(args: argparse.Namespace):
 
 def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     """``jaxbsd train``: train a ViT, Swin or DeiT on a data set."""
-    from jaxbsd.data import DATASETS
+    from jaxbsd.data import DATASETS, TEXT_DATASETS
     from jaxbsd.models import MODELS
     from jaxbsd.train import RECIPES
 
@@ -105,7 +105,8 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--model", required=True, choices=sorted(MODELS), help="architecture")
-    p.add_argument("--dataset", required=True, choices=DATASETS, help="data set")
+    p.add_argument("--dataset", required=True, choices=[*DATASETS, *TEXT_DATASETS],
+                   help="image data set; pystdlib (text) for --model lm")
     p.add_argument("--data-root", default=None,
                    help="file or directory holding the data set (default: under $JAXBSD_DATA)")
     _train_config_flags(p)
@@ -132,6 +133,10 @@ def _run_train(args: argparse.Namespace) -> int:
     from jaxbsd.train import load_checkpoint, train
 
     cfg = validate_train_args(args)
+    if args.model == "lm" or args.dataset in data.TEXT_DATASETS:  # the character language model
+        from jaxbsd.cli_lm import run_train_lm
+
+        return run_train_lm(args)
     start = time.perf_counter()
     # Reads, cheapest first, all before the first write (the checkpoint after epoch 1).
     teacher = None

@@ -11,6 +11,11 @@ the ``jaxbsd train`` flags are generated from its fields.  Its defaults are the 
 this project trained each (model, data set) with, the one recorded in
 ``experiments/results/training.json``, and :meth:`TrainConfig.recipe` picks it.
 
+The character language model (:class:`jaxbsd.models.LM` on a :class:`jaxbsd.data.TextDataset`)
+trains with :func:`train_lm` (``train`` hands text data sets to it) on next-character
+cross-entropy; :func:`evaluate_lm` gives bits per character, :func:`ngram_bpc` the unigram and
+bigram baselines. ``TrainConfig.steps`` stops any training after that many steps.
+
 Reproducibility: batches come from :func:`jaxbsd.data.batches` seeded per epoch from
 ``seed``, stochastic-depth streams are reseeded from ``seed``, and every step is one
 jitted XLA computation, so the same seed gives bit-identical parameters on CPU.
@@ -54,6 +59,10 @@ __all__ = [
     "predict",
     "make_optimizer",
     "random_shift",
+    "train_lm",
+    "evaluate_lm",
+    "lm_windows_loss",
+    "ngram_bpc",
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint_header",
@@ -96,6 +105,7 @@ class TrainConfig:
     """
 
     epochs: int = _field(20, "passes over the training split")
+    steps: int | None = _field(None, "stop after this many steps in all, the schedule spanning them (default: all epochs)")
     lr: float = _field(1e-4, "peak learning rate")
     batch_size: int = _field(128, "examples per step")
     seed: int = _field(0, "initialisation, shuffling, stochastic-depth and split seed")
@@ -112,6 +122,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
+            raise ValueError(f"steps must be None or a positive int, got {self.steps!r}")
         for name in ("seed", "shift"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
@@ -174,6 +186,11 @@ RECIPES: dict[tuple[str, str], TrainConfig] = {
     ("swin", "cifar10"): _cosine(20, 1, shift=2, **_REGULARISED),  # Swin's preset drop_path is 0.1
     # recorded in training_vit_cifar10.json (72.07 %; the paper trains 200 epochs for 75.47 %)
     ("vit", "cifar10"): _cosine(60, 1, drop_path=0.1, shift=2, **_REGULARISED),
+    # recorded in training_lm_pystdlib.json: the character LM (train_lm; an epoch is one pass over
+    # the train modules in windows of the model's 128 characters, 1,807 steps of 16 windows; the
+    # 400 steps, 0.22 of an epoch, are what ~15 minutes of the shared 2-core CPU allow)
+    ("lm", "pystdlib"): TrainConfig(epochs=1, steps=400, lr=3e-3, batch_size=16, schedule="cosine",
+                                    warmup_epochs=0.01, weight_decay=0.1, eval_batch_size=64),
     # not trained for training.json; used by the experiments when no checkpoint exists
     ("vit", "mnist"): _cosine(20, 1, drop_path=0.1, shift=1, **_REGULARISED),
     ("swin", "fashion-mnist"): _cosine(20, 1, **_REGULARISED),
@@ -368,7 +385,8 @@ def train(
         dataset: a :class:`jaxbsd.data.Dataset`.
         config: the settings (default ``TrainConfig()``, the paper's); see
             :class:`TrainConfig` for each field.  The last incomplete batch of an epoch is
-            dropped, a different one each epoch.
+            dropped, a different one each epoch.  With ``steps``, training stops after that
+            many steps (the last epoch is then partial, and evaluated as usual).
         teacher: for a distilled model (DeiT), a model whose argmax predictions on the
             training images are the distillation head's targets (hard distillation).
         progress: show a tqdm bar per epoch, advanced after every batch, with running loss
@@ -388,7 +406,14 @@ def train(
     Raises:
         ValueError: a bad setting (naming it), a dataset that is not a ``Dataset``, or a
             teacher for a model that is not distilled.
+
+    A :class:`jaxbsd.data.TextDataset` is passed on to :func:`train_lm` (a language model).
     """
+    if isinstance(dataset, _data.TextDataset):  # a language model: next-character training
+        if teacher is not None:
+            raise ValueError("teacher is only used by distilled models (DeiT), not language models")
+        return train_lm(model, dataset, config, progress=progress, checkpoint=checkpoint, metadata=metadata,
+                        on_epoch=on_epoch, on_step=on_step, **settings)
     if config is None:
         config = TrainConfig()
     elif not isinstance(config, TrainConfig):
@@ -420,8 +445,10 @@ def train(
         teacher_labels = labels
     targets = np.stack([labels, teacher_labels], axis=1)  # (N, 2): label, distillation target
 
+    total_steps = epochs * steps_per_epoch if config.steps is None else min(config.steps, epochs * steps_per_epoch)
+    epochs = -(-total_steps // steps_per_epoch)  # the epochs that ``steps`` reaches into
     optimizer = make_optimizer(
-        model, lr=config.lr, schedule=config.schedule, total_steps=epochs * steps_per_epoch,
+        model, lr=config.lr, schedule=config.schedule, total_steps=total_steps,
         warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)), weight_decay=config.weight_decay,
     )
     nnx.reseed(model, dropout=seed)
@@ -459,7 +486,10 @@ def train(
             if on_step is not None:
                 on_step(epoch, done)
 
-        for x, t in _data.batches(images, targets, batch, seed=_epoch_seed(seed, epoch), drop_last=True):
+        epoch_steps = min(steps_per_epoch, total_steps - (epoch - 1) * steps_per_epoch)
+        for i, (x, t) in enumerate(_data.batches(images, targets, batch, seed=_epoch_seed(seed, epoch), drop_last=True)):
+            if i == epoch_steps:  # ``steps`` ends training inside this epoch
+                break
             x = jnp.asarray(random_shift(x, shift, augment_rng))
             y_dist = jnp.asarray(t[:, 1])
             if per_batch_teacher:  # the teacher labels the augmented images it is shown
@@ -492,6 +522,215 @@ def train(
                 f"  test {test_acc:.4f}  ({record['seconds']:.1f} s)",
                 file=sys.stderr, flush=True,
             )
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, model, {**(metadata or {}), "history": history, "train": recorded})
+        if on_epoch is not None:
+            on_epoch(record)
+    model.eval()
+    return history
+
+
+# ----------------------------------------------------------------------------- language model
+
+_LN2 = math.log(2.0)
+
+
+def lm_windows_loss(model, windows: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Mean next-token cross-entropy (nats) of ``model`` on ``(B, T + 1)`` id windows.
+
+    Inputs are ``windows[:, :-1]``, targets ``windows[:, 1:]``; ``mask`` ``(B, T)`` bool (default
+    all) selects the targets that count. Divide by ln 2 for bits per character.
+    """
+    logits = model(windows[:, :-1])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
+    if mask is None:
+        return losses.mean()
+    mask = mask.astype(losses.dtype)
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+@nnx.jit
+def _lm_train_step(model, optimizer, windows):
+    loss, grads = nnx.value_and_grad(lm_windows_loss)(model, windows)
+    optimizer.update(model, grads)
+    return loss
+
+
+@nnx.jit
+def _lm_eval_step(model, windows, mask):
+    logits = model(windows[:, :-1])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
+    return jnp.sum(jnp.where(mask, losses, 0.0))
+
+
+def evaluate_lm(model, ids, *, context: int | None = None, stride: int | None = None,
+                batch_size: int = 64) -> float:
+    """Bits per character of ``model`` on the id stream ``ids``: every id after the first is
+    predicted once (:func:`jaxbsd.data.eval_windows`), the mean of −log₂ p over them.
+
+    Args:
+        model: maps ``(B, T)`` ids to ``(B, T, vocab)`` logits, causally (an :class:`~jaxbsd.models.LM`).
+        ids: ``(N,)`` integer ids, N ≥ 2.
+        context: window length T (default ``model.config.context``).
+        stride: distance between window starts (default ``context``: non-overlapping windows,
+            a target sees 0 to context − 1 earlier characters, context/2 on average; a smaller
+            stride gives every target more context and costs context/stride as many passes).
+        batch_size: windows per forward pass (the last batch is padded and masked).
+    """
+    _check_positive_int("batch_size", batch_size)
+    context = model.config.context if context is None else context
+    windows, mask = _data.eval_windows(np.asarray(ids), context, stride)
+    model.eval()
+    total = 0.0
+    for start, valid, chunk in padded_batches(windows.astype(np.int32), batch_size):
+        m = np.zeros((chunk.shape[0], context), bool)
+        m[:valid] = mask[start : start + valid]
+        total += float(_lm_eval_step(model, jnp.asarray(chunk), jnp.asarray(m)))
+    bpc = total / int(mask.sum()) / _LN2
+    if not math.isfinite(bpc):
+        raise FloatingPointError(f"bits per character is {bpc}")
+    return bpc
+
+
+def ngram_bpc(train_ids, eval_ids, order: int, vocab_size: int, alpha: float = 1.0) -> float:
+    """Bits per character of an add-``alpha`` (Laplace) smoothed n-gram model, fitted on
+    ``train_ids`` and scored on ``eval_ids[1:]`` (the targets :func:`evaluate_lm` scores).
+
+    ``order=1`` (unigram): p(c) = (n(c) + α) / (N + αV). ``order=2`` (bigram):
+    p(c | b) = (n(b c) + α) / (n(b ·) + αV), with n(b ·) the bigrams starting with b.
+    """
+    if order not in (1, 2):
+        raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order!r}")
+    _check_positive_int("vocab_size", vocab_size)
+    if not (_is_number(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+    train_ids = np.asarray(train_ids, np.int64)
+    eval_ids = np.asarray(eval_ids, np.int64)
+    for name, ids in (("train_ids", train_ids), ("eval_ids", eval_ids)):
+        if ids.ndim != 1 or len(ids) < 2 or ids.min() < 0 or ids.max() >= vocab_size:
+            raise ValueError(f"{name} must be a 1-D array of >= 2 ids in [0, {vocab_size})")
+    if order == 1:
+        counts = np.bincount(train_ids, minlength=vocab_size).astype(np.float64)
+        logp = np.log2(counts + alpha) - np.log2(counts.sum() + alpha * vocab_size)
+        return float(-logp[eval_ids[1:]].mean())
+    pairs = np.bincount(train_ids[:-1] * vocab_size + train_ids[1:], minlength=vocab_size**2)
+    pairs = pairs.reshape(vocab_size, vocab_size).astype(np.float64)
+    logp = np.log2(pairs + alpha) - np.log2(pairs.sum(axis=1, keepdims=True) + alpha * vocab_size)
+    return float(-logp[eval_ids[:-1], eval_ids[1:]].mean())
+
+
+def train_lm(
+    model,
+    dataset,
+    config: TrainConfig | None = None,
+    *,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    metadata: dict | None = None,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    **settings,
+) -> list[dict[str, Any]]:
+    """Train a language model in place on a :class:`jaxbsd.data.TextDataset`, next-character
+    cross-entropy, Adam(W); evaluate bits per character on the validation modules each epoch.
+
+    An epoch is one pass over the train stream in non-overlapping windows of
+    ``model.config.context + 1`` ids (:func:`jaxbsd.data.text_windows`) starting at a random
+    offset in ``[0, context)`` drawn per epoch, shuffled, ``batch_size`` windows a step, the last
+    incomplete batch dropped: every train character is a target about once per epoch.
+
+    ``config`` is a :class:`TrainConfig`: ``epochs``, ``steps``, ``lr``, ``batch_size``, ``seed``,
+    ``schedule``, ``warmup_epochs``, ``weight_decay`` (AdamW on matrices: the embedding too) and
+    ``eval_batch_size`` apply; ``label_smoothing``, ``shift`` and ``drop_path`` are image
+    settings and must keep their defaults (``ValueError`` otherwise). The same seed gives the
+    same parameters on the same machine.
+
+    Returns:
+        One dict per epoch: ``epoch``, ``loss`` (mean training cross-entropy, nats), ``train_bpc``
+        (that loss in bits), ``val_bpc`` (:func:`evaluate_lm` on ``dataset.validation``),
+        ``steps``, ``seconds``. The test split is not touched.
+    """
+    if config is None:
+        config = TrainConfig()
+    elif not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if settings:
+        config = config.replace(**settings)
+    if not isinstance(dataset, _data.TextDataset):
+        raise ValueError(f"dataset must be a jaxbsd.data.TextDataset, got {type(dataset).__name__}")
+    for name, default in (("label_smoothing", 0.0), ("shift", 0), ("drop_path", None)):
+        if getattr(config, name) != default:
+            raise ValueError(f"{name} is an image setting; a language model takes {default!r}, "
+                             f"got {getattr(config, name)!r}")
+    context = getattr(getattr(model, "config", None), "context", None)
+    if not _is_int(context):
+        raise ValueError(f"model must have config.context (an LM), got {type(model).__name__}")
+    vocab_size = getattr(model.config, "vocab_size", None)
+    if vocab_size != dataset.vocab.size:
+        raise ValueError(f"model vocab_size ({vocab_size}) must equal the dataset's ({dataset.vocab.size})")
+    epochs, seed = config.epochs, int(config.seed)
+    windows_per_epoch = (len(dataset.train) - context) // context  # at any offset < context
+    if windows_per_epoch < 1:
+        raise ValueError(f"the train split ({len(dataset.train)} ids) is shorter than two windows of "
+                         f"context {context}")
+    batch = min(config.batch_size, windows_per_epoch)
+    steps_per_epoch = windows_per_epoch // batch
+    if len(dataset.validation) < 2:
+        raise ValueError("the validation split must hold at least 2 ids")
+
+    total_steps = epochs * steps_per_epoch if config.steps is None else min(config.steps, epochs * steps_per_epoch)
+    epochs = -(-total_steps // steps_per_epoch)  # the epochs that ``steps`` reaches into
+    optimizer = make_optimizer(
+        model, lr=config.lr, schedule=config.schedule, total_steps=total_steps,
+        warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)), weight_decay=config.weight_decay,
+    )
+    model.train()
+    step = nnx.cached_partial(_lm_train_step, model, optimizer)
+    history: list[dict[str, Any]] = []
+    recorded = {**config.to_dict(), "batch_size": batch, "context": context}
+    for epoch in range(1, epochs + 1):
+        start = time.perf_counter()
+        rng = np.random.default_rng(_epoch_seed(seed, epoch))
+        windows = _data.text_windows(dataset.train, context, offset=int(rng.integers(context)))
+        windows = windows[:windows_per_epoch].astype(np.int32)
+        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{epochs}", disable=not progress, file=sys.stderr,
+                   mininterval=0.5 if sys.stderr.isatty() else 30.0, leave=False)
+        loss_sum = jnp.zeros((), jnp.float32)
+        pending, done = None, 0
+        order = np.arange(len(windows))
+        epoch_steps = min(steps_per_epoch, total_steps - (epoch - 1) * steps_per_epoch)
+        for i, (x, _) in enumerate(_data.batches(windows, order, batch, seed=_epoch_seed(seed + 1, epoch),
+                                                 drop_last=True)):
+            if i == epoch_steps:  # ``steps`` ends training inside this epoch
+                break
+            loss = step(jnp.asarray(x))
+            loss_sum = loss_sum + loss
+            # One step stays in flight while the next batch is prepared; count finished ones.
+            if pending is not None:
+                pending.block_until_ready()
+                done += 1
+                bar.update(1)
+                if on_step is not None:
+                    on_step(epoch, done)
+            pending = loss
+        if pending is not None:
+            pending.block_until_ready()
+            done += 1
+            bar.update(1)
+            if on_step is not None:
+                on_step(epoch, done)
+        bar.close()
+        mean_loss = float(loss_sum) / max(done, 1)
+        if not math.isfinite(mean_loss):
+            raise FloatingPointError(f"training loss became {mean_loss} in epoch {epoch}")
+        val_bpc = evaluate_lm(model, dataset.validation, batch_size=config.eval_batch_size)
+        model.train()
+        record = {"epoch": epoch, "loss": mean_loss, "train_bpc": mean_loss / _LN2, "val_bpc": val_bpc,
+                  "steps": done, "seconds": time.perf_counter() - start}
+        history.append(record)
+        if progress and on_epoch is None:
+            print(f"epoch {epoch:3d}/{epochs}  loss {mean_loss:.4f}  train {record['train_bpc']:.4f} bpc"
+                  f"  validation {val_bpc:.4f} bpc  ({record['seconds']:.1f} s)", file=sys.stderr, flush=True)
         if checkpoint is not None:
             save_checkpoint(checkpoint, model, {**(metadata or {}), "history": history, "train": recorded})
         if on_epoch is not None:

@@ -1,12 +1,14 @@
-"""Vision transformers whose MLP blocks jaxbsd compresses.
+"""Transformers whose MLP blocks jaxbsd compresses: vision models and a character LM.
 
 Every model has ``model.blocks`` (an ``nnx.List``) and each block holds its MLP as
 ``block.mlp`` with the contract ``(..., m) -> (..., m)``.  Compression is assignment::
 
     model.blocks[i].mlp = DecoupledMLP.from_decoupled(res.model)
 
-Models: :class:`ViT`, :class:`Swin`, :class:`DeiT`, each with a frozen config dataclass and
-presets; :func:`build_model` and :func:`config_for_dataset` pick them by name.
+Models: :class:`ViT`, :class:`Swin`, :class:`DeiT` (images), and :class:`LM`, a decoder-only
+character language model whose ``block.mlp`` is a gated :class:`GatedMLP` (see
+:mod:`jaxbsd.models.lm`); each has a frozen config dataclass and presets;
+:func:`build_model` and :func:`config_for_dataset` pick them by name.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from jaxbsd.models.layers import (
     config_from_dict,
     config_to_dict,
 )
+from jaxbsd.models.lm import LM, GatedMLP, LMConfig
 from jaxbsd.models.swin import Swin, SwinConfig
 from jaxbsd.models.vit import ViT, ViTConfig
 
@@ -43,6 +46,9 @@ __all__ = [
     "SwinConfig",
     "DeiT",
     "DeiTConfig",
+    "LM",
+    "LMConfig",
+    "GatedMLP",
     "MODELS",
     "CONFIGS",
     "build_model",
@@ -56,9 +62,9 @@ __all__ = [
 ]
 
 #: Model classes by kind name (the ``--model`` choices of the CLI).
-MODELS = {"vit": ViT, "swin": Swin, "deit": DeiT}
+MODELS = {"vit": ViT, "swin": Swin, "deit": DeiT, "lm": LM}
 #: Their config classes.
-CONFIGS = {"vit": ViTConfig, "swin": SwinConfig, "deit": DeiTConfig}
+CONFIGS = {"vit": ViTConfig, "swin": SwinConfig, "deit": DeiTConfig, "lm": LMConfig}
 
 
 def _check_kind(kind: str) -> None:
@@ -67,7 +73,7 @@ def _check_kind(kind: str) -> None:
 
 
 def build_model(kind: str, config=None, *, seed: int = 0):
-    """Build a model of ``kind`` (``"vit"``, ``"swin"``, ``"deit"``) from ``config``.
+    """Build a model of ``kind`` (``"vit"``, ``"swin"``, ``"deit"``, ``"lm"``) from ``config``.
 
     ``config`` is a config dataclass, a dict (as stored in checkpoints), or None for the
     class defaults.  Parameters come from ``seed``; stochastic-depth keys from
@@ -91,9 +97,19 @@ def config_for_dataset(kind: str, dataset, **overrides):
 
     ``dataset`` is a :class:`jaxbsd.data.Dataset` (anything with ``image_size``,
     ``channels`` and ``num_classes``) or a dataset name known to :mod:`jaxbsd.data`'s
-    table below.  ``overrides`` replace config fields.
+    table below.  ``overrides`` replace config fields.  For ``kind="lm"`` the data set is a
+    text one (``"pystdlib"`` or a :class:`jaxbsd.data.TextDataset`) and the config is
+    :meth:`LMConfig.pystdlib` with the data set's vocabulary size.
     """
     _check_kind(kind)
+    if kind == "lm":
+        from jaxbsd.data import TEXT_DATASETS, CharVocab
+
+        name = dataset if isinstance(dataset, str) else getattr(dataset, "name", None)
+        if name not in TEXT_DATASETS:
+            raise ValueError(f"dataset must be one of {list(TEXT_DATASETS)} for kind 'lm', got {dataset!r}")
+        vocab = CharVocab() if isinstance(dataset, str) else dataset.vocab
+        return LMConfig.pystdlib(**{"vocab_size": vocab.size, **overrides})
     if isinstance(dataset, str):
         shapes = {
             "digits": (8, 1), "mnist": (28, 1), "fashion-mnist": (28, 1), "usps": (16, 1),

@@ -11,7 +11,8 @@ function with ``nnx.split`` / ``nnx.merge``.  Any module with the ``(..., m) -> 
 contract works (the original :class:`~jaxbsd.models.layers.MLP`, a ``DecoupledMLP``, …).
 
 The model must provide ``model.blocks`` and ``model.block_input(images, i)``, and each
-block ``block.mlp_input(x)`` (all of ViT, Swin, DeiT do).
+block ``block.mlp_input(x)`` (all of ViT, Swin, DeiT do, and the language model
+:class:`~jaxbsd.models.LM`, whose "images" are ``(B, T)`` integer token ids).
 """
 
 from __future__ import annotations
@@ -39,9 +40,14 @@ def _check_block_index(model, block_index) -> None:
 
 
 def _check_images(images) -> None:
-    if getattr(images, "ndim", None) != 4:
+    # (B, T) integer ids are the input of the language model (jaxbsd.models.lm), whose hooks
+    # (blocks, block_input, mlp_input) are the same.
+    ndim = getattr(images, "ndim", None)
+    tokens = ndim == 2 and jnp.issubdtype(images.dtype, jnp.integer)
+    if ndim != 4 and not tokens:
         raise ValueError(
-            f"images must be an NHWC array (B, H, W, C), got shape {getattr(images, 'shape', None)}"
+            f"images must be an NHWC array (B, H, W, C) (or (B, T) integer tokens for a language "
+            f"model), got shape {getattr(images, 'shape', None)}"
         )
     if images.shape[0] == 0:
         raise ValueError("images must hold at least one image")
