@@ -43,8 +43,10 @@ def main(argv=None) -> int:
         print("the solver files have uncommitted changes (or this is not a git checkout): refusing", file=sys.stderr)
         return 1
     values = fp.solver_fingerprint(cache=False)
-    note = (f"computed at commit {commit} (solver_hash {current}), whose solver files are byte-identical to "
-            "the ones this result recorded, by experiments/backfill_fingerprint.py")
+    last = _git("log", "-1", "--format=%H", "--", *SOLVER_FILES)
+    note = (f"computed after the fact by experiments/backfill_fingerprint.py at commit {commit}, whose solver files "
+            f"(solver_hash {current}, last changed at commit {last}) are byte-identical to the ones this result "
+            "recorded")
     changed, skipped = [], []
     for path in result_files():
         raw = path.read_text()
