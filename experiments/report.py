@@ -45,15 +45,27 @@ def result_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
 SOLVER_KEYS = ("solver_fingerprint", "fingerprint_version", "solver_hash", "solver_files")
 
 
+def _fingerprint_module():
+    """:mod:`jaxbsd.fingerprint` of this checkout: the numbers must be this checkout's solver's,
+    not those of whichever ``jaxbsd`` is installed (an editable install may be another tree)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(1, str(ROOT))
+    from jaxbsd import fingerprint
+
+    return fingerprint
+
+
 def stale_results(paths: Iterable[pathlib.Path], fingerprint: dict | None = None) -> list[str]:
     """Problems with the given result files: a missing or incomplete ``provenance``; for a result
     computed with the solver, no ``solver_fingerprint`` or one that moved beyond tolerance
-    against ``fingerprint`` (default: the current solver's, computed once, on first need).
+    against ``fingerprint`` (default: this checkout's solver's, computed once, on first need).
     Empty when every result is current."""
-    from jaxbsd import fingerprint as fp
-
+    fp = _fingerprint_module()
     current = fingerprint
     problems = []
+    if fingerprint is None and not pathlib.Path(fp.__file__).resolve().is_relative_to(ROOT.resolve()):
+        return [f"the solver fingerprint would come from {fp.__file__}, not from this checkout ({ROOT}): "
+                "run from the checkout's root or put it first on PYTHONPATH"]
     for path in paths:
         try:
             prov = json.loads(path.read_text()).get("provenance")

@@ -259,8 +259,13 @@ CASES: dict[str, Case] = {
 @contextlib.contextmanager
 def _cpu_x64():
     """float64 on the CPU, whatever the global ``jax_enable_x64`` flag and default device say:
-    the fingerprint describes the solver's arithmetic, and every machine has a CPU backend."""
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+    the fingerprint describes the solver's arithmetic, and every machine has a CPU backend
+    (unless ``JAX_PLATFORMS`` leaves it out: then the default device computes it)."""
+    try:
+        device = jax.devices("cpu")[0]
+    except RuntimeError:
+        device = None
+    with jax.enable_x64(True), jax.default_device(device):
         yield
 
 
@@ -300,15 +305,24 @@ def case_values(name: str, inputs: tuple | None = None) -> dict[str, float]:
         return {f"{name}.{k}": float(out[k]) for k in keys}
 
 
-def _cache_file() -> pathlib.Path:
-    """Where this package's fingerprint is kept, keyed by everything its numbers depend on: the
-    bytes of every source file of the package, the versions of jax, jaxlib and numpy, and the
-    machine. Same key, same program, same numbers: only a byte-identical solver reuses it."""
-    import jaxlib
-
+def _package_hash() -> str:
     from jaxbsd.io import source_hash
 
-    key = hashlib.sha256(json.dumps([FINGERPRINT_VERSION, source_hash(), jax.__version__, jaxlib.__version__,
+    return source_hash()
+
+
+#: The package's sources as imported (the code that computes the fingerprint), for the cache key.
+_SOURCES_AT_IMPORT = _package_hash()
+
+
+def _cache_file() -> pathlib.Path:
+    """Where this package's fingerprint is kept, keyed by everything its numbers depend on: the
+    bytes of every source file of the package (when this module was imported), the versions of
+    jax, jaxlib and numpy, and the machine. Same key, same program, same numbers: only a
+    byte-identical solver reuses it."""
+    import jaxlib
+
+    key = hashlib.sha256(json.dumps([FINGERPRINT_VERSION, _SOURCES_AT_IMPORT, jax.__version__, jaxlib.__version__,
                                      np.__version__, platform.machine(), platform.processor()]).encode())
     base = os.environ.get("JAXBSD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxbsd")
     return pathlib.Path(base) / "fingerprint" / f"{key.hexdigest()[:32]}.json"
