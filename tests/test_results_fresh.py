@@ -119,6 +119,25 @@ def test_the_fingerprint_is_finite_covers_every_case_and_is_cached():
     assert fp.solver_fingerprint() == values
 
 
+def test_the_value_cache_is_keyed_by_the_sources_and_survives_a_corrupt_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXBSD_CACHE", str(tmp_path))
+    compute = fp._fingerprint.__wrapped__  # the uncached-in-memory function
+    values = dict(compute(True))
+    path = fp._cache_file()
+    assert path.is_relative_to(tmp_path) and json.loads(path.read_text()) == values
+    # A stored file is what a byte-identical package reads back (marked here to see it) ...
+    path.write_text(json.dumps({**values, "marker.value": 1.0}))
+    assert dict(compute(True))["marker.value"] == 1.0
+    # ... a corrupt one is recomputed and replaced, and cache=False never reads it.
+    path.write_text("{not json")
+    assert dict(compute(True)) == values and json.loads(path.read_text()) == values
+    path.write_text(json.dumps({**values, "marker.value": 1.0}))
+    assert dict(compute(False)) == values
+    # The key covers the package's sources: another source hash, another file.
+    monkeypatch.setattr(fp, "_SOURCES_AT_IMPORT", "0" * 64)
+    assert fp._cache_file() != path
+
+
 @pytest.mark.parametrize("scale", [1e-15, 1e-14])
 def test_rounding_level_perturbations_stay_within_tolerance(scale):
     """Robustness: the fingerprint must not move across machines, BLAS builds or fusion
