@@ -66,7 +66,7 @@ from flax import nnx  # noqa: E402
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compress import sample_tokens  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.io import SOLVER_FILES, source_hash  # noqa: E402
+from jaxbsd.fingerprint import solver_fingerprint  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.models.decoupled_mlp import DecoupledMLP  # noqa: E402
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS  # noqa: E402
@@ -208,8 +208,9 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
     protocol = {"dataset": name, "checkpoint": source["checkpoint"], "samples": args.samples,
                 "capture_images": args.capture_images, "seed": args.seed, "restarts": grid["restarts"],
                 "max_iter": grid["max_iter"], "tol": args.tol, "eval_images": fast.n,
-                # finished configurations are reused only if computed by the same solver code
-                "solver_hash": source_hash(SOLVER_FILES)}
+                # finished configurations are reused only if computed by a solver with the same
+                # numbers (jaxbsd.fingerprint; a bit-identical fingerprint, the cautious reading)
+                "solver_fingerprint": solver_fingerprint()}
     state = args.out / "state" / f"{args.prefix}_{name}.jsonl"
     key = protocol_key(protocol)
     done: dict[str, list[dict]] = {}

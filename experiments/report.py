@@ -14,9 +14,13 @@ the pages of the documentation site under ``docs/`` (the full tables: ``docs/res
 
 Staleness: every JSON under ``experiments/results/`` and ``benchmarks/`` records a
 ``provenance`` (:func:`jaxbsd.io.provenance`: command, commit, source hashes). A result computed
-with the solver records ``solver_hash``, the hash of :data:`jaxbsd.io.SOLVER_FILES`; when any of
-those files changes, the result is stale until it is regenerated, and ``--check`` (run by the
-test suite and by ``.ci/run``) fails naming it and the command that regenerates it.
+with the solver also records ``solver_fingerprint``, the values of a few canonical float64
+solves (:mod:`jaxbsd.fingerprint`). ``--check`` (run by the test suite and by ``.ci/run``)
+recomputes the fingerprint once and fails for a result whose recorded fingerprint moved beyond
+:data:`jaxbsd.fingerprint.RTOL`, naming the result, the entries that moved and the command
+that regenerates it; a solver result without a fingerprint, and a result without provenance,
+fail too. A change that leaves the solver's numbers alone (a comment, a refactoring) stales
+nothing; ``commit``, ``source_hash`` and ``solver_hash`` are kept as information only.
 """
 
 from __future__ import annotations
@@ -41,14 +45,32 @@ def result_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return sorted((root / "experiments" / "results").glob("*.json")) + sorted((root / "benchmarks").glob("*.json"))
 
 
-def stale_results(paths: Iterable[pathlib.Path], solver_hash: str | None = None) -> list[str]:
-    """Problems with the given result files: a missing or incomplete ``provenance``, or a
-    ``solver_hash`` that is not the current solver's (``solver_hash``, default: computed from
-    the package). Empty when every result is current."""
-    from jaxbsd.io import SOLVER_FILES, source_hash
+#: Provenance keys that mark a result computed with the solver (older results record only the
+#: source hash of the solver files; those need a fingerprint too).
+SOLVER_KEYS = ("solver_fingerprint", "fingerprint_version", "solver_hash", "solver_files")
 
-    current = solver_hash or source_hash(SOLVER_FILES)
+
+def _fingerprint_module():
+    """:mod:`jaxbsd.fingerprint` of this checkout: the numbers must be this checkout's solver's,
+    not those of whichever ``jaxbsd`` is installed (an editable install may be another tree)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(1, str(ROOT))
+    from jaxbsd import fingerprint
+
+    return fingerprint
+
+
+def stale_results(paths: Iterable[pathlib.Path], fingerprint: dict | None = None) -> list[str]:
+    """Problems with the given result files: a missing or incomplete ``provenance``; for a result
+    computed with the solver, no ``solver_fingerprint`` or one that moved beyond tolerance
+    against ``fingerprint`` (default: this checkout's solver's, computed once, on first need).
+    Empty when every result is current."""
+    fp = _fingerprint_module()
+    current = fingerprint
     problems = []
+    if fingerprint is None and not pathlib.Path(fp.__file__).resolve().is_relative_to(ROOT.resolve()):
+        return [f"the solver fingerprint would come from {fp.__file__}, not from this checkout ({ROOT}): "
+                "run from the checkout's root or put it first on PYTHONPATH"]
     for path in paths:
         try:
             prov = json.loads(path.read_text()).get("provenance")
@@ -58,14 +80,27 @@ def stale_results(paths: Iterable[pathlib.Path], solver_hash: str | None = None)
         if not isinstance(prov, dict) or not all(prov.get(k) for k in ("command", "commit", "source_hash")):
             problems.append(f"{path}: no provenance (command, commit, source_hash); regenerate it with its script")
             continue
-        if "solver_hash" in prov and prov["solver_hash"] != current:
+        if not any(k in prov for k in SOLVER_KEYS):
+            continue  # not computed with the solver (a training run)
+        recorded = prov.get("solver_fingerprint")
+        if not isinstance(recorded, dict) or not recorded:
+            problems.append(f"{path}: stale — computed with the solver at commit {str(prov['commit'])[:10]} but "
+                            f"records no solver_fingerprint; regenerate: {prov['command']}")
+            continue
+        if prov.get("fingerprint_version") != fp.FINGERPRINT_VERSION:
+            problems.append(f"{path}: stale — its solver_fingerprint is of version {prov.get('fingerprint_version')}, "
+                            f"the current cases are version {fp.FINGERPRINT_VERSION}; regenerate: {prov['command']}")
+            continue
+        if current is None:
+            current = fp.solver_fingerprint()
+        moved = fp.compare_fingerprints(recorded, current)
+        if moved:
+            shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")
             problems.append(
-                f"{path}: stale — computed with solver files {', '.join(SOLVER_FILES)} at commit "
-                f"{str(prov['commit'])[:10]}, which have changed since; regenerate: {prov['command']}")
+                f"{path}: stale — the solver's numbers moved since commit {str(prov['commit'])[:10]} "
+                f"({len(moved)} of {len(current)} fingerprint entries beyond rtol {fp.RTOL:g}: {shown}); "
+                f"regenerate: {prov['command']}")
     return problems
-
-
-# --------------------------------------------------------------------------- tables
 
 
 def _load(name: str) -> dict | None:

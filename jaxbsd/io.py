@@ -1,5 +1,6 @@
 """Small, safe file I/O for results: atomic writes, reads that say what went wrong, and the
-provenance every committed result carries (command, commit, source hashes)."""
+provenance every committed result carries (command, commit, source hashes, and for a result
+computed with the solver the solver's numerical fingerprint, :mod:`jaxbsd.fingerprint`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ __all__ = ["write_json_atomic", "write_bytes_atomic", "fsync_dir", "read_json", 
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
 
-#: The solver files every decoupling result depends on: a change to any of them makes every
-#: committed result computed with the solver stale (``tests/test_results_fresh.py``).
+#: The solver's source files. Their hash (``solver_hash``) is recorded as information only:
+#: staleness is judged by the solver's numerical fingerprint (:mod:`jaxbsd.fingerprint`), so a
+#: comment or a refactoring that leaves the numbers alone stales nothing.
 SOLVER_FILES = ("cmtf.py", "bases.py", "bspline.py", "tensor.py")
 
 
@@ -41,12 +43,17 @@ def _git(*args: str) -> str | None:
 
 def provenance(command: str, *, solver: bool = True) -> dict:
     """What produced a result: the command, the git commit, whether the package's sources had
-    uncommitted changes, and hashes of the package sources.
+    uncommitted changes, hashes of the package sources and, for a solver result, the solver's
+    numerical fingerprint.
 
     Args:
       command: the command line that reproduces the result.
-      solver: whether the result was computed with the solver (then ``solver_hash``, the hash
-        of :data:`SOLVER_FILES`, is recorded and checked for staleness).
+      solver: whether the result was computed with the solver. Then ``solver_fingerprint``
+        (:func:`jaxbsd.fingerprint.solver_fingerprint`, a few seconds on first use in a
+        process) and ``fingerprint_version`` are recorded: ``experiments/report.py --check``
+        calls the result stale when the current solver's fingerprint has moved beyond
+        :data:`jaxbsd.fingerprint.RTOL`. ``solver_files`` and ``solver_hash`` (the hash of
+        :data:`SOLVER_FILES`) are recorded as information, like ``commit`` and ``source_hash``.
     """
     dirty = _git("status", "--porcelain", "--", ".")
     record = {
@@ -56,8 +63,12 @@ def provenance(command: str, *, solver: bool = True) -> dict:
         "source_hash": source_hash(),
     }
     if solver:
+        from jaxbsd.fingerprint import FINGERPRINT_VERSION, solver_fingerprint
+
         record["solver_files"] = list(SOLVER_FILES)
         record["solver_hash"] = source_hash(SOLVER_FILES)
+        record["fingerprint_version"] = FINGERPRINT_VERSION
+        record["solver_fingerprint"] = solver_fingerprint()
     return record
 
 
