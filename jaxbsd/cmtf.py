@@ -337,14 +337,14 @@ def _pinv_solve(A: jax.Array, B: jax.Array) -> jax.Array:
     decomposition applies the cutoff exactly.
     """
     r = A.shape[-1]
-    eps = jnp.finfo(A.dtype).eps
+    relative_cutoff = r * jnp.finfo(A.dtype).eps  # eigenvalues <= relative_cutoff · max|λ| are dropped
     inverse, kappa = _spd_inverse(A)
-    ok = kappa <= 1 / (2 * r * eps)
+    ok = kappa <= 1 / (2 * relative_cutoff)
     by_cholesky = B @ inverse
 
     def by_eigh():
         w, Q = jnp.linalg.eigh(A)
-        cutoff = r * eps * jnp.maximum(jnp.max(jnp.abs(w), axis=-1, keepdims=True), jnp.finfo(A.dtype).tiny)
+        cutoff = relative_cutoff * jnp.maximum(jnp.max(jnp.abs(w), axis=-1, keepdims=True), jnp.finfo(A.dtype).tiny)
         keep = w > cutoff
         inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
         exact = ((B @ Q) * inv_w[..., None, :]) @ _mT(Q)
