@@ -119,15 +119,17 @@ def quantile_knots(x: jax.Array, dof: int, degree: int) -> jax.Array:
     x = jnp.asarray(x)
     if x.ndim != 1 or x.shape[0] < 1:
         raise ValueError(f"x must have shape (S,) with S >= 1, got {x.shape}")
-    xs = sort_floats(x)
-    lo, hi = xs[0], xs[-1]
+    n_interior = dof - degree - 1
+    # Without interior knots only the extremes are needed: a reduction, not a sort (the
+    # knots are refitted for every rank in every sweep).
+    xs = sort_floats(x) if n_interior else x
+    lo, hi = (xs[0], xs[-1]) if n_interior else (jnp.min(x), jnp.max(x))
     scale = jnp.maximum(jnp.maximum(jnp.abs(lo), jnp.abs(hi)), 1)
     min_width = jnp.sqrt(jnp.finfo(xs.dtype).eps) * scale
     mid = 0.5 * (lo + hi)
     narrow = (hi - lo) < min_width
     lo = jnp.where(narrow, mid - 0.5 * min_width, lo)
     hi = jnp.where(narrow, mid + 0.5 * min_width, hi)
-    n_interior = dof - degree - 1
     if n_interior == 0:
         return jnp.concatenate([jnp.full((degree + 1,), lo, xs.dtype), jnp.full((degree + 1,), hi, xs.dtype)])
     idx = quantile_indices(xs.shape[0], range(1, n_interior + 1), dof - degree)

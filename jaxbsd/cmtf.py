@@ -236,16 +236,18 @@ class SolverState(NamedTuple):
 # --------------------------------------------------------------------------- linear algebra
 
 
-def _one_at_a_time(fn: Callable) -> Callable:
-    """``fn`` (a LAPACK-backed solve), whose ``vmap`` runs the batch as a ``lax.map``.
+def _batch_polymorphic(fn: Callable) -> Callable:
+    """``fn`` (a LAPACK-backed solve written for any number of leading batch dimensions),
+    whose ``vmap`` batches on accelerators and runs one batch member at a time on the CPU.
 
-    jaxlib's batched CPU LAPACK kernels split a batch over XLA's intra-op thread pool and
-    block a pool thread until the pieces are done; when two such kernels run concurrently
-    (the sweep's independent ``eigh`` and LU under ``vmap`` over restarts or over λ) on a
-    two-thread pool, both threads wait and nothing runs the pieces: a deadlock (stack traces
-    show both pool threads in ``jax::ParallelBatchMap``). Unbatched calls never block the
-    pool, so under ``vmap`` these solves run one batch member after the other. On
-    accelerators nothing changes but the loop.
+    On GPU/TPU a vmap over restarts or λ calls ``fn`` once on the stacked operands (one
+    batched kernel per step, no loop). On the CPU it runs as a ``lax.map`` of unbatched
+    calls, because jaxlib's batched CPU LAPACK kernels split a batch over XLA's intra-op
+    thread pool and block a pool thread until the pieces are done: when two such kernels run
+    concurrently (the sweep's independent solves under ``vmap``) on a two-thread pool, both
+    threads wait and nothing runs the pieces, a deadlock (stack traces show both pool threads in
+    ``jax::ParallelBatchMap``). ``jax.lax.platform_dependent`` picks the branch when the program
+    is lowered, so an accelerator program holds no trace of the CPU workaround.
     """
     wrapped = jax.custom_batching.custom_vmap(fn)
 
@@ -253,47 +255,102 @@ def _one_at_a_time(fn: Callable) -> Callable:
     def _rule(axis_size, in_batched, *args):
         batched = [i for i, b in enumerate(in_batched) if b]
 
-        def one(xs):
-            full = list(args)
-            for i, x in zip(batched, xs):
-                full[i] = x
+        def one_at_a_time(*args):
+            def one(xs):
+                full = list(args)
+                for i, x in zip(batched, xs):
+                    full[i] = x
+                return wrapped(*full)
+
+            return jax.lax.map(one, tuple(args[i] for i in batched))
+
+        def all_at_once(*args):
+            # The batch axis leads every operand; fn broadcasts over leading dimensions.
+            full = [a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)) for a, b in zip(args, in_batched)]
             return wrapped(*full)
 
-        out = jax.lax.map(one, tuple(args[i] for i in batched))
+        out = jax.lax.platform_dependent(*args, cpu=one_at_a_time, default=all_at_once)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return wrapped
 
 
-@_one_at_a_time
-def _tikhonov_solve(A: jax.Array, B: jax.Array, mu: jax.Array) -> jax.Array:
-    """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A (r, r)`` and ``μ > 0``
-    (``B (k, r)``): the robust updates of ``W0`` and ``W1``.
+def _mT(A: jax.Array) -> jax.Array:
+    return jnp.swapaxes(A, -1, -2)
 
-    LU, not Cholesky: ``A`` is formed in floating point, and when ``μ`` is below its rounding
-    (large Grams in float32) ``A + μ I`` can be numerically indefinite; LU still returns the
-    solution of the system as given, which is what the paper's update is.
+
+def _spd_inverse(A: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(A⁻¹, ‖A‖∞ ‖A⁻¹‖∞)`` for symmetric ``A (..., r, r)`` by Cholesky: ``A⁻¹ = L⁻ᵀ L⁻¹``.
+
+    One factorization, one triangular inverse and one product, kernels that batch on every
+    backend (``eigh`` is iterative and far slower on small matrices). ``κ∞ = ‖A‖∞‖A⁻¹‖∞``
+    bounds the 2-norm condition number from above (symmetric ``A``: ``‖A‖₂ ≤ ‖A‖∞``), and is
+    ``nan``/``inf`` where the factorization failed (``A`` not numerically positive definite).
     """
-    r = A.shape[0]
-    return jnp.linalg.solve(A + mu * jnp.eye(r, dtype=A.dtype), B.T).T
+    r = A.shape[-1]
+    L = jnp.linalg.cholesky(A)
+    eye = jnp.broadcast_to(jnp.eye(r, dtype=A.dtype), A.shape)
+    L_inv = jax.lax.linalg.triangular_solve(L, eye, left_side=True, lower=True)
+    A_inv = _mT(L_inv) @ L_inv
+    norm = lambda M: jnp.max(jnp.sum(jnp.abs(M), axis=-1), axis=-1)  # noqa: E731
+    kappa = norm(A) * norm(A_inv)
+    return A_inv, jnp.where(jnp.isfinite(kappa), kappa, jnp.inf)
 
 
-@_one_at_a_time
+@_batch_polymorphic
+def _tikhonov_solve(A: jax.Array, B: jax.Array, mu: jax.Array) -> jax.Array:
+    """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A (..., r, r)`` and ``μ > 0``
+    (``B (..., k, r)``, ``μ (...)``): the robust updates of ``W0`` and ``W1``.
+
+    Cholesky; LU where the Cholesky fails: ``A`` is formed in floating point, and when ``μ`` is
+    below its rounding (large Grams in float32) ``A + μ I`` can be numerically indefinite. LU
+    still returns the solution of the system as given, which is what the paper's update is.
+    The LU branch runs only when some member of the batch needs it.
+    """
+    r = A.shape[-1]
+    shifted = A + mu[..., None, None] * jnp.eye(r, dtype=A.dtype).reshape((1,) * (A.ndim - 2) + (r, r))
+    factor = jnp.linalg.cholesky(shifted)
+    ok = jnp.all(jnp.isfinite(factor), axis=(-2, -1))
+    by_cholesky = _mT(cho_solve((factor, True), _mT(B)))
+
+    def by_lu():
+        lu = _mT(jnp.linalg.solve(shifted, _mT(B)))
+        return jnp.where(ok[..., None, None], by_cholesky, lu)
+
+    return jax.lax.cond(jnp.all(ok), lambda: by_cholesky, by_lu)
+
+
+@_batch_polymorphic
 def _pinv_solve(A: jax.Array, B: jax.Array) -> jax.Array:
-    """``B A⁺`` for symmetric positive semi-definite ``A (r, r)``, ``B (k, r)``: the paper's
-    plain least squares (the G and R updates, and every update of the non-robust CMTF-BSD/PD).
+    """``B A⁺`` for symmetric positive semi-definite ``A (..., r, r)``, ``B (..., k, r)``: the
+    paper's plain least squares (the G and R updates, and every update of the non-robust
+    CMTF-BSD/PD).
 
     ``A`` is the Gram matrix ``KᵀK`` of ``min ‖M − X Kᵀ‖`` given in Gram–Hadamard form
     (``B = M K``), so ``B A⁺`` is that problem's minimum-norm solution. The pseudo-inverse has
     ``jnp.linalg.pinv``'s machine-precision cutoff: eigenvalues at or below
     ``r · eps · max|λ|`` are dropped. The same rule holds for every basis.
+
+    Where no eigenvalue is near the cutoff, ``A⁺ = A⁻¹``: certified by ``κ∞(A) ≤ 1 / (2 r eps)``
+    (then ``λ_min / λ_max ≥ 1/κ₂ ≥ 1/κ∞ > r eps``, with a factor 2 for the rounding of the
+    computed inverse), and the solve is a Cholesky. Otherwise, and only then, the eigenvalue
+    decomposition applies the cutoff exactly.
     """
-    r = A.shape[0]
-    w, Q = jnp.linalg.eigh(A)
-    cutoff = r * jnp.finfo(A.dtype).eps * jnp.maximum(jnp.max(jnp.abs(w)), jnp.finfo(A.dtype).tiny)
-    keep = w > cutoff
-    inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
-    return ((B @ Q) * inv_w[None, :]) @ Q.T
+    r = A.shape[-1]
+    relative_cutoff = r * jnp.finfo(A.dtype).eps  # eigenvalues <= relative_cutoff · max|λ| are dropped
+    inverse, kappa = _spd_inverse(A)
+    ok = kappa <= 1 / (2 * relative_cutoff)
+    by_cholesky = B @ inverse
+
+    def by_eigh():
+        w, Q = jnp.linalg.eigh(A)
+        cutoff = relative_cutoff * jnp.maximum(jnp.max(jnp.abs(w), axis=-1, keepdims=True), jnp.finfo(A.dtype).tiny)
+        keep = w > cutoff
+        inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
+        exact = ((B @ Q) * inv_w[..., None, :]) @ _mT(Q)
+        return jnp.where(ok[..., None, None], by_cholesky, exact)
+
+    return jax.lax.cond(jnp.all(ok), lambda: by_cholesky, by_eigh)
 
 
 #: Largest coefficient count whose projection systems are solved by the unrolled Cholesky below.
@@ -339,15 +396,15 @@ def _small_tikhonov_solve(A: jax.Array, b: jax.Array, mu: jax.Array) -> jax.Arra
     return jnp.stack(x, axis=-1)
 
 
-@_one_at_a_time
+@_batch_polymorphic
 def _lstsq(A: jax.Array, b: jax.Array) -> jax.Array:
-    """Minimum-norm ``argmin_c ‖A c − b‖²`` (``A (k, ν)``, ``b (k,)``), singular values below
-    ``max(k, ν) · eps · σ_max`` dropped (``jnp.linalg.lstsq(rcond=None)``).
+    """Minimum-norm ``argmin_c ‖A c − b‖²`` (``A (..., k, ν)``, ``b (..., k)``), singular values
+    below ``max(k, ν) · eps · σ_max`` dropped (``jnp.linalg.lstsq(rcond=None)``).
 
     Solved on ``A`` itself, not on ``AᵀA``: the normal equations would square the condition
     number, which for monomials of degree 10 exceeds what float64 can hold.
     """
-    return jnp.linalg.lstsq(A, b, rcond=None)[0]
+    return jnp.vectorize(lambda A, b: jnp.linalg.lstsq(A, b, rcond=None)[0], signature="(k,v),(k)->(v)")(A, b)
 
 
 # --------------------------------------------------------------------------- algorithm steps

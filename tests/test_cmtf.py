@@ -226,3 +226,66 @@ def test_sequential_and_vmapped_restarts_agree(planted, progress):
     np.testing.assert_allclose(seq.model(X), vec.model(X), rtol=1e-7, atol=1e-10)
     with pytest.raises(ValueError, match="batch"):
         jb.decouple(J, F, X, config, key=key, restarts=2, batch="pmap")
+
+
+# --------------------------------------------------------------------------- small solves
+
+
+def _psd(eigenvalues, seed=0):
+    """``Q diag(w) Qᵀ`` with a random orthogonal ``Q`` (numpy), and ``Q``."""
+    r = len(eigenvalues)
+    Q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((r, r)))
+    return (Q * np.asarray(eigenvalues)) @ Q.T, Q
+
+
+def _min_norm_oracle(eigenvalues, Q, B):
+    """``B A⁺`` from the exact eigendecomposition, eigenvalues at or below ``r eps max|λ|``
+    dropped (``numpy.linalg.pinv(A, rcond=r eps, hermitian=True)``'s rule)."""
+    w = np.asarray(eigenvalues)
+    keep = w > len(w) * np.finfo(np.float64).eps * np.abs(w).max()
+    inv = np.where(keep, 1 / np.where(keep, w, 1), 0)
+    return ((B @ Q) * inv) @ Q.T
+
+
+SPECTRA = {
+    "well conditioned": np.linspace(1.0, 3.0, 12),
+    "ill conditioned, nothing cut": np.geomspace(1.0, 1e-11, 12),
+    "exactly rank deficient": np.r_[np.linspace(1.0, 2.0, 9), 0.0, 0.0, 0.0],
+    "below the cutoff": np.r_[np.linspace(1.0, 2.0, 10), 1e-10, 1e-17],
+}
+
+
+@pytest.mark.parametrize("spectrum", SPECTRA, ids=str)
+def test_pinv_solve_is_the_minimum_norm_solution(spectrum):
+    """Cholesky where the condition number certifies ``A⁺ = A⁻¹``, the eigendecomposition with
+    pinv's cutoff elsewhere: both equal the exact minimum-norm solution, alone and vmapped."""
+    w = SPECTRA[spectrum]
+    A, Q = _psd(w)
+    B = np.random.default_rng(1).standard_normal((5, len(w)))
+    expected = _min_norm_oracle(w, Q, B)
+    # Rounding in A is amplified by 1/λ_min of the kept eigenvalues (1e10 at most here).
+    rtol = 1e-12 if w[w > 0].min() > 0.5 else 1e-4
+    got = np.asarray(cmtf._pinv_solve(jnp.asarray(A), jnp.asarray(B)))
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+    # vmapped over a batch mixing this matrix with a well-conditioned one
+    A2, Q2 = _psd(SPECTRA["well conditioned"], seed=3)
+    both = jax.vmap(cmtf._pinv_solve)(jnp.stack([A, A2]), jnp.stack([B, B]))
+    np.testing.assert_allclose(np.asarray(both[0]), expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+    np.testing.assert_allclose(np.asarray(both[1]), _min_norm_oracle(SPECTRA["well conditioned"], Q2, B), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mu", [1e-4, 1e-30])
+def test_tikhonov_solve_matches_numpy(mu):
+    """``B (A + μI)⁻¹``: by Cholesky when it succeeds, by LU when rounding makes ``A + μI``
+    indefinite (a singular ``A`` with ``μ`` far below its rounding)."""
+    A, _ = _psd(np.r_[np.linspace(1.0, 2.0, 8), 0.0, 0.0])
+    A = A + 1e-15 * np.random.default_rng(2).standard_normal(A.shape)  # rounding-level asymmetry
+    B = np.random.default_rng(1).standard_normal((4, 10))
+    expected = np.linalg.solve(A + mu * np.eye(10), B.T).T
+    got = np.asarray(cmtf._tikhonov_solve(jnp.asarray(A), jnp.asarray(B), jnp.asarray(mu)))
+    if mu > 1e-10:
+        np.testing.assert_allclose(got, expected, rtol=1e-8)
+    else:  # a numerically singular system: the solve is finite and solves it as well as LU does
+        residual = lambda X: np.linalg.norm(X @ (A + mu * np.eye(10)) - B)  # noqa: E731
+        assert np.all(np.isfinite(got))
+        assert residual(got) <= 10 * residual(expected) + 1e-8

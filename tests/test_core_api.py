@@ -186,6 +186,30 @@ def test_vmapped_solves_contain_no_batched_lapack_call(mlp):
             assert re.search(r'num_batch_dims = "0"', line), line
 
 
+def _while_loops(fn, *args, platform: str) -> int:
+    """``stablehlo.while`` ops in ``fn`` exported for ``platform`` (lowered here, on the CPU)."""
+    text = jax.export.export(jax.jit(fn), platforms=(platform,))(*args).mlir_module()
+    return len(re.findall(r"stablehlo\.while", text))
+
+
+@pytest.mark.parametrize("robust", [True, False])
+def test_on_accelerators_vmapped_solves_are_batched_not_looped(mlp, robust):
+    """Exported for CUDA, 16 vmapped restarts and 3 vmapped λ hold exactly the single solve's
+    loops (the sweep loop): no solve serialized over the batch. On the CPU the one-at-a-time
+    workaround stays (more loops than the single solve)."""
+    problem = jb.problem(*mlp)
+    config = CONFIG.replace(robust=robust, max_iter=3)
+    key = jax.random.key(0)
+    one = lambda k: jb.solve(k, problem, config)  # noqa: E731
+    restarts = (jax.vmap(one), jax.random.split(key, 16))
+    lams = (jax.vmap(lambda lam: jb.solve(key, problem, config.replace(lam=lam))), jnp.array([0.1, 0.25, 1.0]))
+    single = _while_loops(one, key, platform="cuda")
+    assert single >= 1
+    for fn, arg in (restarts, lams):
+        assert _while_loops(fn, arg, platform="cuda") == single
+        assert _while_loops(fn, arg, platform="cpu") > _while_loops(one, key, platform="cpu")
+
+
 class SweepParityTest(chex.TestCase):
     """``jb.sweep`` gives the same iterate jitted and eager (chex variants)."""
 
