@@ -31,9 +31,10 @@ from jaxbsd.io import provenance  # noqa: E402
 #: The one place to update when the solver's code is rewritten; the test asserts the old text
 #: occurs exactly once, so a rewrite that removes it fails loudly instead of testing nothing.
 CUTOFF_PATCHES = {
-    # _pinv_solve: eigenvalues at or below r · eps · max|λ| are dropped.
-    "pinv": ("cutoff = r * jnp.finfo(A.dtype).eps * jnp.maximum(",
-             "cutoff = 1e6 * r * jnp.finfo(A.dtype).eps * jnp.maximum("),
+    # _pinv_solve: eigenvalues at or below r · eps · max|λ| are dropped (the same relative cutoff
+    # bounds the condition number under which the Cholesky path is taken).
+    "pinv": ("relative_cutoff = r * jnp.finfo(A.dtype).eps",
+             "relative_cutoff = 1e6 * r * jnp.finfo(A.dtype).eps"),
     # _lstsq: singular values below max(k, ν) · eps · σ_max are dropped (rcond=None).
     "lstsq": ("jnp.linalg.lstsq(A, b, rcond=None)",
               "jnp.linalg.lstsq(A, b, rcond=1e6 * max(A.shape) * float(jnp.finfo(A.dtype).eps))"),
