@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"training {args.model} on {args.dataset} for {args.train_epochs} epochs", file=sys.stderr)
         train.train(model, dataset, epochs=args.train_epochs, lr=args.train_lr, schedule="cosine",
                     warmup_epochs=2, seed=args.seed, progress=not args.no_progress,
-                    checkpoint=out / "trained.npz", metadata={"dataset": args.dataset})
+                    checkpoint=out / "trained", metadata={"dataset": args.dataset})
     acc_original = train.evaluate(model, dataset.test_images, dataset.test_labels)
     params_original = count_params(model)
     if args.reduction is not None and args.rank is not None:

@@ -342,12 +342,12 @@ def _run_id(config: CompressionConfig, order: tuple[int, ...], params_before: in
 
 
 def _load_state(state_dir: pathlib.Path, run_id: str, model) -> list[dict]:
-    """Finished steps and the model after the last one, from ``state_dir/model.npz``.
+    """Finished steps and the model after the last one, from ``state_dir/model``.
 
     The step log travels inside the checkpoint's metadata, so model and log are written by
-    one atomic rename and can never disagree (``steps.json`` is a readable copy).
+    one checkpoint save (atomic) and can never disagree (``steps.json`` is a readable copy).
     """
-    path = state_dir / "model.npz"
+    path = state_dir / "model"
     if not path.exists():
         return []
     meta = read_checkpoint_header(path).get("metadata", {})
@@ -387,7 +387,7 @@ def compress(
       order: ``"front-to-back"``, ``"back-to-front"`` or explicit block indices.
       config: a :class:`CompressionConfig`.
       state_dir: if given, the step log (``steps.json``) and the model after the last finished
-        step (``model.npz``) are kept there, written atomically; calling again with the same
+        step (``model``, a checkpoint) are kept there, written atomically; calling again with the same
         arguments resumes after the last finished step.
       teacher: passed to fine-tuning (hard distillation for DeiT).
       progress: print a line per step (and show training progress bars).
@@ -493,7 +493,7 @@ def compress(
         }
         steps.append(record)
         if state_dir is not None:
-            save_checkpoint(state_dir / "model.npz", model, {"run_id": run_id, "steps": steps})
+            save_checkpoint(state_dir / "model", model, {"run_id": run_id, "steps": steps})
             write_json_atomic(state_dir / "steps.json", {"run_id": run_id, "steps": steps})
         if progress:
             err = f"  Error(J) {record['error_J']:.2e}" if "error_J" in record else ""
