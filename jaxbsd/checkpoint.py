@@ -116,25 +116,13 @@ def _lowrank_linear_record(layer: _baselines.LowRankLinear) -> dict:
 def _describe(module) -> dict | None:
     """The record :func:`save_compressed` keeps for a replaced module, or None for others."""
     if isinstance(module, DecoupledMLP):
-        return {
-            "kind": "DecoupledMLP",
-            "rank": int(module.W0[...].shape[0]),
-            "basis": module.basis.to_dict(),
-            "factors": {name: _shape_dtype(getattr(module, name)) for name in ("W0", "W1", "coef", "knots")},
-        }
+        return {"kind": "DecoupledMLP", "rank": int(module.W0[...].shape[0]), "basis": module.basis.to_dict(),
+                "factors": {name: _shape_dtype(getattr(module, name)) for name in ("W0", "W1", "coef", "knots")}}
     if isinstance(module, _baselines.LowRankMLP):
-        return {
-            "kind": "LowRankMLP",
-            "rank": [int(k) for k in module.ranks],
-            "activation": module.activation,
-            "factors": {"fc1": _lowrank_linear_record(module.fc1), "fc2": _lowrank_linear_record(module.fc2)},
-        }
+        return {"kind": "LowRankMLP", "rank": [int(k) for k in module.ranks], "activation": module.activation,
+                "factors": {"fc1": _lowrank_linear_record(module.fc1), "fc2": _lowrank_linear_record(module.fc2)}}
     if isinstance(module, _baselines.LowRankLinear):
-        return {
-            "kind": "LowRankLinear",
-            "rank": int(module.A[...].shape[1]),
-            "factors": _lowrank_linear_record(module),
-        }
+        return {"kind": "LowRankLinear", "rank": int(module.A[...].shape[1]), "factors": _lowrank_linear_record(module)}
     return None
 
 
@@ -147,14 +135,8 @@ def replaced_modules(model) -> list[dict]:
         ``kind``, ``rank``, factor shapes and dtypes, and the basis (``DecoupledMLP``) or the
         activation (``LowRankMLP``), all JSON data.
     """
-    found: list[dict] = []
-    for path, node in nnx.iter_graph(model):
-        if not isinstance(node, nnx.Module):
-            continue
-        record = _describe(node)
-        if record is None:
-            continue
-        found.append({"path": list(path), **record})
+    found = [{"path": list(path), **record} for path, node in nnx.iter_graph(model)
+             if isinstance(node, nnx.Module) and (record := _describe(node)) is not None]
     # A LowRankLinear inside a recorded LowRankMLP is part of that record.
     paths = [r["path"] for r in found]
     outer = [r for r in found if not any(len(p) < len(r["path"]) and r["path"][: len(p)] == p for p in paths)]
@@ -186,14 +168,10 @@ def _placeholder(record: dict, where: str):
 
 def _child(node, key, where: str, path: list):
     try:
-        if isinstance(key, int):
-            return node[key]
-        return getattr(node, key)
+        return node[key] if isinstance(key, int) else getattr(node, key)
     except (AttributeError, IndexError, KeyError, TypeError):
-        raise ValueError(
-            f"{where}: the model {type(node).__name__} has no submodule at {_path_str(path)} "
-            f"(no {key!r}); it does not match the checkpoint"
-        ) from None
+        raise ValueError(f"{where}: the model {type(node).__name__} has no submodule at {_path_str(path)} "
+                         f"(no {key!r}); it does not match the checkpoint") from None
 
 
 def _set_submodule(model, path: list, module, where: str) -> None:

@@ -422,3 +422,35 @@ def test_old_formats_are_refused_naming_the_path(tmp_path):
         with pytest.raises(ValueError, match="not a jaxbsd checkpoint"):  # and never overwritten
             save_checkpoint(old, model)
     assert v1.is_file() and (v2 / "LATEST").is_file()
+
+
+# --- the CLI: a killed `jaxbsd compress` resumes from its state; the factored export reloads ----
+
+
+@pytest.mark.slow
+def test_cli_compress_resumes_from_its_state_and_exports(tmp_path, monkeypatch):
+    from jaxbsd import cli, compress
+
+    out = tmp_path / "run"
+    argv = ["compress", "--dataset", "digits", "--train-epochs", "1", "--rank", "4", "--samples", "32",
+            "--max-iter", "5", "--finetune-epochs", "1", "--out", str(out), "--no-progress"]
+    real, calls = compress.compress_block, []
+
+    def killed_after_one_step(model, block, *args, **kwargs):
+        if calls:
+            raise Crash  # the process dies while compressing the second block
+        calls.append(block)
+        return real(model, block, *args, **kwargs)
+
+    monkeypatch.setattr(compress, "compress_block", killed_after_one_step)
+    with pytest.raises(Crash):
+        cli.main(argv)
+    assert read_checkpoint_header(out / "state" / "model")["metadata"]["steps"][0]["block"] == calls[0]
+    monkeypatch.setattr(compress, "compress_block", lambda model, block, *a, **k: calls.append(block) or
+                        real(model, block, *a, **k))
+    assert cli.main(argv) == 0
+    depth = len(json.loads((out / "compression.json").read_text())["steps"])
+    assert calls == [depth - 1, *range(depth - 2, -1, -1)]  # back to front; block depth-1 not redone
+    result = json.loads((out / "compression.json").read_text())
+    assert result["factored_checkpoint"]["logits_bit_identical"]
+    assert [r["kind"] for r in read_checkpoint_header(out / "compressed")["replaced"]] == ["DecoupledMLP"] * depth
