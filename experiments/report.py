@@ -1,12 +1,16 @@
-"""The README's result tables, generated from the committed result JSON, and the staleness guard.
+"""The result tables of the README and the documentation site, generated from the committed
+result JSON, and the staleness guard.
 
 Usage::
 
-    python experiments/report.py            # rewrite the generated blocks of README.md
-    python experiments/report.py --check    # exit 1 if a result is stale or README.md is out of date
+    python experiments/report.py            # rewrite the generated blocks of README.md and docs/*.md
+    python experiments/report.py --check    # exit 1 if a result is stale or a generated block is out of date
 
-Every generated block of ``README.md`` sits between ``<!-- report:NAME -->`` and
-``<!-- /report:NAME -->``; nothing between the markers is typed by hand.
+Every generated block sits between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``;
+nothing between the markers is typed by hand. ``NAME`` is a key of :data:`TABLES`. The files
+that hold blocks are :func:`target_files`: ``README.md`` (the short ``headline-*`` tables) and
+the pages of the documentation site under ``docs/`` (the full tables: ``docs/results.md``,
+``docs/performance.md``).
 
 Staleness: every JSON under ``experiments/results/`` and ``benchmarks/`` records a
 ``provenance`` (:func:`jaxbsd.io.provenance`: command, commit, source hashes). A result computed
@@ -29,6 +33,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
 def result_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
@@ -184,6 +189,15 @@ def training_table() -> str:
     return _md(["model / data", "params", "epochs", "test accuracy", "wall time"], rows)
 
 
+def _bench_value(x, unit: str) -> str:
+    """A measured benchmark value in its unit (times scaled to s, ms or µs)."""
+    if x is None:
+        return "—"
+    if unit != "s":
+        return f"{x:.2f} {unit}"
+    return f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.2f} ms" if x >= 1e-3 else f"{x * 1e6:.1f} µs"
+
+
 def benchmark_table(name: str = "results.json") -> str:
     """The benchmark table of ``benchmarks/<name>``, headed by the machine that measured it."""
     path = ROOT / "benchmarks" / name
@@ -192,13 +206,7 @@ def benchmark_table(name: str = "results.json") -> str:
     d = json.loads(path.read_text())
     if not d.get("provenance"):
         return _source_line(d)
-    def value(x, unit):
-        if x is None:
-            return "—"
-        if unit != "s":
-            return f"{x:.2f} {unit}"
-        return f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.2f} ms" if x >= 1e-3 else f"{x * 1e6:.1f} µs"
-
+    value = _bench_value
     rows = []
     for r in d["rows"]:
         ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}×"
@@ -376,6 +384,80 @@ def allocation_table() -> str:
         + "\n\n" + paired + "."
 
 
+# --------------------------------------------------------------------------- README headlines
+# One short table per result for the README; the full tables are on the documentation site.
+
+
+def headline_synthetic() -> str:
+    """Table 1 of the paper: mean eᵢ on the sampling points, best of 8 restarts, ours beside the paper's."""
+    d = _load("synthetic.json")
+    if d is None:
+        return "_No synthetic result committed._"
+    res = d["results"]["best-of-8"] if "best-of-8" in d["results"] else next(iter(d["results"].values()))
+    rows = [[name.replace("nu", "ν"), f"{r['e_S_avg']:.2f}", f"{r['paper']['mean']:.2f}"] for name, r in res.items()]
+    return _md(["method (synthetic example, paper Table 1)", "mean eᵢ %, ours", "paper"], rows)
+
+
+def headline_comparison(reduction: float = 0.5) -> str:
+    """Claim (1) at one budget: top-1 of B-spline, SVD and DRONE on both models."""
+    models = [(title, _load(name)) for name, title in (("comparison.json", "DeiT / USPS"),
+                                                       ("comparison_vit_fashion-mnist.json", "ViT / Fashion-MNIST"))]
+    models = [(t, d) for t, d in models if d is not None]
+    if not models:
+        return "_No comparison result committed._"
+    rows = []
+    for method in ("bsd", "svd", "drone"):
+        row = [_NAMES[method]]
+        for _, d in models:
+            r = next((r for r in d["rows"] if r["method"] == method and r["reduction"] == reduction), None)
+            row.append("—" if r is None or r["status"] != "ok" else _pm(r["accuracy_mean"], r["accuracy_std"]))
+        rows.append(row)
+    return _md([f"method, ρ = {reduction:g} (top-1 %)", *(f"{t} ({d['accuracy_original']:.2f} % before)"
+                                                         for t, d in models)], rows)
+
+
+def headline_compression() -> str:
+    """Claim (2): final accuracy of back-to-front minus front-to-back, cubic B-splines, ours and the paper's."""
+    rows = []
+    for name, title in (("full_compression_vit_fashion-mnist.json", "ViT / Fashion-MNIST"),
+                        ("full_compression_vit_cifar10.json", "ViT / CIFAR-10")):
+        d = _load(name)
+        if d is None:
+            continue
+        capture = "current" if "current" in d["verdicts"] else next(iter(d["verdicts"]))
+        basis = next((b for b in d["verdicts"][capture] if "d=3" in b and "BSD" in b), next(iter(d["verdicts"][capture])))
+        v = d["verdicts"][capture][basis]
+        paper = d.get("paper") or {}
+        last = list(d["tables"][capture]["FB"])[-1]
+        p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+        rows.append([title, basis.replace("nu=", "ν="), f"{v['mean_diff']:+.2f} (p = {_pval(v['p_ttest'])})",
+                     v["verdict"], "—" if p_fb is None or p_bf is None else f"{p_bf[0] - p_fb[0]:+.2f}"])
+    if not rows:
+        return "_No full-compression result committed._"
+    return _md(["model / data", "basis", "BF − FB final, points", "verdict (3 seeds)", "paper"], rows)
+
+
+def headline_benchmarks() -> str:
+    """The headline benchmark rows on each machine that measured them."""
+    rows = []
+    for name in ("results.json", "results_gpu.json"):
+        path = ROOT / "benchmarks" / name
+        if not path.exists():
+            continue
+        d = json.loads(path.read_text())
+        m = d.get("machine", {})
+        machine = f"{m.get('cpu_count', '?')}-core CPU" if m.get("backend") == "cpu" else m.get("device_kind", "?")
+        for r in d.get("rows", []):
+            if r["name"].startswith(("(c) headline: 100 sweeps", "(d) DecoupledMLP")):
+                unit = r.get("unit", "s")
+                met = {True: "yes", False: "**no**", None: "—"}[r.get("passed")]
+                rows.append([r["name"], machine, _bench_value(r.get("ours"), unit),
+                             _bench_value(r.get("reference"), unit), str(r.get("target") or "—"), met])
+    if not rows:
+        return "_No benchmark result committed._"
+    return _md(["benchmark", "machine", "ours", "reference", "target", "met"], rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "allocation": allocation_table,
     "synthetic": synthetic_tables,
@@ -387,6 +469,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "fb-bf": fb_bf_table,
     "vit-cifar10": vit_cifar10_table,
     "budget-study": budget_study_table,
+    "headline-synthetic": headline_synthetic,
+    "headline-comparison": headline_comparison,
+    "headline-compression": headline_compression,
+    "headline-benchmarks": headline_benchmarks,
 }
 MARKER = re.compile(r"<!-- report:([^ >]*) -->")  # every opening marker, well-formed or not
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
@@ -397,34 +483,44 @@ def render(text: str) -> str:
     def fill(m: re.Match) -> str:
         name = m.group("name")
         if name not in TABLES:
-            raise ValueError(f"README block report:{name} has no generator; known: {sorted(TABLES)}")
+            raise ValueError(f"report block report:{name} has no generator; known: {sorted(TABLES)}")
         return m.group(1) + TABLES[name]().rstrip("\n") + "\n" + m.group(4)
 
     opened = MARKER.findall(text)
     matched = [m.group("name") for m in BLOCK.finditer(text)]
     if opened != matched:
         # A block the pattern does not see would be left as it is, silently: refuse instead.
-        raise ValueError(f"README report blocks {sorted(set(opened) - set(matched))} are malformed (a name "
+        raise ValueError(f"report blocks {sorted(set(opened) - set(matched))} are malformed (a name "
                          "of a-z, 0-9, _ and -, a newline after the opening marker, a matching closing marker)")
     return BLOCK.sub(fill, text)
 
 
+def target_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """The files whose generated blocks this script renders: ``README.md`` and every page under
+    ``docs/`` that holds a report marker."""
+    files = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return [p for p in files if p.exists() and MARKER.search(p.read_text())]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail on stale results or an out-of-date README")
+    parser.add_argument("--check", action="store_true",
+                        help="fail on stale results or a generated block that is out of date")
     args = parser.parse_args(argv)
-    text = README.read_text()
-    new = render(text)
+    targets = target_files()
+    rendered = {path: (path.read_text(), render(path.read_text())) for path in targets}
     if args.check:
         problems = stale_results(result_files())
-        if new != text:
-            problems.append("README.md: generated tables are out of date; run python experiments/report.py")
+        problems += [f"{path.relative_to(ROOT)}: generated tables are out of date; run python experiments/report.py"
+                     for path, (text, new) in rendered.items() if new != text]
         for p in problems:
             print(p, file=sys.stderr)
-        print(f"report check: {len(problems)} problem(s) in {len(result_files())} results and README.md")
+        print(f"report check: {len(problems)} problem(s) in {len(result_files())} results and "
+              f"{', '.join(str(p.relative_to(ROOT)) for p in targets)}")
         return 1 if problems else 0
-    README.write_text(new)
-    print(f"README.md: {len(BLOCK.findall(text))} generated blocks written")
+    for path, (text, new) in rendered.items():
+        path.write_text(new)
+        print(f"{path.relative_to(ROOT)}: {len(BLOCK.findall(text))} generated blocks written")
     return 0
 
 

@@ -6,6 +6,11 @@ B-splines, ν = 4, rank = embedding width, S = 128, or the ranks a ``--reduction
 allows), fine-tunes after every step (kept only if the validation hold-out does not get worse),
 prints a table (step, accuracy after decoupling and after fine-tuning, parameters, savings) and
 writes the step records (JSON) and a PNG of the accuracy and parameter count per step.
+
+Every argument, file and data set is checked before anything is written: a user error is one
+line ``jaxbsd compress: error: ...`` (exit status 2) and leaves ``--out`` as it was. Rerun with
+the same settings and ``--out``, it resumes after the last finished step (``--out/state``);
+``--out`` holding the state of other settings is refused.
 """
 
 from __future__ import annotations
@@ -15,16 +20,20 @@ import pathlib
 import sys
 import time
 
-__all__ = ["add_compress_command", "plot_steps", "format_table"]
+from jaxbsd.cli_args import (
+    checkpoint_slot,
+    existing_path,
+    fraction,
+    nonnegative_float,
+    nonnegative_int,
+    output_dir,
+    positive_float,
+    positive_int,
+)
+
+__all__ = ["add_compress_command", "validate_compress_args", "plot_steps", "format_table"]
 
 BASES = ("bspline", "polynomial", "relu")
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
-    return value
 
 
 def _basis(args):
@@ -35,6 +44,43 @@ def _basis(args):
     if args.basis == "polynomial":
         return Polynomial(args.degree)
     return ReLU(args.dof)
+
+
+def validate_compress_args(args: argparse.Namespace):
+    """Check ``jaxbsd compress``'s arguments before any file is read or written; return the
+    :class:`~jaxbsd.compress.CompressionConfig` they give.
+
+    Value ranges are argparse's (the flags' types); this adds what needs several flags (the
+    basis, the config) and the paths: ``--checkpoint`` and ``--data-root`` must exist, ``--out``
+    must be a directory or not exist.
+
+    Raises:
+        ValueError: naming the flag or setting.
+    """
+    from jaxbsd import compress
+
+    config = compress.CompressionConfig(
+        method="bsd", basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
+        max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
+        finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
+        reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
+    )
+    existing_path("--checkpoint", args.checkpoint)
+    existing_path("--data-root", args.data_root)
+    output_dir("--out", args.out)
+    return config
+
+
+def _check_fits(model, dataset, args) -> None:
+    """The ``--checkpoint``'s model must take ``--dataset``'s images and classes."""
+    c = getattr(model, "config", None)
+    have = tuple(getattr(c, name, None) for name in ("image_size", "channels", "num_classes"))
+    want = (dataset.image_size, dataset.channels, dataset.num_classes)
+    if None not in have and have != want:
+        raise ValueError(
+            f"--checkpoint {args.checkpoint} takes {have[0]}x{have[0]}x{have[1]} images in {have[2]} classes, "
+            f"but --dataset {args.dataset} has {want[0]}x{want[0]}x{want[1]} images in {want[2]} classes"
+        )
 
 
 def format_table(steps: list[dict], acc_original: float, params_original: int) -> str:
@@ -92,29 +138,33 @@ def _run(args: argparse.Namespace) -> int:
     from jaxbsd.io import write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, count_params
 
+    config = validate_compress_args(args)
     start = time.perf_counter()
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dataset = data.load_dataset(args.dataset, args.data_root)
+    # Everything is read and checked before anything is written: an error leaves --out as it was.
     if args.checkpoint:
         model, _ = train.load_checkpoint(args.checkpoint)
-        print(f"loaded {args.checkpoint}", file=sys.stderr)
+    dataset = data.load_dataset(args.dataset, args.data_root)
+    if args.checkpoint:
+        _check_fits(model, dataset, args)
     else:
         model = build_model(args.model, config_for_dataset(args.model, dataset), seed=args.seed)
+        checkpoint_slot("--out", out / "trained")
+    checkpoint_slot("--out", out / "compressed")
+    try:  # a state of another run (other settings) in --out/state: refused before training
+        compress.check_state(out / "state", model, order=args.order, config=config)
+    except ValueError as err:
+        raise ValueError(f"--out {args.out}: {err}") from err
+    out.mkdir(parents=True, exist_ok=True)
+    if args.checkpoint:
+        print(f"loaded {args.checkpoint}", file=sys.stderr)
+    else:
         print(f"training {args.model} on {args.dataset} for {args.train_epochs} epochs", file=sys.stderr)
         train.train(model, dataset, epochs=args.train_epochs, lr=args.train_lr, schedule="cosine",
                     warmup_epochs=2, seed=args.seed, progress=not args.no_progress,
                     checkpoint=out / "trained", metadata={"dataset": args.dataset})
     acc_original = train.evaluate(model, dataset.test_images, dataset.test_labels)
     params_original = count_params(model)
-    if args.reduction is not None and args.rank is not None:
-        raise SystemExit("give at most one of --rank and --reduction")
-    config = compress.CompressionConfig(
-        method="bsd", basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
-        max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
-        finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
-        reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
-    )
     steps = compress.compress(model, dataset, order=args.order, config=config,
                               state_dir=out / "state", progress=not args.no_progress)
     table = format_table(steps, acc_original, params_original)
@@ -168,34 +218,37 @@ def _export_and_verify(model, path: pathlib.Path, dataset, args) -> dict:
 
 def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     """Register ``jaxbsd compress``."""
+    from jaxbsd.data import DATASETS
+
     p = subparsers.add_parser("compress", help="train (if needed) and compress a transformer block by block",
                               description=__doc__.split("\n\n")[1])
     p.add_argument("--model", default="vit", choices=("vit", "swin", "deit"))
-    p.add_argument("--dataset", default="digits")
+    p.add_argument("--dataset", default="digits", choices=DATASETS)
     p.add_argument("--data-root", default=None)
     p.add_argument("--checkpoint", default=None, help="a trained model (else it is trained first)")
-    p.add_argument("--train-epochs", type=int, default=40)
-    p.add_argument("--train-lr", type=float, default=1e-3)
+    p.add_argument("--train-epochs", type=positive_int, default=40)
+    p.add_argument("--train-lr", type=positive_float, default=1e-3)
     p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"))
     p.add_argument("--basis", default="bspline", choices=BASES)
-    p.add_argument("--degree", type=int, default=3)
-    p.add_argument("--dof", type=int, default=4)
-    p.add_argument("--rank", type=int, default=None, help="default: the embedding width")
-    p.add_argument("--reduction", type=_fraction, default=None,
+    p.add_argument("--degree", type=nonnegative_int, default=3)
+    p.add_argument("--dof", type=positive_int, default=4)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--rank", type=positive_int, default=None, help="default: the embedding width")
+    size.add_argument("--reduction", type=fraction, default=None,
                    help="instead of --rank: remove this fraction of the model's parameters "
                         "(the compressed model keeps at most (1 - reduction) P)")
     p.add_argument("--allocation", default="uniform", choices=("uniform", "greedy"),
                    help="how --reduction is shared by the blocks (greedy: where the error falls fastest)")
-    p.add_argument("--val-fraction", type=float, default=0.1,
+    p.add_argument("--val-fraction", type=fraction, default=0.1,
                    help="training data held out to keep or discard each fine-tuning (0: always keep)")
-    p.add_argument("--lam", type=float, default=0.25)
+    p.add_argument("--lam", type=nonnegative_float, default=0.25)
     p.add_argument("--non-robust", action="store_true", help="plain CMTF (no normalization/Tikhonov)")
-    p.add_argument("--samples", type=int, default=128, help="sampling points S per block")
-    p.add_argument("--max-iter", type=int, default=300)
-    p.add_argument("--restarts", type=int, default=1)
-    p.add_argument("--finetune-epochs", type=int, default=2)
-    p.add_argument("--lr", type=float, default=1e-4, help="fine-tuning learning rate")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=positive_int, default=128, help="sampling points S per block")
+    p.add_argument("--max-iter", type=positive_int, default=300)
+    p.add_argument("--restarts", type=positive_int, default=1)
+    p.add_argument("--finetune-epochs", type=nonnegative_int, default=2)
+    p.add_argument("--lr", type=positive_float, default=1e-4, help="fine-tuning learning rate")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--out", default="runs/compress", help="output folder (results, state for resuming)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_run)

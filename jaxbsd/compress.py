@@ -46,8 +46,8 @@ from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compress_model import (
     ALLOCATIONS,
-    _check_budget,
-    _make_site,
+    check_budget,
+    make_site,
     build_replacement,
     greedy_candidates,
     greedy_ranks,
@@ -70,6 +70,7 @@ __all__ = [
     "sample_tokens",
     "compress_block",
     "compress",
+    "check_state",
     "mlp_params",
     "plan_ranks",
     "validation_split",
@@ -231,7 +232,7 @@ def _block_site(model, block_index: int, images, config: CompressionConfig, key:
         raise ValueError(f"num_samples ({S}) exceeds the {X_all.shape[0]} available tokens")
     path = f"blocks.{block_index}.mlp"
     spec = spec_for(mlp, path, None) if (config.structured or config.method != "bsd") else None
-    return _make_site(path, mlp, spec, X_all, mlp(X_all), S, key, validate=False)
+    return make_site(path, mlp, spec, X_all, mlp(X_all), S, key, validate=False)
 
 
 def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array, *,
@@ -279,7 +280,7 @@ def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig,
     dof = config.basis.num_coef
     total = count_params(model)
     budget = int(np.floor((1 - config.reduction) * total)) - (total - sum(s.params for s in sites))
-    _check_budget(sites, config.method, dof, budget, config.reduction)
+    check_budget(sites, config.method, dof, budget, config.reduction)
     ranks = uniform_ranks(sites, config.method, dof, budget)
     if config.allocation == "greedy":
         floor = sum(s.params_at(config.method, 1, dof) for s in sites)
@@ -341,13 +342,13 @@ def _run_id(config: CompressionConfig, order: tuple[int, ...], params_before: in
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _load_state(state_dir: pathlib.Path, run_id: str, model) -> list[dict]:
-    """Finished steps and the model after the last one, from ``state_dir/model``.
+#: The state checkpoint in ``state_dir`` (model and step log after the last finished step).
+_STATE_CHECKPOINT = "model"
 
-    The step log travels inside the checkpoint's metadata, so model and log are written by
-    one checkpoint save (atomic) and can never disagree (``steps.json`` is a readable copy).
-    """
-    path = state_dir / "model"
+
+def _state_steps(path: pathlib.Path, run_id: str) -> list[dict]:
+    """The step log of the state checkpoint ``path`` (none if it does not exist), read from its
+    header only; ``ValueError`` if it is not a state of :func:`compress` or of another run."""
     if not path.exists():
         return []
     meta = read_checkpoint_header(path).get("metadata", {})
@@ -358,7 +359,46 @@ def _load_state(state_dir: pathlib.Path, run_id: str, model) -> list[dict]:
             f"{path} belongs to a different run (config, order or model differ); "
             "use another state_dir or delete it to start over"
         )
-    steps = meta["steps"]
+    return meta["steps"]
+
+
+def check_state(
+    state_dir: str | os.PathLike,
+    model,
+    *,
+    order: str | Sequence[int] = "back-to-front",
+    config: CompressionConfig = CompressionConfig(),
+) -> int:
+    """How many finished steps of this run ``state_dir`` holds (0: none), reading no weights.
+
+    :func:`compress` makes the same check when it resumes; calling this first lets a caller
+    refuse another run's state before doing any work (``jaxbsd compress`` does, before it
+    trains or writes anything).
+
+    Args:
+      state_dir: the ``state_dir`` that would be passed to :func:`compress`.
+      model: the model that would be compressed (its parameter count is part of the run).
+      order, config: as for :func:`compress`.
+
+    Raises:
+      ValueError: ``state_dir`` holds a checkpoint that is not a state of :func:`compress`, is
+        corrupt, or belongs to a different run (config, order or model differ).
+    """
+    indices = block_order(order, len(model.blocks))
+    run_id = _run_id(config, indices, count_params(model))
+    return len(_state_steps(pathlib.Path(state_dir) / _STATE_CHECKPOINT, run_id))
+
+
+def _load_state(state_dir: pathlib.Path, run_id: str, model) -> list[dict]:
+    """Finished steps and the model after the last one, from ``state_dir/model``.
+
+    The step log travels inside the checkpoint's metadata, so model and log are written by
+    one checkpoint save (atomic) and can never disagree (``steps.json`` is a readable copy).
+    """
+    path = state_dir / _STATE_CHECKPOINT
+    if not path.exists():
+        return []
+    steps = _state_steps(path, run_id)
     for record in steps:
         block = model.blocks[record["block"]]
         block.mlp = _placeholder(record, block.mlp)
@@ -493,7 +533,7 @@ def compress(
         }
         steps.append(record)
         if state_dir is not None:
-            save_checkpoint(state_dir / "model", model, {"run_id": run_id, "steps": steps})
+            save_checkpoint(state_dir / _STATE_CHECKPOINT, model, {"run_id": run_id, "steps": steps})
             write_json_atomic(state_dir / "steps.json", {"run_id": run_id, "steps": steps})
         if progress:
             err = f"  Error(J) {record['error_J']:.2e}" if "error_J" in record else ""

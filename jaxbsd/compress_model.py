@@ -54,6 +54,8 @@ __all__ = [
     "capture_calls",
     "spec_for",
     "build_replacement",
+    "check_budget",
+    "make_site",
     "uniform_ranks",
     "greedy_ranks",
     "greedy_candidates",
@@ -328,8 +330,27 @@ class Site:
         return max(1, min(cap, fit))
 
 
-def _make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Array, Y_all: jax.Array,
-               num_samples: int | None, key: jax.Array, *, validate: bool = True) -> Site:
+def make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Array, Y_all: jax.Array,
+              num_samples: int | None, key: jax.Array, *, validate: bool = True) -> Site:
+    """The :class:`Site` of the MLP ``module`` at ``path`` from its captured calls.
+
+    Args:
+      path: the module's path in the model (for messages).
+      module: the MLP, a map ``(..., m) -> (..., n)`` applied token by token.
+      spec: its :class:`MLPSpec` (structured Jacobian, low-rank baselines), or None.
+      X_all: ``(N, m)`` calibration tokens the module was called on.
+      Y_all: ``(N, n)`` what it returned for them.
+      num_samples: ``S``, sampling points drawn from ``X_all`` (None: ``min(N, 256)``).
+      key: PRNG key of the draw of the sampling points and of the check tokens.
+      validate: check that ``module`` (and ``spec``, if given) reproduce ``Y_all`` token by token.
+
+    Returns:
+      a :class:`Site` with ``X`` ``(S, m)``, ``F = module(X)`` ``(S, n)`` and the check tokens.
+
+    Raises:
+      ValueError: ``num_samples`` exceeds ``N``, or (with ``validate``) the module or spec does
+        not reproduce its captured outputs.
+    """
     N, m = X_all.shape
     n = Y_all.shape[1]
     S = min(N, 256) if num_samples is None else num_samples
@@ -457,7 +478,9 @@ def _largest_rank(site: Site, method: str, dof: int, budget: float) -> int:
     return lo
 
 
-def _check_budget(sites: Sequence[Site], method: str, dof: int, budget: int, reduction: float) -> None:
+def check_budget(sites: Sequence[Site], method: str, dof: int, budget: int, reduction: float) -> None:
+    """Raise ``ValueError`` if ``budget`` parameters cannot hold every site at rank 1 (the
+    smallest replacement), i.e. if ``reduction`` cannot be met by ``method`` with ``dof``."""
     floor = sum(s.params_at(method, 1, dof) for s in sites)
     if floor > budget:
         raise ValueError(
@@ -471,7 +494,7 @@ def uniform_ranks(sites: Sequence[Site], method: str, dof: int, budget: int) -> 
     ``r_i = max(1, largest rank with params_i(r) ≤ f · P_i)`` fit ``budget`` in all.
 
     For MLPs of one shape (a transformer's blocks) that is the same rank everywhere, the
-    paper's setting. Assumes rank 1 everywhere fits (see :func:`_check_budget`).
+    paper's setting. Assumes rank 1 everywhere fits (see :func:`check_budget`).
     """
     def ranks(f):
         return [max(1, _largest_rank(s, method, dof, f * s.params)) for s in sites]
@@ -740,7 +763,7 @@ def compress_model(
     def site_at(path, tokens):
         X_all, Y_all = tokens[path]
         module = get_submodule(model, path)
-        return _make_site(path, module, spec_for(module, path, mlp_specs), X_all, Y_all, num_samples,
+        return make_site(path, module, spec_for(module, path, mlp_specs), X_all, Y_all, num_samples,
                           jax.random.fold_in(site_keys[path], 0))
 
     params_before = count_params(model)
@@ -754,7 +777,7 @@ def compress_model(
     cache: dict[tuple[str, int], tuple[Site, nnx.Module, dict]] = {}
     if reduction is not None:
         budget = math.floor((1 - reduction) * params_before) - (params_before - sum(s.params for s in sites))
-        _check_budget(sites, method, dof, budget, reduction)
+        check_budget(sites, method, dof, budget, reduction)
         chosen = uniform_ranks(sites, method, dof, budget)
         if allocation == "greedy":
             floor = sum(s.params_at(method, 1, dof) for s in sites)

@@ -134,12 +134,17 @@ def test_compress_records_and_resumes_after_interruption(tmp_path, monkeypatch):
     with pytest.raises(Interrupt):
         compress.compress(tiny_vit(), ds, order="bf", config=config, state_dir=tmp_path, progress=False,
                           on_step=stop_after_first)
+    # the state's header alone says how far this run got (what jaxbsd compress checks first)
+    assert compress.check_state(tmp_path, tiny_vit(), order="bf", config=config) == 1
+    with pytest.raises(ValueError, match="different run"):
+        compress.check_state(tmp_path, tiny_vit(), order="fb", config=config)
     calls = []
     real = compress.compress_block
     monkeypatch.setattr(compress, "compress_block", lambda model, block, *a: calls.append(block) or real(model, block, *a))
     resumed = compress.compress(tiny_vit(), ds, order="bf", config=config, state_dir=tmp_path, progress=False)
     assert calls == [1, 0]  # step 1 (block 2) was not redone
     assert len(resumed) == 3
+    assert compress.check_state(tmp_path, tiny_vit(), order="bf", config=config) == 3
     for a, b in zip(resumed, reference):
         assert a["acc_ft"] == pytest.approx(b["acc_ft"]) and a["params_model"] == b["params_model"]
     # a different configuration refuses to reuse the state

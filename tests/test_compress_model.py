@@ -13,7 +13,7 @@ import jaxbsd as jb
 from jaxbsd.baselines import LowRankMLP
 from jaxbsd.compress_model import (
     _jacobian,
-    _make_site,
+    make_site,
     capture_calls,
     get_submodule,
     set_submodule,
@@ -232,7 +232,7 @@ def test_surgery_and_capture_leave_the_model_as_it_was():
 
 def _site(model, path, spec, S=40):
     tokens, _ = capture_calls(model, calibration(), [path])
-    return _make_site(path, get_submodule(model, path), spec, *tokens[path], S, jax.random.key(1))
+    return make_site(path, get_submodule(model, path), spec, *tokens[path], S, jax.random.key(1))
 
 
 def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle():

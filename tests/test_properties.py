@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.interpolate import BSpline as ScipyBSpline
 
 import jaxbsd as jb
-from jaxbsd import bspline, cmtf
+from jaxbsd import bspline
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 design_jit = jax.jit(bspline.design_matrix, static_argnums=(2, 3))

@@ -3,7 +3,8 @@
 Every JSON under ``experiments/results/`` and ``benchmarks/`` records its provenance; one
 computed with the solver is stale as soon as a solver file changes, and this test (run by
 ``.ci/run`` with the default suite) fails naming it and the command that regenerates it. The
-README's result tables are generated from those files (``experiments/report.py``).
+result tables of the README and the documentation site are generated from those files
+(``experiments/report.py``).
 """
 
 import json
@@ -26,10 +27,13 @@ def test_every_committed_result_is_current():
     assert report.stale_results(files) == []
 
 
-def test_readme_tables_are_generated_from_the_results():
-    text = (ROOT / "README.md").read_text()
-    assert report.BLOCK.search(text), "README.md has no generated result block"
-    assert report.render(text) == text, "README tables out of date: run python experiments/report.py"
+def test_readme_and_docs_tables_are_generated_from_the_results():
+    targets = report.target_files()
+    # The README keeps the headline tables, the documentation site the full ones.
+    assert {ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "performance.md"} <= set(targets)
+    for path in targets:
+        text = path.read_text()
+        assert report.render(text) == text, f"{path.name}: tables out of date: run python experiments/report.py"
 
 
 def _write(path, payload):
@@ -78,12 +82,28 @@ def test_each_generated_table_renders(name):
     assert report.TABLES[name]().strip()
 
 
-def test_every_readme_block_has_a_generator():
-    """Each report marker in the README is one the generator sees (a name it cannot parse would
-    leave a table silently ungenerated)."""
-    text = report.README.read_text()
-    opened = report.MARKER.findall(text)
-    assert opened and sorted(opened) == sorted(report.TABLES)
+def test_every_generator_has_a_block_and_every_block_a_generator():
+    """Each report marker in the README and the docs pages is one the generator sees (a name it
+    cannot parse would leave a table silently ungenerated), and every table is shown somewhere."""
+    opened = [name for path in report.target_files() for name in report.MARKER.findall(path.read_text())]
+    assert opened and set(opened) == set(report.TABLES)
+    assert all(name.startswith("headline-") for name in report.MARKER.findall(report.README.read_text()))
+
+
+def test_check_names_the_out_of_date_file(tmp_path, monkeypatch, capsys):
+    """--check fails on a docs page whose generated block was edited by hand, naming the page."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text("<!-- report:training -->\n" + report.TABLES["training"]() + "\n<!-- /report:training -->\n")
+    (root / "docs" / "page.md").write_text("# Page\n\n<!-- report:training -->\nhand-typed\n<!-- /report:training -->\n")
+    monkeypatch.setattr(report, "ROOT", root)
+    monkeypatch.setattr(report, "target_files", lambda: [root / "README.md", root / "docs" / "page.md"])
+    monkeypatch.setattr(report, "result_files", lambda: [])
+    assert report.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "docs/page.md" in err and "README.md" not in err
+    assert report.main([]) == 0 and report.main(["--check"]) == 0
+    assert "hand-typed" not in (root / "docs" / "page.md").read_text()
 
 
 @pytest.mark.parametrize("marker", ["<!-- report:Synthetic -->\nx\n<!-- /report:Synthetic -->",

@@ -251,7 +251,9 @@ def test_cli_defaults_are_the_recipe():
     args = parser.parse_args(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"])
     with pytest.raises(ValueError, match="label_smoothing"):
         cli.train_config_from_args(args)
-    assert cli.main(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"]) == 2
+    with pytest.raises(SystemExit) as exc:  # a one-line usage error (tests/test_cli.py)
+        cli.main(["train", "--model", "vit", "--dataset", "digits", "--label-smoothing", "2"])
+    assert exc.value.code == 2
 
 
 # --- progress -------------------------------------------------------------------------------
