@@ -284,13 +284,6 @@ def _data_files(root: pathlib.Path) -> list[pathlib.Path]:
     return files
 
 
-def _flip(f: pathlib.Path, at: float = 0.5, n: int = 8) -> None:
-    raw = bytearray(f.read_bytes())
-    i = int(at * len(raw))
-    raw[i : i + n] = bytes(255 - b for b in raw[i : i + n])
-    f.write_bytes(bytes(raw))
-
-
 def test_truncated_corrupt_and_incomplete_checkpoints(tmp_path, compressed_vit):
     path = tmp_path / "good"
     jb.save_compressed(path, compressed_vit)
@@ -318,12 +311,23 @@ def test_truncated_corrupt_and_incomplete_checkpoints(tmp_path, compressed_vit):
 
     def flip(p):
         for f in _data_files(_step(p) / "state"):
-            _flip(f)
+            raw = bytearray(f.read_bytes())
+            mid = len(raw) // 2
+            raw[mid : mid + 8] = bytes(255 - b for b in raw[mid : mid + 8])
+            f.write_bytes(bytes(raw))
 
-    def flip_weights_only(p):
-        # The largest data file, past its start: array bytes, which Orbax restores silently
-        # as other values; only the SHA-256 in the header notices.
-        _flip(max(_data_files(_step(p) / "state"), key=lambda f: f.stat().st_size), at=0.75, n=1)
+    def other_weights(p):
+        # A valid Orbax state holding one changed weight (what a bit flipped in the compressed
+        # array data usually gives: Orbax restores it silently); only the SHA-256 notices.
+        import orbax.checkpoint as ocp
+
+        state = (_step(p) / "state").absolute()
+        with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
+            arrays = checkpointer.restore(state)
+            arrays["blocks.0.mlp.W0"] = np.asarray(arrays["blocks.0.mlp.W0"]).copy()
+            arrays["blocks.0.mlp.W0"].flat[0] += 1e-3
+            shutil.rmtree(state)
+            checkpointer.save(state, arrays)
 
     def edit_header(p):
         h = _step(p) / "header" / "metadata"
@@ -331,7 +335,7 @@ def test_truncated_corrupt_and_incomplete_checkpoints(tmp_path, compressed_vit):
 
     check(damaged("truncated", truncate), "truncated or corrupt|corrupt")
     check(damaged("flipped", flip), "corrupt")
-    check(damaged("flipped-weights", flip_weights_only), "SHA-256")
+    check(damaged("other-weights", other_weights), "SHA-256")
     check(damaged("edited", edit_header), "SHA-256")
     check(damaged("no-state", lambda p: shutil.rmtree(_step(p) / "state")), "missing")
     check(damaged("no-header", lambda p: shutil.rmtree(_step(p) / "header")), "missing or corrupt header")
