@@ -2,9 +2,8 @@
 old formats refused."""
 
 import json
-import os
-import shutil
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
