@@ -298,7 +298,8 @@ def main(argv=None) -> int:
         f"{data.train_images.shape[0]} images after every block")
 
     protocol = {"model": kind, "dataset": name, "checkpoint": common.checkpoint_key(model_info["checkpoint"]),
-                "teacher": common.checkpoint_key(teacher_info["checkpoint"]) if teacher_info else None, "train": plan["train_subset"],
+                "teacher": common.checkpoint_key(teacher_info["checkpoint"]) if teacher_info else None,
+                "train": plan["train_subset"],
                 "test": plan["test_subset"], "data_seed": args.seed, "order": order}
     key = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:10]
     protocol_dir = args.out / "state" / prefix / f"protocol-{key}"
