@@ -1,6 +1,6 @@
 """Shared helpers of the paper-reproduction experiments (``experiments/*.py``).
 
-* :func:`load_or_train` — a trained model from ``checkpoints/<kind>-<dataset>.npz``, or trains
+* :func:`load_or_train` — a trained model from ``checkpoints/<kind>-<dataset>``, or trains
   it with the exact command recorded in ``experiments/results/training.json`` and caches it;
 * :func:`solve_lambdas` — R-CMTF-BSD restarts for several λ in one compiled program (vmapped
   over λ and over the restarts);
@@ -25,6 +25,7 @@ import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -50,6 +51,7 @@ __all__ = [
     "subset",
     "training_command",
     "load_or_train",
+    "checkpoint_key",
     "solve_lambdas",
     "finished_steps",
     "mean_std",
@@ -162,6 +164,9 @@ def training_command(kind: str, dataset: str) -> tuple[list[str], str]:
                     if a.startswith(("--out=", "--json=")):
                         continue
                     keep.append(a)
+                if "--teacher" in keep:
+                    i = keep.index("--teacher") + 1
+                    keep[i] = _renamed(keep[i])
                 return keep, f"{TRAINING_JSON.relative_to(ROOT)}: {run['command']}"
     from jaxbsd.train import RECIPES
 
@@ -181,11 +186,11 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
                   quick_limit: int = 2000, log=print):
     """A trained ``kind`` model for ``dataset`` and a dict describing where it came from.
 
-    Order: ``checkpoint`` if given; else ``checkpoints/<kind>-<dataset>.npz`` if it exists; else
+    Order: ``checkpoint`` if given; else ``checkpoints/<kind>-<dataset>`` if it exists; else
     * with ``quick_dir`` (CI): train ``quick_epochs`` on ``quick_limit`` training images (no
-      teacher) and cache the weak model as ``<quick_dir>/<kind>-<dataset>-quick.npz``;
+      teacher) and cache the weak model as ``<quick_dir>/<kind>-<dataset>-quick``;
     * otherwise train with the recorded ``jaxbsd train`` command (``training.json``, else the
-      recipe table jaxbsd.train.RECIPES), writing ``checkpoints/<kind>-<dataset>.npz`` once it has finished.
+      recipe table jaxbsd.train.RECIPES), writing ``checkpoints/<kind>-<dataset>`` once it has finished.
     """
     from jaxbsd.train import load_checkpoint
 
@@ -193,14 +198,14 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
         path = pathlib.Path(checkpoint)
         model, meta = load_checkpoint(path)
         return model, {"checkpoint": str(path), "trained_now": False, "command": meta.get("command")}
-    path = CHECKPOINTS / f"{kind}-{dataset}.npz"
+    path = CHECKPOINTS / f"{kind}-{dataset}"
     if path.exists():
         model, meta = load_checkpoint(path)
         return model, {"checkpoint": rel_path(path), "trained_now": False, "command": meta.get("command")}
     args, source = training_command(kind, dataset)
     overrides = MODEL_OVERRIDES.get((kind, dataset), {})
     if quick_dir is not None:
-        quick = pathlib.Path(quick_dir) / f"{kind}-{dataset}-quick.npz"
+        quick = pathlib.Path(quick_dir) / f"{kind}-{dataset}-quick"
         if not quick.exists():
             args = _set_option(args, "--epochs", str(quick_epochs))
             args = _set_option(args, "--warmup-epochs", "0")
@@ -223,6 +228,26 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
     model, meta = load_checkpoint(path)
     return model, {"checkpoint": rel_path(path), "trained_now": True, "command": meta.get("command"),
                    "recipe": source, "config_overrides": overrides}
+
+
+#: The trained models were ``checkpoints/<kind>-<dataset>.npz`` until issue 22 renamed them
+#: (same weights, bit for bit); recorded commands (``training.json``) and the keys of committed
+#: study state (``experiments/results/state``) still spell them so.
+_OLD_NAME = re.compile(r"checkpoints/([\w-]+)\.npz")
+
+
+def checkpoint_key(path: str | os.PathLike) -> str:
+    """How ``path`` (as :func:`load_or_train` records it) enters protocol keys and resume tags:
+    ``checkpoints/<kind>-<dataset>`` keeps its old spelling ``checkpoints/<kind>-<dataset>.npz``,
+    so the studies find the units they finished before the rename; other paths are unchanged."""
+    path = str(path)
+    return f"{path}.npz" if re.fullmatch(r"checkpoints/[\w-]+", path) else path
+
+
+def _renamed(path: str) -> str:
+    """A checkpoint path from a recorded command, as the checkpoint is named now."""
+    match = _OLD_NAME.fullmatch(path)
+    return f"checkpoints/{match.group(1)}" if match else path
 
 
 def rel_path(path: pathlib.Path) -> str:

@@ -1,7 +1,7 @@
 """Claim (1) of the paper (§6.5, Table deit-usps): at equal parameters, B-spline decoupling beats
 SVD and DRONE — accuracy against parameters, with seeds and a computed verdict.
 
-The trained DeiT (``checkpoints/deit-usps.npz``: embedding 96, depth 6, 3 heads, MLP 384; trained
+The trained DeiT (``checkpoints/deit-usps``: embedding 96, depth 6, 3 heads, MLP 384; trained
 with hard distillation from the ViT/USPS teacher) is compressed at several target reductions ρ
 of the *whole model's* parameters (P = all ``nnx.Param`` leaves; the compressed model keeps at
 most ``(1 − ρ)·P``: the budget rule of ``jaxbsd.compress`` / ``jb.compress_model``, which plans
@@ -232,8 +232,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=("deit", "vit"), default=None, help="default deit (quick: vit)")
     parser.add_argument("--dataset", choices=("usps", "fashion-mnist"), default=None,
                         help="default usps (quick: fashion-mnist)")
-    parser.add_argument("--checkpoint", default=None, help="trained model (default checkpoints/<model>-<dataset>.npz)")
-    parser.add_argument("--teacher", default=None, help="DeiT's teacher (default checkpoints/vit-usps.npz)")
+    parser.add_argument("--checkpoint", default=None, help="trained model (default checkpoints/<model>-<dataset>)")
+    parser.add_argument("--teacher", default=None, help="DeiT's teacher (default checkpoints/vit-usps)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="fine-tuning epochs after every block, every method (DeiT: 3; ViT: 1)")
     parser.add_argument("--train-subset", type=int, default=None,
@@ -297,8 +297,9 @@ def main(argv=None) -> int:
         f"{data.test_images.shape[0]} images; blocks {order}; fine-tuning {plan['epochs']} epoch(s) on "
         f"{data.train_images.shape[0]} images after every block")
 
-    protocol = {"model": kind, "dataset": name, "checkpoint": model_info["checkpoint"],
-                "teacher": teacher_info["checkpoint"] if teacher_info else None, "train": plan["train_subset"],
+    protocol = {"model": kind, "dataset": name, "checkpoint": common.checkpoint_key(model_info["checkpoint"]),
+                "teacher": common.checkpoint_key(teacher_info["checkpoint"]) if teacher_info else None,
+                "train": plan["train_subset"],
                 "test": plan["test_subset"], "data_seed": args.seed, "order": order}
     key = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:10]
     protocol_dir = args.out / "state" / prefix / f"protocol-{key}"

@@ -14,7 +14,7 @@ tables give mean ± std of the test accuracy after every decoupling step ("CMTF 
 fine-tuning step ("FT (k)"), like the paper's appendix tables.
 
 Data sets: CIFAR-10 (the JPEG re-encoded copy) and Fashion-MNIST (standing in for the paper's
-SVHN, which has no copy here). Models come from ``checkpoints/<model>-<dataset>.npz`` or are
+SVHN, which has no copy here). Models come from ``checkpoints/<model>-<dataset>`` or are
 trained first with the recorded recipe (``experiments/results/training.json``). Swin has no
 preset for 28×28 images (its patch is image_size // 8); on Fashion-MNIST it uses patch 7.
 
@@ -41,7 +41,7 @@ both protocols, 2 orders × 3 seeds × 3 steps = 36 steps. ``--basis`` (repeatab
 paper's other bases, ``--paper-budget`` the paper's fine-tuning (5 epochs on the full split).
 
 ``--model vit --dataset cifar10`` runs ViT on CIFAR-10 (trained first with
-``jaxbsd.train.RECIPES[("vit", "cifar10")]`` if ``checkpoints/vit-cifar10.npz`` does not exist;
+``jaxbsd.train.RECIPES[("vit", "cifar10")]`` if ``checkpoints/vit-cifar10`` does not exist;
 data from ``$JAXBSD_DATA/cifar10-jpg.zip``); its JSON holds the paper's appendix table
 (``paper``) beside ours. ``--budget-study`` runs ViT/Fashion-MNIST, BF, cubic, current capture at
 our budget (2 epochs on 10,000 images per step) and at the paper's (5 epochs on the full split),
@@ -172,7 +172,7 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
         max_iter=plan["max_iter"], restarts=1, num_samples=args.samples,
         capture_images=plan["capture_images"], finetune_epochs=epochs, seed=seed, capture=capture,
     )
-    tag = json.dumps({"config": config.to_dict(), "order": order, "ckpt": str(info["checkpoint"]),
+    tag = json.dumps({"config": config.to_dict(), "order": order, "ckpt": common.checkpoint_key(info["checkpoint"]),
                       "train": int(data.train_images.shape[0]), "test": int(data.test_images.shape[0])},
                      sort_keys=True)
     digest = hashlib.sha256(tag.encode()).hexdigest()[:8]

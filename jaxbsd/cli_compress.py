@@ -149,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         _check_fits(model, dataset, args)
     else:
         model = build_model(args.model, config_for_dataset(args.model, dataset), seed=args.seed)
-        checkpoint_slot("--out", out / "trained.npz")
+        checkpoint_slot("--out", out / "trained")
     checkpoint_slot("--out", out / "compressed")
     try:  # a state of another run (other settings) in --out/state: refused before training
         compress.check_state(out / "state", model, order=args.order, config=config)
@@ -162,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"training {args.model} on {args.dataset} for {args.train_epochs} epochs", file=sys.stderr)
         train.train(model, dataset, epochs=args.train_epochs, lr=args.train_lr, schedule="cosine",
                     warmup_epochs=2, seed=args.seed, progress=not args.no_progress,
-                    checkpoint=out / "trained.npz", metadata={"dataset": args.dataset})
+                    checkpoint=out / "trained", metadata={"dataset": args.dataset})
     acc_original = train.evaluate(model, dataset.test_images, dataset.test_labels)
     params_original = count_params(model)
     steps = compress.compress(model, dataset, order=args.order, config=config,

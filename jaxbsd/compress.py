@@ -343,7 +343,7 @@ def _run_id(config: CompressionConfig, order: tuple[int, ...], params_before: in
 
 
 #: The state checkpoint in ``state_dir`` (model and step log after the last finished step).
-_STATE_CHECKPOINT = "model.npz"
+_STATE_CHECKPOINT = "model"
 
 
 def _state_steps(path: pathlib.Path, run_id: str) -> list[dict]:
@@ -390,10 +390,10 @@ def check_state(
 
 
 def _load_state(state_dir: pathlib.Path, run_id: str, model) -> list[dict]:
-    """Finished steps and the model after the last one, from ``state_dir/model.npz``.
+    """Finished steps and the model after the last one, from ``state_dir/model``.
 
     The step log travels inside the checkpoint's metadata, so model and log are written by
-    one atomic rename and can never disagree (``steps.json`` is a readable copy).
+    one checkpoint save (atomic) and can never disagree (``steps.json`` is a readable copy).
     """
     path = state_dir / _STATE_CHECKPOINT
     if not path.exists():
@@ -427,7 +427,7 @@ def compress(
       order: ``"front-to-back"``, ``"back-to-front"`` or explicit block indices.
       config: a :class:`CompressionConfig`.
       state_dir: if given, the step log (``steps.json``) and the model after the last finished
-        step (``model.npz``) are kept there, written atomically; calling again with the same
+        step (``model``, a checkpoint) are kept there, written atomically; calling again with the same
         arguments resumes after the last finished step.
       teacher: passed to fine-tuning (hard distillation for DeiT).
       progress: print a line per step (and show training progress bars).

@@ -1,10 +1,9 @@
 """Checkpoints on Orbax: round trips, compressed models in factored form, corruption, atomicity,
-old-format files."""
+old formats refused."""
 
-import hashlib
 import json
-import os
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd import baselines, checkpoint
-from jaxbsd.models import CONFIGS, build_model, config_to_dict
+from jaxbsd.models import CONFIGS, build_model
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP
 from jaxbsd.train import load_checkpoint, read_checkpoint_header, save_checkpoint
@@ -63,22 +62,23 @@ def test_checkpoint_round_trip(kind, tmp_path):
     load_checkpoint(path, other)
     np.testing.assert_array_equal(forward(other, x), forward(model, x))
     header = read_checkpoint_header(path)
-    assert header["kind"] == kind and header["config"]["dim"] == 16 and header["version"] == 2
-    # A second save replaces the first; one version directory is left, no temporary files.
+    assert header["kind"] == kind and header["config"]["dim"] == 16 and header["version"] == 3
+    # A second save replaces the first: one Orbax step is left, no temporary files.
     save_checkpoint(path, model, {"acc": 0.75})
     assert read_checkpoint_header(path)["metadata"] == {"acc": 0.75}
-    assert sorted(p.name for p in path.iterdir() if not p.name.startswith("v")) == ["LATEST"]
-    assert len([p for p in path.iterdir() if p.name.startswith("v")]) == 1
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in path.iterdir()] == ["2"]
+    assert sorted(p.name for p in (path / "2").iterdir()) == ["_CHECKPOINT_METADATA", "commit_success.txt",
+                                                               "header", "state"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
 def test_relative_paths_save_and_load(tmp_path, monkeypatch):
-    """``checkpoints/model.npz`` relative to the working directory, as the CLI and scripts pass it."""
+    """``checkpoints/model`` relative to the working directory, as the CLI and scripts pass it."""
     model = build_model("vit", CONFIGS["vit"].tiny(), seed=5)
     monkeypatch.chdir(tmp_path)
-    save_checkpoint(pathlib.Path("checkpoints") / "model.npz", model, {"acc": 0.5})
+    save_checkpoint(pathlib.Path("checkpoints") / "model", model, {"acc": 0.5})
     monkeypatch.chdir(tmp_path / "checkpoints")  # a different directory than at save time
-    restored, metadata = load_checkpoint("model.npz")
+    restored, metadata = load_checkpoint("model")
     assert metadata == {"acc": 0.5}
     np.testing.assert_array_equal(forward(restored, _images()), forward(model, _images()))
 
@@ -127,6 +127,10 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="busy"):
         save_checkpoint(tmp_path / "busy", model)
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match="file"):
+        save_checkpoint(tmp_path / "file", model)
+    assert (tmp_path / "file").read_text() == "mine"
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing")
 
@@ -165,15 +169,18 @@ def test_zero_size_arrays_round_trip(tmp_path, monkeypatch):
     refusal is emulated as well, so the test fails if one reaches Orbax whatever its version."""
     import orbax.checkpoint as ocp
 
-    save = ocp.Checkpointer.save
+    save = ocp.StandardCheckpointHandler.async_save
 
-    def strict_save(self, directory, item, *args, **kwargs):
-        empty = [k for k, v in item.items() if np.size(v) == 0]
+    async def strict_save(self, directory, *args, **kwargs):
+        empty = [k for k, v in kwargs["args"].item.items() if np.size(v) == 0]
+        calls.append(directory)
         if empty:
             raise ValueError(f"Cannot save arrays with zero size: {empty}")
-        return save(self, directory, item, *args, **kwargs)
+        return await save(self, directory, *args, **kwargs)
 
-    monkeypatch.setattr(ocp.Checkpointer, "save", strict_save)
+    calls = []
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", strict_save)
     model = build_model("vit", CONFIGS["vit"].tiny(), seed=2)
     model.blocks[1].mlp = _decoupled_mlp(model.blocks[1].mlp, basis=jb.Polynomial(3))
     assert model.blocks[1].mlp.knots[...].size == 0
@@ -183,6 +190,7 @@ def test_zero_size_arrays_round_trip(tmp_path, monkeypatch):
     fresh = jb.load_compressed(path, build_model("vit", CONFIGS["vit"].tiny(), seed=8))
     assert fresh.blocks[1].mlp.knots[...].shape == model.blocks[1].mlp.knots[...].shape
     np.testing.assert_array_equal(forward(fresh, x), forward(model, x))
+    assert calls  # the emulated refusal was in the path
 
 
 class Expert(nnx.Module):
@@ -259,7 +267,13 @@ def test_mismatched_model_is_rejected_and_left_untouched(tmp_path, compressed_vi
     assert str(path) in str(err.value)
 
 
-# --- corruption, atomicity, old files -------------------------------------------------------
+# --- corruption, atomicity, old formats ------------------------------------------------------
+
+
+def _step(path: pathlib.Path) -> pathlib.Path:
+    """The one finalized Orbax step directory of a checkpoint."""
+    (step,) = [p for p in path.iterdir() if p.name.isdigit()]
+    return step
 
 
 def _data_files(root: pathlib.Path) -> list[pathlib.Path]:
@@ -279,129 +293,167 @@ def test_truncated_corrupt_and_incomplete_checkpoints(tmp_path, compressed_vit):
 
     def damaged(name, damage):
         copy = tmp_path / name
-        os.system(f"cp -r {path} {copy}")
+        shutil.copytree(path, copy)
         damage(copy)
         return copy
 
-    def check(bad, match=None):
+    def check(bad, match):
         with pytest.raises(ValueError, match=match) as err:
             jb.load_compressed(bad, fresh())
         assert str(bad) in str(err.value)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=match):
             load_checkpoint(bad)
 
     def truncate(p):
-        for f in _data_files(p / json.loads((p / "LATEST").read_text())["current"] / "state"):
+        for f in _data_files(_step(p) / "state"):
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
     def flip(p):
-        for f in _data_files(p / json.loads((p / "LATEST").read_text())["current"] / "state"):
+        for f in _data_files(_step(p) / "state"):
             raw = bytearray(f.read_bytes())
             mid = len(raw) // 2
             raw[mid : mid + 8] = bytes(255 - b for b in raw[mid : mid + 8])
             f.write_bytes(bytes(raw))
 
-    def edit_header(p):
-        h = p / json.loads((p / "LATEST").read_text())["current"] / "header.json"
-        h.write_text(h.read_text().replace('"rank": 4', '"rank": 5'))
+    def other_weights(p):
+        # A valid Orbax state holding one changed weight (what a bit flipped in the compressed
+        # array data usually gives: Orbax restores it silently); only the SHA-256 notices.
+        import orbax.checkpoint as ocp
 
-    def drop_state(p):
-        state = p / json.loads((p / "LATEST").read_text())["current"] / "state"
-        os.system(f"rm -r {state}")
+        state = (_step(p) / "state").absolute()
+        with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
+            arrays = checkpointer.restore(state)
+            arrays["blocks.0.mlp.W0"] = np.asarray(arrays["blocks.0.mlp.W0"]).copy()
+            arrays["blocks.0.mlp.W0"].flat[0] += 1e-3
+            shutil.rmtree(state)
+            checkpointer.save(state, arrays)
+
+    def edit_header(p):
+        h = _step(p) / "header" / "metadata"
+        h.write_text(h.read_text().replace('"rank": 4', '"rank": 5'))
 
     check(damaged("truncated", truncate), "truncated or corrupt|corrupt")
     check(damaged("flipped", flip), "corrupt")
+    check(damaged("other-weights", other_weights), "SHA-256")
     check(damaged("edited", edit_header), "SHA-256")
-    check(damaged("no-state", drop_state), "missing")
-    check(damaged("no-latest", lambda p: (p / "LATEST").unlink()), "LATEST")
-    check(damaged("bad-latest", lambda p: (p / "LATEST").write_text("{not json")), "LATEST")
-    with pytest.raises(ValueError, match="garbage"):
-        (tmp_path / "garbage").write_bytes(b"not a checkpoint at all")
-        load_checkpoint(tmp_path / "garbage")
+    check(damaged("no-state", lambda p: shutil.rmtree(_step(p) / "state")), "missing")
+    check(damaged("no-header", lambda p: shutil.rmtree(_step(p) / "header")), "missing or corrupt header")
+    check(damaged("bad-header", lambda p: (_step(p) / "header" / "metadata").write_text("{not json")),
+          "corrupt header")
+    check(damaged("unfinalized", lambda p: _step(p).rename(p / "2.orbax-checkpoint-tmp")), "no finished save")
+    (tmp_path / "garbage").write_bytes(b"not a checkpoint at all")
+    check(tmp_path / "garbage", "garbage.*not a directory")
     # The original is intact.
     np.testing.assert_array_equal(forward(jb.load_compressed(path, fresh()), x), forward(compressed_vit, x))
 
 
-def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+class Crash(BaseException):
+    """A process dying: not an Exception, so nothing on the way may swallow it."""
+
+
+@pytest.mark.parametrize("where", ["arrays", "header", "finalize"])
+def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where):
+    import orbax.checkpoint as ocp
+
     model = build_model("vit", CONFIGS["vit"].tiny(), seed=0)
     path = tmp_path / "ckpt"
     save_checkpoint(path, model, {"epoch": 1})
     x = _images()
     expected = np.asarray(forward(model, x))
 
-    import orbax.checkpoint as ocp
+    async def crash(*args, **kwargs):
+        raise Crash
 
-    class Crash(Exception):
-        pass
+    json_save = ocp.JsonCheckpointHandler.async_save
 
-    real_save = ocp.Checkpointer.save
+    async def header_then_crash(*args, **kwargs):
+        await json_save(*args, **kwargs)  # the header is written, ...
+        raise Crash  # ... and the process dies before the step is finalized
 
-    def save_then_crash(self, directory, *args, **kwargs):
-        real_save(self, directory, *args, **kwargs)  # the state is written ...
-        raise Crash  # ... and the process dies before the header and LATEST
-
+    patch = {"arrays": (ocp.StandardCheckpointHandler, "async_save", crash),
+             "header": (ocp.JsonCheckpointHandler, "async_save", header_then_crash),
+             "finalize": (ocp.path.atomicity.AtomicRenameTemporaryPath, "finalize", crash)}[where]
     changed = build_model("vit", CONFIGS["vit"].tiny(), seed=1)
-    monkeypatch.setattr(ocp.Checkpointer, "save", save_then_crash)
+    monkeypatch.setattr(*patch)
     with pytest.raises(Crash):
         save_checkpoint(path, changed, {"epoch": 2})
+    assert [p for p in path.iterdir() if not p.name.isdigit()]  # an unfinalized step is left ...
     with pytest.raises(Crash):  # a first save that dies leaves nothing at its path
         save_checkpoint(tmp_path / "new", changed)
     assert not (tmp_path / "new").exists()
-
-    def crash_on_latest(path, data):
-        raise Crash
-
-    monkeypatch.setattr(ocp.Checkpointer, "save", real_save)
-    monkeypatch.setattr(checkpoint, "write_bytes_atomic", crash_on_latest)
-    with pytest.raises(Crash):  # the new version is complete but LATEST was not flipped
-        save_checkpoint(path, changed, {"epoch": 2})
     monkeypatch.undo()
 
-    restored, metadata = load_checkpoint(path)
+    restored, metadata = load_checkpoint(path)  # ... and the previous checkpoint loads
     assert metadata == {"epoch": 1}
     np.testing.assert_array_equal(forward(restored, x), expected)
-    # The next save cleans up what the interrupted ones left behind.
+    # The next save cleans up what the interrupted one left behind.
     save_checkpoint(path, changed, {"epoch": 2})
     assert load_checkpoint(path)[1] == {"epoch": 2}
-    assert len([p for p in path.iterdir() if p.name != "LATEST"]) == 1
+    assert [p.name for p in path.iterdir()] == [_step(path).name]
 
 
-def _write_old_format(path: pathlib.Path, model, metadata: dict) -> None:
-    """A version-1 checkpoint, byte for byte what earlier jaxbsd.train.save_checkpoint wrote."""
-    arrays, table = checkpoint.collect_arrays(model)
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    header = {"format": "jaxbsd-checkpoint", "version": 1, "kind": "vit", "config": config_to_dict(model.config),
-              "metadata": metadata, "variables": table, "checksum": h.hexdigest()}
-    blob = np.frombuffer(json.dumps(header).encode(), np.uint8)
-    with open(path, "wb") as f:
-        np.savez(f, __header__=blob, **arrays)
+def test_crash_before_the_old_step_is_deleted(tmp_path):
+    """Killed between finalizing the new step and deleting the old one: the new one loads, and
+    the next save keeps one step."""
+    old, new = (build_model("vit", CONFIGS["vit"].tiny(), seed=s) for s in (0, 1))
+    save_checkpoint(tmp_path / "old", old, {"epoch": 1})
+    save_checkpoint(tmp_path / "ckpt", new, {"epoch": 2})
+    shutil.copytree(_step(tmp_path / "old"), tmp_path / "ckpt" / "0")  # an older finalized step
+    restored, metadata = load_checkpoint(tmp_path / "ckpt")
+    assert metadata == {"epoch": 2}
+    np.testing.assert_array_equal(forward(restored, _images()), forward(new, _images()))
+    save_checkpoint(tmp_path / "ckpt", old, {"epoch": 3})
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["2"]
+    assert load_checkpoint(tmp_path / "ckpt")[1] == {"epoch": 3}
 
 
-def test_old_npz_checkpoints_are_read_and_migrated(tmp_path):
-    model = build_model("vit", CONFIGS["vit"].tiny(drop_path=0.1), seed=2)
-    old = tmp_path / "vit.npz"
-    _write_old_format(old, model, {"history": [0.5]})
-    x = _images()
-    expected = np.asarray(forward(model, x))
-    assert read_checkpoint_header(old)["metadata"] == {"history": [0.5]}
-    restored, metadata = load_checkpoint(old)
-    assert metadata == {"history": [0.5]}
-    np.testing.assert_array_equal(forward(restored, x), expected)
-    # Saving to the same path converts the file into the current format, in place.
-    save_checkpoint(old, restored, metadata)
-    assert old.is_dir() and read_checkpoint_header(old)["version"] == 2
-    np.testing.assert_array_equal(forward(load_checkpoint(old)[0], x), expected)
-    # Or explicitly.
-    other = tmp_path / "other.npz"
-    _write_old_format(other, model, {})
-    checkpoint.migrate_checkpoint(other, tmp_path / "migrated")
-    np.testing.assert_array_equal(forward(load_checkpoint(tmp_path / "migrated")[0], x), expected)
-    # A damaged old file is still reported with its path.
-    raw = other.read_bytes()
-    (tmp_path / "cut.npz").write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(ValueError, match="cut.npz"):
-        load_checkpoint(tmp_path / "cut.npz")
+def test_old_formats_are_refused_naming_the_path(tmp_path):
+    """Version 1 (one ``.npz`` file) and version 2 (``LATEST`` + ``v<time>/``) are no longer read."""
+    model = build_model("vit", CONFIGS["vit"].tiny(), seed=2)
+    v1 = tmp_path / "vit.npz"
+    with open(v1, "wb") as f:
+        np.savez(f, __header__=np.frombuffer(b'{"format": "jaxbsd-checkpoint", "version": 1}', np.uint8))
+    v2 = tmp_path / "vit-v2"
+    (v2 / "v1-abc" / "state").mkdir(parents=True)
+    (v2 / "v1-abc" / "header.json").write_text(json.dumps({"format": "jaxbsd-checkpoint", "version": 2}))
+    (v2 / "LATEST").write_text(json.dumps({"format": "jaxbsd-checkpoint", "version": 2, "current": "v1-abc"}))
+    for old, match in [(v1, "not a directory"), (v2, "older format")]:
+        for load in (read_checkpoint_header, load_checkpoint, lambda p: jb.load_compressed(p, model)):
+            with pytest.raises(ValueError, match=match) as err:
+                load(old)
+            assert str(old) in str(err.value)
+        with pytest.raises(ValueError, match="not a jaxbsd checkpoint"):  # and never overwritten
+            save_checkpoint(old, model)
+    assert v1.is_file() and (v2 / "LATEST").is_file()
+
+
+# --- the CLI: a killed `jaxbsd compress` resumes from its state; the factored export reloads ----
+
+
+@pytest.mark.slow
+def test_cli_compress_resumes_from_its_state_and_exports(tmp_path, monkeypatch):
+    from jaxbsd import cli, compress
+
+    out = tmp_path / "run"
+    argv = ["compress", "--dataset", "digits", "--train-epochs", "1", "--rank", "4", "--samples", "32",
+            "--max-iter", "5", "--finetune-epochs", "1", "--out", str(out), "--no-progress"]
+    real, calls = compress.compress_block, []
+
+    def killed_after_one_step(model, block, *args, **kwargs):
+        if calls:
+            raise Crash  # the process dies while compressing the second block
+        calls.append(block)
+        return real(model, block, *args, **kwargs)
+
+    monkeypatch.setattr(compress, "compress_block", killed_after_one_step)
+    with pytest.raises(Crash):
+        cli.main(argv)
+    assert read_checkpoint_header(out / "state" / "model")["metadata"]["steps"][0]["block"] == calls[0]
+    monkeypatch.setattr(compress, "compress_block", lambda model, block, *a, **k: calls.append(block) or
+                        real(model, block, *a, **k))
+    assert cli.main(argv) == 0
+    depth = len(json.loads((out / "compression.json").read_text())["steps"])
+    assert calls == [depth - 1, *range(depth - 2, -1, -1)]  # back to front; block depth-1 not redone
+    result = json.loads((out / "compression.json").read_text())
+    assert result["factored_checkpoint"]["logits_bit_identical"]
+    assert [r["kind"] for r in read_checkpoint_header(out / "compressed")["replaced"]] == ["DecoupledMLP"] * depth

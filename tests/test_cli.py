@@ -51,8 +51,8 @@ def tiny_model():
 
 @pytest.fixture
 def corrupt_file(tmp_path):
-    """Random bytes under a checkpoint's name: numpy reads such a file as pickled data."""
-    path = tmp_path / "corrupt.npz"
+    """Random bytes where a checkpoint (a directory) is expected."""
+    path = tmp_path / "corrupt"
     path.write_bytes(np.random.default_rng(0).bytes(4096))
     return path
 
@@ -82,7 +82,7 @@ def earlier_out(tmp_path):
 def other_run(tmp_path, tiny_model):
     """An --out holding the state of a different compression run (another run id)."""
     out = tmp_path / "other-run"
-    save_checkpoint(out / "state" / "model.npz", tiny_model, {"run_id": "0" * 16, "steps": []})
+    save_checkpoint(out / "state" / "model", tiny_model, {"run_id": "0" * 16, "steps": []})
     (out / "compression.json").write_text('{"from": "the other run"}')
     return out
 
@@ -215,14 +215,14 @@ def test_checkpoint_for_other_images(tmp_path, capsys):
 
 def test_out_state_not_of_compress(tmp_path, tiny_model, capsys):
     out = tmp_path / "out"
-    save_checkpoint(out / "state" / "model.npz", tiny_model, {"dataset": "digits"})  # a trained model
+    save_checkpoint(out / "state" / "model", tiny_model, {"dataset": "digits"})  # a trained model
     before = snapshot(out)
     line = run_error([*COMPRESS, "--out", str(out)], capsys, "compress")
     assert "jaxbsd.compress" in line
     assert snapshot(out) == before
 
 
-@pytest.mark.parametrize("inside", ["compressed", "trained.npz"])
+@pytest.mark.parametrize("inside", ["compressed", "trained"])
 def test_out_holding_a_non_checkpoint(inside, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()

@@ -10,6 +10,7 @@ they are marked slow and run in CI's separate slow step; the verdict helper is t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -186,6 +187,64 @@ def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     for name in ("comparison", "fb-bf", "vit-cifar10", "budget-study"):
         assert "No current result committed" in report.TABLES[name]()
+
+
+def test_renamed_checkpoints_keep_the_keys_of_committed_studies():
+    """The trained models lost their ``.npz`` suffix; the studies' resume tags and protocol keys
+    must still spell the old names, else every committed unit would be recomputed."""
+    import common
+
+    for name in ("deit-usps", "vit-usps", "vit-cifar10"):
+        recorded = common.rel_path(common.CHECKPOINTS / name)  # as load_or_train records it
+        assert recorded == f"checkpoints/{name}" and (ROOT / recorded).is_dir()
+        assert common.checkpoint_key(recorded) == f"checkpoints/{name}.npz"
+    assert common.checkpoint_key("/elsewhere/checkpoints/x") == "/elsewhere/checkpoints/x"  # other paths as given
+    units = sorted((ROOT / "experiments/results/state").glob("full_compression*/vit-cifar10/*/unit.json"))
+    assert units
+    for unit in units:  # full_compression: the tag names the checkpoint and its digest names the directory
+        tag = json.loads(unit.read_text())["tag"]
+        assert json.loads(tag)["ckpt"] == common.checkpoint_key(common.rel_path(common.CHECKPOINTS / "vit-cifar10"))
+        assert unit.parent.name.endswith(hashlib.sha256(tag.encode()).hexdigest()[:8])
+    # The recorded DeiT command names its teacher by the old path: it is read as the new one.
+    args, _ = common.training_command("deit", "usps")
+    teacher = args[args.index("--teacher") + 1]
+    assert teacher == "checkpoints/vit-usps" and (ROOT / teacher).is_dir()
+
+
+_DRY_RESUME = """
+import json, pathlib, shlex, sys
+sys.path.insert(0, sys.argv[1])
+import comparison, full_compression
+def fail(*args, **kwargs):
+    raise AssertionError("a finished unit was not found under its key: it would be recomputed")
+for module in (comparison, full_compression):
+    module.compress = module.load_checkpoint = fail
+command = shlex.split(json.loads(pathlib.Path(sys.argv[2]).read_text())["command"])
+module = comparison if command[1].endswith("comparison.py") else full_compression
+sys.exit(module.main(command[2:] + ["--out", sys.argv[3]]))
+"""
+
+
+@slow
+@needs_cifar10
+@pytest.mark.parametrize("stem", ["comparison", "full_compression_vit_cifar10",
+                                  "full_compression_paper_budget_vit_cifar10"])
+def test_committed_studies_find_every_finished_unit(tmp_path, stem):
+    """A dry rerun of the committed command, on a copy of the committed state, with compression
+    and checkpoint loading replaced by failures: every unit must be kept, record for record."""
+    import shutil
+
+    committed = json.loads((ROOT / "experiments/results" / f"{stem}.json").read_text())
+    out = tmp_path / "out"
+    shutil.copytree(ROOT / "experiments/results/state", out / "state")
+    proc = subprocess.run([sys.executable, "-c", _DRY_RESUME, str(ROOT / "experiments"),
+                           str(ROOT / "experiments/results" / f"{stem}.json"), str(out)],
+                          cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert proc.stderr.count("finished before, kept") == len(committed["runs"])
+    produced = json.loads((out / f"{stem}.json").read_text())
+    assert produced["runs"] == committed["runs"]
+    assert produced.get("protocol_key") == committed.get("protocol_key")
 
 
 # --------------------------------------------------------------------------- scripts (slow)

@@ -170,7 +170,7 @@ def test_regularised_training_runs(data):
 def test_cli_train(tmp_path, capsys):
     parser = cli.build_parser()
     assert "train" in parser.subcommands.choices
-    out = tmp_path / "vit.npz"
+    out = tmp_path / "vit"
     report = tmp_path / "run.json"
     status = cli.main(["train", "--model", "vit", "--dataset", "digits", "--epochs", "1",
                        "--limit", "300", "--lr", "1e-3", "--out", str(out), "--json", str(report),
