@@ -29,7 +29,8 @@ Missing files, truncation, bit flips and mismatched models raise ``ValueError`` 
 path and what did not match.
 
 **Compressed models.** :func:`save_compressed` stores, for every :class:`DecoupledMLP`,
-:class:`~jaxbsd.baselines.LowRankMLP` or stand-alone :class:`~jaxbsd.baselines.LowRankLinear`
+:class:`~jaxbsd.baselines.LowRankMLP`, :class:`~jaxbsd.baselines.PrunedMLP` or stand-alone
+:class:`~jaxbsd.baselines.LowRankLinear`
 found anywhere in the module tree (``nnx.List`` items included), its path, kind, rank, basis
 (as data) and factor shapes; the factors themselves and every other variable of the model are
 in the state. :func:`load_compressed` takes a freshly built *original* model, puts modules of
@@ -139,6 +140,14 @@ def _describe(module) -> dict | None:
             "activation": module.activation,
             "factors": {"fc1": _lowrank_linear_record(module.fc1), "fc2": _lowrank_linear_record(module.fc2)},
         }
+    if isinstance(module, _baselines.PrunedMLP):
+        return {
+            "kind": "PrunedMLP",
+            "rank": int(module.rank),
+            "activation": module.activation,
+            "factors": {layer: {name: _shape_dtype(getattr(getattr(module, layer), name)) for name in ("kernel", "bias")}
+                        for layer in ("fc1", "fc2")},
+        }
     if isinstance(module, _baselines.LowRankLinear):
         return {
             "kind": "LowRankLinear",
@@ -189,6 +198,9 @@ def _placeholder(record: dict, where: str):
             return _baselines.LowRankMLP(lowrank_linear(f["fc1"]), lowrank_linear(f["fc2"]), record["activation"])
         if kind == "LowRankLinear":
             return lowrank_linear(f)
+        if kind == "PrunedMLP":
+            return _baselines.PrunedMLP(zeros(f["fc1"]["kernel"]), zeros(f["fc1"]["bias"]), zeros(f["fc2"]["kernel"]),
+                                        zeros(f["fc2"]["bias"]), record["activation"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: invalid replaced-module record {record!r}: {e}") from None
     raise ValueError(f"{where}: unknown replaced-module kind {kind!r}")
