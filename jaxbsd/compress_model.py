@@ -69,6 +69,9 @@ DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
 GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
 #: Calibration tokens on which the relative output error is measured (and DRONE's inputs).
 _CHECK_TOKENS = 8192
+#: Pruning refits on held-out tokens only when they number at least this many per coefficient
+#: of an output (k + 1); fewer would make a worse refit than the check tokens give.
+_PRUNE_TOKENS_PER_COEF = 4
 
 
 # ----------------------------------------------------------------------------- paths
@@ -298,6 +301,9 @@ class Site:
       X: ``(S, m)`` sampling points; F: ``(S, n)`` outputs there.
       check_X, check_Y: ``(N, m)``, ``(N, n)``: calibration tokens for the output error
         (and DRONE's inputs), at most 8192.
+      fit_X, fit_Y: ``(M, m)``, ``(M, n)``: up to 8192 other calibration tokens, none of them
+        among the check tokens (``M`` may be 0): pruning fits on them when there are enough, so
+        its output error is measured on held-out tokens. None when not drawn.
     """
 
     path: str
@@ -311,6 +317,8 @@ class Site:
     F: jax.Array
     check_X: jax.Array
     check_Y: jax.Array
+    fit_X: jax.Array | None = None
+    fit_Y: jax.Array | None = None
 
     def params_at(self, method: str, rank: int, dof: int) -> int:
         """Parameters of this site's replacement at ``rank`` (for ``"prune"``: kept units)."""
@@ -344,6 +352,12 @@ def _make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.A
     X = X_all[jax.random.choice(k_sample, N, (S,), replace=False)]
     check = jax.random.choice(k_check, N, (min(N, _CHECK_TOKENS),), replace=False)
     check_X, check_Y = X_all[check], Y_all[check]
+    # The tokens outside the check set (drawn without changing the check draw), for fits whose
+    # output error must be measured on tokens they did not see.
+    outside = np.setdiff1d(np.arange(N), np.asarray(check))
+    take = min(outside.shape[0], _CHECK_TOKENS)
+    rest = outside[np.asarray(jax.random.choice(jax.random.fold_in(k_check, 1), outside.shape[0], (take,),
+                                                replace=False))] if take else outside
     if validate:
         # Token by token: the module must reproduce what it computed inside the model (this
         # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
@@ -362,7 +376,8 @@ def _make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.A
                                  f"({spec.fc1}(x))) on the calibration tokens")
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
-                params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y)
+                params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y,
+                fit_X=X_all[rest], fit_Y=Y_all[rest])
 
 
 def _param_dtype(module: nnx.Module, default) -> Any:
@@ -422,9 +437,11 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     as a :class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` in the samples' dtype.
     ``"svd"``/``"drone"``: a :class:`~jaxbsd.baselines.LowRankMLP` (needs a spec).
     ``"prune"``: a :class:`~jaxbsd.baselines.PrunedMLP` keeping ``rank`` hidden units, chosen and
-    refitted on the calibration tokens (:func:`~jaxbsd.baselines.prune_weights` on
-    ``check_X``/``check_Y``; like DRONE, it is data-aware on the tokens its output error is
-    measured on), in the module's dtype (needs a spec).
+    refitted (:func:`~jaxbsd.baselines.prune_weights`) on the calibration tokens outside the check
+    set (``fit_X``/``fit_Y``) when there are at least ``4 (rank + 1)`` of them, so its output
+    error is held out (``info["fit_tokens"] = "held-out"``); else on the check tokens themselves,
+    as DRONE always does (``"check"``: the output error is then in-sample). In the module's
+    dtype; needs a spec.
 
     Returns:
       ``(module, info)``; info holds ``error_J``, ``error_F`` (on the S samples; Error(𝒥) of the
@@ -446,12 +463,13 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
                              f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec")
         K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
         if method == "prune":
+            held_out = site.fit_X is not None and site.fit_X.shape[0] >= _PRUNE_TOKENS_PER_COEF * (int(rank) + 1)
+            fit_X, fit_Y = (site.fit_X, site.fit_Y) if held_out else (site.check_X, site.check_Y)
             try:
-                module, pruning = baselines.prune_mlp(K1, b1, K2, b2, site.spec.activation, int(rank),
-                                                      site.check_X, site.check_Y)
+                module, pruning = baselines.prune_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), fit_X, fit_Y)
             except ValueError as err:
                 raise ValueError(f"calibration: pruning {site.path!r}: {err}") from err
-            info["kept"] = pruning.kept.tolist()
+            info.update(kept=pruning.kept.tolist(), fit_tokens="held-out" if held_out else "check")
         else:
             module = baselines.lowrank_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), method=method,
                                            X=site.check_X if method == "drone" else None)
@@ -571,6 +589,9 @@ class MLPReport:
       jacobian: ``"structured"`` or ``"dense"``.
       seconds: wall time of capture, Jacobian and solve; seconds_finetune: of ``finetune``.
       kept: for ``"prune"``, the indices of the kept hidden units (ascending); else None.
+      fit_tokens: for ``"prune"``, ``"held-out"`` (refitted on calibration tokens outside the
+        check set: ``output_error`` is held out) or ``"check"`` (too few of those: refitted on
+        the check tokens, ``output_error`` in-sample); else None.
     """
 
     path: str
@@ -587,6 +608,7 @@ class MLPReport:
     seconds: float
     seconds_finetune: float
     kept: tuple[int, ...] | None = None
+    fit_tokens: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -834,7 +856,7 @@ def compress_model(
             params_before=site.params, params_after=count_params(module), error_J=info.get("error_J"),
             error_F=info.get("error_F"), output_error=info["output_error"], jacobian=info["jacobian"],
             seconds=seconds, seconds_finetune=time.perf_counter() - start,
-            kept=tuple(info["kept"]) if "kept" in info else None,
+            kept=tuple(info["kept"]) if "kept" in info else None, fit_tokens=info.get("fit_tokens"),
         ))
     params_after = count_params(model)
     report = CompressionReport(
@@ -851,5 +873,6 @@ def _same_site(a: Site, b: Site) -> bool:
     """Same module and the very same sampled and check tokens (so a cached build is exact)."""
     same = (a.module is b.module and a.X.shape == b.X.shape and a.check_X.shape == b.check_X.shape)
     # Fine-tuning may have changed the module's weights in place: compare outputs too.
-    return same and all(bool(jnp.array_equal(u, v)) for u, v in
-                        ((a.X, b.X), (a.F, b.F), (a.check_X, b.check_X), (a.check_Y, b.check_Y)))
+    return same and all((u is None and v is None) or (u is not None and v is not None and bool(jnp.array_equal(u, v)))
+                        for u, v in ((a.X, b.X), (a.F, b.F), (a.check_X, b.check_X), (a.check_Y, b.check_Y),
+                                     (a.fit_X, b.fit_X), (a.fit_Y, b.fit_Y)))

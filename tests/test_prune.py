@@ -17,6 +17,7 @@ from scipy.special import erf
 
 import jaxbsd as jb
 from jaxbsd import baselines, compress
+from jaxbsd.compress_model import DEFAULT_CONFIG, _make_site, build_replacement
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 
@@ -162,6 +163,7 @@ def test_readme_example_with_prune_meets_the_budget_and_round_trips(tmp_path):
         assert r.params_after == count_params(new) == k * 17 + 16 * (k + 1)
         assert r.kept is not None and len(r.kept) == k and list(r.kept) == sorted(set(r.kept))
         assert 0 <= r.output_error < 1 and np.isfinite(r.error_J) and r.jacobian == "structured"
+        assert r.fit_tokens == "check"  # 256 tokens, all of them check tokens: the error is in-sample
     logits = nnx.jit(lambda m, x: m(x))(model, x_calib)
     jb.save_compressed(tmp_path / "ckpt", model)
     restored = jb.load_compressed(tmp_path / "ckpt", Net(nnx.Rngs(7)))
@@ -184,6 +186,34 @@ def test_prune_keeps_the_output_error_below_dropping_units_without_refit():
     refit = np.linalg.norm(hid @ res.K2 + res.b2 - Y)
     no_refit = np.linalg.norm(hid @ K2[res.kept] + b2 - Y)
     assert refit < no_refit
+
+
+@pytest.mark.parametrize("k, fit", [(20, "held-out"), (30, "check")])
+def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit):
+    """With more calibration tokens than the 8192 check tokens, pruning refits on the others
+    (when there are >= 4 (k + 1) of them), so its reported output error is held out."""
+    ffn = FFN(16, 64, nnx.Rngs(3))
+    X_all = jax.random.normal(jax.random.key(4), (8292, 16), jnp.float64)
+    site = _make_site("ffn", ffn, SPEC, X_all, ffn(X_all), None, jax.random.key(5))
+    assert site.check_X.shape[0] == 8192 and site.fit_X.shape[0] == 100
+
+    def rows(A):
+        return {tuple(np.asarray(r).tolist()) for r in A}
+
+    assert not rows(site.fit_X) & rows(site.check_X) and len(rows(site.fit_X) | rows(site.check_X)) == 8292
+    module, info = build_replacement(site, "prune", k, DEFAULT_CONFIG, jax.random.key(0))
+    assert info["fit_tokens"] == fit
+    X, Y = (site.fit_X, site.fit_Y) if fit == "held-out" else (site.check_X, site.check_Y)
+    X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
+    K1, b1, K2 = (np.asarray(a, np.float64) for a in (ffn.up.kernel[...], ffn.up.bias[...], ffn.down.kernel[...]))
+    hidden = NP_ACT["gelu"](X @ K1 + b1)
+    kept = np.sort(np.argsort(-np.linalg.norm(K2, axis=1) * np.sqrt(np.mean(hidden ** 2, axis=0)))[:k])
+    assert info["kept"] == kept.tolist()
+    coef, *_ = np.linalg.lstsq(np.c_[hidden[:, kept], np.ones(len(X))], Y, rcond=None)
+    np.testing.assert_allclose(np.asarray(module.fc2.kernel[...]), coef[:-1], rtol=2e-4, atol=2e-5)  # float32 module
+    Xc, Yc = np.asarray(site.check_X, np.float64), np.asarray(site.check_Y, np.float64)
+    pred = NP_ACT["gelu"](Xc @ K1[:, kept] + b1[kept]) @ coef[:-1] + coef[-1]
+    assert info["output_error"] == pytest.approx(np.sum((Yc - pred) ** 2) / np.sum(Yc ** 2), rel=1e-3)
 
 
 @pytest.mark.parametrize(
