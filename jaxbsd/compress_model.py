@@ -3,7 +3,8 @@
 ``jb.compress_model(model, calibration, mlps=[...], reduction=ρ, key=...)`` replaces each
 submodule named in ``mlps`` (``"encoder.layers.3.ffn"``: attribute names and integer indices,
 also into ``nnx.List``) by a decoupled ``W1 g(W0 x)`` (R-CMTF-BSD), a low-rank MLP (truncated
-SVD, DRONE) or a narrower MLP (structured pruning of hidden units), so that the whole model keeps at most ``(1 − ρ)·P`` parameters.
+SVD, DRONE) or a narrower MLP (structured pruning of hidden units), so that the whole model
+keeps at most ``(1 − ρ)·P`` parameters.
 
 The pieces, each usable alone:
 
