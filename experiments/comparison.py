@@ -262,15 +262,18 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
                 if r["status"] == "ok" else ["infeasible", "", ""]), r["seeds"], r["verdict_vs_bsd"] or ""])
 
 
-def add_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...]) -> None:
-    """The options both studies share (model, data, budgets, methods, seeds, solver, output)."""
-    parser.add_argument("--model", choices=("deit", "vit"), default=None, help="default deit (quick: vit)")
+def add_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...], *, quick: str = "vit/fashion-mnist",
+                  budgets: str = "0.1 0.2 0.35 0.5 0.7") -> None:
+    """The options both studies share (model, data, budgets, methods, seeds, solver, output);
+    ``quick`` and ``budgets`` only document the script's presets in the help."""
+    parser.add_argument("--model", choices=("deit", "vit"), default=None,
+                        help=f"default deit (quick: {quick.split('/')[0]})")
     parser.add_argument("--dataset", choices=("usps", "fashion-mnist"), default=None,
-                        help="default usps (quick: fashion-mnist)")
+                        help=f"default usps; vit: fashion-mnist (quick: {quick.split('/')[1]})")
     parser.add_argument("--checkpoint", default=None, help="trained model (default checkpoints/<model>-<dataset>.npz)")
     parser.add_argument("--test-subset", type=int, default=None, help="test images (0 = all)")
     parser.add_argument("--budgets", type=float, nargs="+", default=None,
-                        help="target reductions ρ of the whole model (full: 0.1 0.2 0.35 0.5 0.7)")
+                        help=f"target reductions ρ of the whole model (full: {budgets})")
     parser.add_argument("--methods", nargs="+", choices=methods, default=None)
     parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, ρ) (full: 3)")
     parser.add_argument("--seed", type=int, default=0, help="first seed")

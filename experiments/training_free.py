@@ -1,5 +1,6 @@
-"""Compression without fine-tuning: B-spline decoupling against SVD, DRONE and structured pruning,
-at equal whole-model parameter budgets, with a calibration batch and nothing else.
+"""Compression without fine-tuning: B-spline decoupling against SVD, DRONE and pruning at equal budgets.
+
+Every method gets the same whole-model parameter budget, a calibration batch and nothing else.
 
 Many users compress a pretrained model with a calibration batch and no training pipeline
 (SVD-LLM, ASVD and FLAP are training-free). This study measures that setting directly: every
@@ -67,7 +68,7 @@ QUICK = dict(FULL, budgets=(0.2,), methods=("bsd", "prune"), seeds=2, test_subse
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size (DeiT/USPS, 2 blocks, 1 ρ, 2 seeds, 2 methods)")
-    comparison.add_arguments(parser, METHODS)
+    comparison.add_arguments(parser, METHODS, quick="deit/usps", budgets="0.1 0.2 0.35 0.5")
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL_VIT if args.model == "vit" else FULL)
     plan = comparison.apply_overrides(plan, args, ("model", "dataset", "budgets", "methods", "seeds", "max_iter",
