@@ -204,7 +204,7 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
             verdicts[repr(reduction)][method] = v
     for row in rows:
         v = verdicts[repr(row["reduction"])].get(row["method"])
-        row["verdict_vs_bsd"] = v["verdict"] if v else None
+        row["verdict_vs_bsd"] = v["verdict"] if v and v["n"] else None  # no paired bsd runs: no verdict
     return rows, verdicts
 
 
