@@ -177,7 +177,7 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--train-epochs", type=int, default=40)
     p.add_argument("--train-lr", type=float, default=1e-3)
     p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"))
-    p.add_argument("--method", default="bsd", choices=compress.METHODS,
+    p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune"),  # jaxbsd.compress.METHODS
                    help="bsd (decoupling), svd/drone (low rank) or prune (hidden units); baselines need --rank or --reduction")
     p.add_argument("--basis", default="bspline", choices=BASES)
     p.add_argument("--degree", type=int, default=3)

@@ -270,3 +270,12 @@ def test_compress_with_prune_meets_the_budget_and_resumes(tmp_path):
     assert [s["rank"] for s in steps2] == [s["rank"] for s in steps]
     images = jnp.asarray(ds.test_images[:8])
     np.testing.assert_array_equal(np.asarray(again(images)), np.asarray(model(images)))
+
+
+def test_the_cli_offers_every_method():
+    from jaxbsd.cli import build_parser
+
+    for method in compress.METHODS:
+        assert build_parser().parse_args(["compress", "--method", method, "--reduction", "0.3"]).method == method
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compress", "--method", "pruning"])
