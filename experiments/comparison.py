@@ -12,7 +12,10 @@ the ranks up front), by four methods:
 * ``bsd``: R-CMTF-BSD decoupling (cubic B-splines, ν = 4, λ = 0.25), the same rank per block
   (``allocation="uniform"``);
 * ``bsd-greedy``: the same with ``allocation="greedy"`` (ranks go where the output error falls
-  fastest per parameter; same budget).
+  fastest per parameter; same budget);
+* ``prune`` (ViT/Fashion-MNIST by default; ``--methods`` adds it elsewhere): structured pruning
+  of the hidden units, keeping the ``k`` largest ``‖V1[:, j]‖ · RMS(h_j)`` on the calibration
+  tokens, with the output layer refitted by least squares (``jaxbsd.baselines.prune_weights``).
 
 Each (method, ρ, seed) is one run: all blocks back to front (BF), the whole model fine-tuned
 after every block with the *same* budget for every method (``--epochs`` epochs of Adam, lr 1e-4,
@@ -29,7 +32,12 @@ p < 0.05) or "within noise". A ρ the MLPs alone cannot reach (DeiT's MLPs hold 
 parameters, so ρ = 0.7 cannot be met by compressing MLPs) is recorded as infeasible.
 
 ``--model vit --dataset fashion-mnist`` runs the same curve on the ViT/Fashion-MNIST model (no
-teacher), by default with a lighter fine-tuning budget (1 epoch on 10,000 images per block).
+teacher), by default with a lighter fine-tuning budget (1 epoch on 10,000 images per block), and
+with ``prune`` as a fifth method. Adding a method adds units: the protocol key and every other
+unit's tag are unchanged, so a study resumed with more methods keeps its finished units.
+
+``experiments/training_free.py`` runs the same units without any fine-tuning; the two scripts
+share :func:`run_unit`, :func:`summarize`, :func:`run_study` and the table, CSV and plot writers.
 
 Usage::
 
@@ -78,16 +86,17 @@ PAPER = {  # Table deit-usps: method -> (top-1 %, parameters, reduction %)
     "B-spline (50 %)": (94.41, 300010, 55.13),
 }
 
-METHODS = ("bsd", "svd", "drone", "bsd-greedy")
-NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)"}
+METHODS = ("bsd", "svd", "drone", "bsd-greedy", "prune")
+NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)", "prune": "Pruning"}
 REFERENCE = "bsd"
 
 #: Per mode: model, data set, budgets and sizes. ``epochs``/``train_subset``: the fine-tuning
 #: budget after every block, the same for every method (DeiT's full default is the per-block
 #: budget this script has always used: 3 epochs on the whole training split).
-FULL = dict(model="deit", dataset="usps", budgets=(0.1, 0.2, 0.35, 0.5, 0.7), methods=METHODS, seeds=3, epochs=3,
-            train_subset=None, test_subset=None, blocks=None, max_iter=300)
-FULL_VIT = dict(FULL, model="vit", dataset="fashion-mnist", epochs=1, train_subset=10000)
+#: (The DeiT study's committed result and command cover the first four methods.)
+FULL = dict(model="deit", dataset="usps", budgets=(0.1, 0.2, 0.35, 0.5, 0.7), methods=METHODS[:4], seeds=3,
+            epochs=3, train_subset=None, test_subset=None, blocks=None, max_iter=300)
+FULL_VIT = dict(FULL, model="vit", dataset="fashion-mnist", epochs=1, train_subset=10000, methods=METHODS)
 QUICK = dict(model="vit", dataset="fashion-mnist", budgets=(0.05, 0.15), methods=METHODS, seeds=2, epochs=1,
              train_subset=300, test_subset=300, blocks=1, max_iter=10)
 SMOKE = dict(model="deit", dataset="usps", budgets=(0.2,), methods=METHODS, seeds=2, epochs=1, train_subset=200,
@@ -95,15 +104,28 @@ SMOKE = dict(model="deit", dataset="usps", budgets=(0.2,), methods=METHODS, seed
 TEACHERS = {("deit", "usps"): ("vit", "usps")}
 
 
-def run_unit(method: str, reduction: float, seed: int, *, model_path, data, order, plan, args, teacher,
-             protocol_dir: pathlib.Path, log) -> dict:
-    """One (method, ρ, seed) run, or its saved record if it finished before."""
-    config = CompressionConfig(
+def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> CompressionConfig:
+    """The ``jaxbsd.compress`` configuration of one (method, ρ, seed) unit.
+
+    ``plan["epochs"]`` fine-tuning epochs after every block (0: training-free); optional
+    ``plan["val_fraction"]`` and ``plan["capture_images"]`` (default: ``CompressionConfig``'s,
+    which keeps the tags, hence the saved units, of runs configured before they existed).
+    """
+    return CompressionConfig(
         method="bsd" if method.startswith("bsd") else method, basis=jb.BSpline(args.degree, args.dof),
         reduction=reduction, allocation="greedy" if method == "bsd-greedy" else "uniform", lam=0.25,
         max_iter=plan["max_iter"], num_samples=args.samples or 128, samples_per_rank=0 if args.samples else 2,
         finetune_epochs=plan["epochs"], seed=seed,
+        val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
+        capture_images=plan.get("capture_images", CompressionConfig.capture_images),
     )
+
+
+def run_unit(method: str, reduction: float, seed: int, *, model_path, data, order, plan, args, teacher,
+             protocol_dir: pathlib.Path, log) -> dict:
+    """One (method, ρ, seed) run (configured by :func:`unit_config`), or its saved record if it
+    finished before under the same tag (configuration and block order)."""
+    config = unit_config(method, reduction, seed, plan, args)
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order)}, sort_keys=True)
@@ -118,7 +140,8 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
         steps = compress(model, data, order=order, config=config, state_dir=state, teacher=teacher, progress=False,
                          on_step=lambda s: log(f"  {name} step {s['step']} (block {s['block']}, rank {s['rank']}, "
                                                f"S {s['num_samples']}): {100 * s['acc_cmtf']:.2f} % after "
-                                               f"compression, {100 * s['acc_ft']:.2f} % after FT"))
+                                               f"compression" + (f", {100 * s['acc_ft']:.2f} % after FT"
+                                                                 if plan["epochs"] else "")))
     except ValueError as err:
         if "cannot be met" not in str(err):
             raise
@@ -131,6 +154,8 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
         status="ok", accuracy=100 * steps[-1]["acc_ft"], accuracy_compressed=100 * steps[-1]["acc_cmtf"],
         params=params, reduction_achieved=1 - params / params_original,
         ranks={str(s["block"]): s["rank"] for s in steps},
+        output_errors={str(s["block"]): s.get("output_error") for s in steps},
+        machine=common.machine(),
         num_samples={str(s["block"]): s.get("num_samples") for s in steps},
         finetune_kept=[s["finetune_kept"] for s in steps],
         steps=[{k: v for k, v in s.items() if k != "finetune"}
@@ -179,7 +204,7 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
             verdicts[repr(reduction)][method] = v
     for row in rows:
         v = verdicts[repr(row["reduction"])].get(row["method"])
-        row["verdict_vs_bsd"] = v["verdict"] if v else None
+        row["verdict_vs_bsd"] = v["verdict"] if v and v["n"] else None  # no paired bsd runs: no verdict
     return rows, verdicts
 
 
@@ -203,8 +228,9 @@ def plot(rows: list[dict], path: pathlib.Path, acc_original: float, params_origi
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"svd": "tab:blue", "drone": "tab:orange", "bsd": "tab:green", "bsd-greedy": "tab:olive"}
-    markers = {"svd": "s", "drone": "^", "bsd": "o", "bsd-greedy": "D"}
+    colors = {"svd": "tab:blue", "drone": "tab:orange", "bsd": "tab:green", "bsd-greedy": "tab:olive",
+              "prune": "tab:red"}
+    markers = {"svd": "s", "drone": "^", "bsd": "o", "bsd-greedy": "D", "prune": "v"}
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for method in colors:
         ok = sorted((r for r in rows if r["method"] == method and r["status"] == "ok"), key=lambda r: r["params_mean"])
@@ -224,24 +250,31 @@ def plot(rows: list[dict], path: pathlib.Path, acc_original: float, params_origi
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="CI size (ViT/Fashion-MNIST quick model)")
-    mode.add_argument("--smoke", action="store_true", help="smallest run (tests)")
-    parser.add_argument("--model", choices=("deit", "vit"), default=None, help="default deit (quick: vit)")
+def write_csv(rows: list[dict], path: pathlib.Path) -> None:
+    """The summary rows as CSV: one line per (method, ρ)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "reduction_target", "accuracy_mean", "accuracy_std", "params_mean", "seeds",
+                    "verdict_vs_bsd"])
+        for r in rows:
+            w.writerow([r["method"], r["reduction"], *(
+                [f"{r['accuracy_mean']:.3f}", f"{r['accuracy_std']:.3f}", f"{r['params_mean']:.0f}"]
+                if r["status"] == "ok" else ["infeasible", "", ""]), r["seeds"], r["verdict_vs_bsd"] or ""])
+
+
+def add_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...], *, quick: str = "vit/fashion-mnist",
+                  budgets: str = "0.1 0.2 0.35 0.5 0.7") -> None:
+    """The options both studies share (model, data, budgets, methods, seeds, solver, output);
+    ``quick`` and ``budgets`` only document the script's presets in the help."""
+    parser.add_argument("--model", choices=("deit", "vit"), default=None,
+                        help=f"default deit (quick: {quick.split('/')[0]})")
     parser.add_argument("--dataset", choices=("usps", "fashion-mnist"), default=None,
-                        help="default usps (quick: fashion-mnist)")
+                        help=f"default usps; vit: fashion-mnist (quick: {quick.split('/')[1]})")
     parser.add_argument("--checkpoint", default=None, help="trained model (default checkpoints/<model>-<dataset>)")
-    parser.add_argument("--teacher", default=None, help="DeiT's teacher (default checkpoints/vit-usps)")
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="fine-tuning epochs after every block, every method (DeiT: 3; ViT: 1)")
-    parser.add_argument("--train-subset", type=int, default=None,
-                        help="training images for fine-tuning and sampling (0 = all; DeiT: all; ViT: 10000)")
     parser.add_argument("--test-subset", type=int, default=None, help="test images (0 = all)")
     parser.add_argument("--budgets", type=float, nargs="+", default=None,
-                        help="target reductions ρ of the whole model (full: 0.1 0.2 0.35 0.5 0.7)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None)
+                        help=f"target reductions ρ of the whole model (full: {budgets})")
+    parser.add_argument("--methods", nargs="+", choices=methods, default=None)
     parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, ρ) (full: 3)")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--dof", type=int, default=4, help="ν of the B-splines")
@@ -249,37 +282,50 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=None, help="fix S per block (default: S = max(128, 2r))")
     parser.add_argument("--max-iter", type=int, default=None, help="R-CMTF sweeps per block (full: 300)")
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
-    args = parser.parse_args(argv)
-    if args.smoke:
-        plan = dict(SMOKE)
-    elif args.quick:
-        plan = dict(QUICK)
-    else:
-        plan = dict(FULL_VIT if (args.model or "deit") == "vit" else FULL)
-    for key in ("model", "dataset", "epochs", "budgets", "methods", "seeds", "max_iter", "train_subset",
-                "test_subset"):
-        value = getattr(args, key)
+
+
+def apply_overrides(plan: dict, args, keys: tuple[str, ...]) -> dict:
+    """``plan`` with the options given on the command line (a subset of 0 means all)."""
+    plan = dict(plan)
+    for key in keys:
+        value = getattr(args, key, None)
         if value is not None:
             plan[key] = (value or None) if key.endswith("subset") else tuple(value) if isinstance(value, list) else value
+    return plan
+
+
+def run_study(args, plan: dict, prefix: str, *, script: str, argv, mode: str, describe, title: str,
+              paper: dict | None = None) -> int:
+    """Run every (ρ, method, seed) unit of ``plan`` (resuming finished ones), then write
+    ``<args.out>/<prefix>.json`` (runs, summary rows, paired verdicts against bsd, command,
+    provenance, wall time), ``.csv`` and ``.png``.
+
+    Args:
+      args: parsed options of :func:`add_arguments` (plus ``teacher`` where the plan fine-tunes
+        with one); plan: ``model``, ``dataset``, ``budgets``, ``methods``, ``seeds``, ``epochs``,
+        ``train_subset``, ``test_subset``, ``blocks``, ``max_iter`` (optional ``teacher``: False
+        to load none; ``val_fraction``, ``capture_images``: see :func:`run_unit`).
+      prefix: output file name stem and state folder (``<out>/state/<prefix>/protocol-<key>/``;
+        the key hashes the model, data and block order, never the methods).
+      script, argv: for the recorded command; mode: recorded as ``mode``.
+      describe: ``describe(plan, data, teacher, order) -> str``, the protocol sentence recorded.
+      title: first line of the plot title.
+      paper: the paper's values to record beside ours, if any.
+    """
     kind, name = plan["model"], plan["dataset"]
-    if args.smoke or args.quick:
-        prefix = "comparison_smoke" if args.smoke else "comparison_quick"
-    else:
-        prefix = "comparison" if (kind, name) == ("deit", "usps") else f"comparison_{kind}_{name}"
     args.out.mkdir(parents=True, exist_ok=True)
-    command = common.command_line("comparison.py", argv)
+    command = common.command_line(script, argv)
     common.enable_compilation_cache()
     timer = common.Timer()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    small = args.quick or args.smoke
-    quick_dir = args.out / "checkpoints" if small else None
+    quick_dir = args.out / "checkpoints" if mode in ("quick", "smoke") else None
     dataset = load_dataset(name)
     teacher, teacher_info = None, None
-    if (kind, name) in TEACHERS:
-        teacher, teacher_info = common.load_or_train(*TEACHERS[(kind, name)], checkpoint=args.teacher,
+    if (kind, name) in TEACHERS and plan.get("teacher", True):
+        teacher, teacher_info = common.load_or_train(*TEACHERS[(kind, name)], checkpoint=getattr(args, "teacher", None),
                                                      quick_dir=quick_dir, log=log)
     model, model_info = common.load_or_train(kind, name, checkpoint=args.checkpoint, quick_dir=quick_dir, log=log)
     data = common.subset(dataset, train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
@@ -314,16 +360,9 @@ def main(argv=None) -> int:
     print(table)
     payload = {
         "command": command,
-        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
+        "mode": mode,
         "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()},
-        "protocol": (f"{kind}/{name}; every method compresses the MLPs of blocks {order} back to front under "
-                     "the budget rule params <= (1 - rho) * P (P = all nnx.Param scalars of the model; ranks "
-                     "planned by jaxbsd.compress); the whole model is fine-tuned for "
-                     f"{plan['epochs']} epoch(s) on {data.train_images.shape[0]} training images after every "
-                     "block (Adam, lr 1e-4, batch 128, 10 % validation hold-out decides whether fine-tuned "
-                     "weights are kept" + (", hard distillation from the ViT teacher" if teacher else "") + "); "
-                     + (f"S = {args.samples} per block" if args.samples else "S = max(128, 2r) per block")
-                     + "; a seed sets the sampling points, the solver key, the hold-out and the fine-tuning order"),
+        "protocol": describe(plan, data, teacher, order),
         "protocol_key": key,
         "samples_rule": {"fixed": args.samples} if args.samples else {"min": 128, "per_rank": 2},
         "verdict_rule": ("per rho, paired over seeds against bsd: 'holds' if bsd's mean accuracy is higher and "
@@ -333,24 +372,60 @@ def main(argv=None) -> int:
         "accuracy_original": acc_original, "params_original": params_original,
         "test_images": int(data.test_images.shape[0]), "train_images": int(data.train_images.shape[0]),
         "blocks": order, "rows": rows, "verdicts": verdicts,
-        "paper": ({k: dict(zip(("accuracy", "params", "reduction"), v)) for k, v in PAPER.items()}
-                  if kind == "deit" else None),
+        "paper": ({k: dict(zip(("accuracy", "params", "reduction"), v)) for k, v in paper.items()}
+                  if paper else None),
+        "machines": sorted({u["machine"] for u in units if u.get("machine")}),
         "table": table, "runs": units, "wall_seconds": timer(),
     }
     common.write_json(args.out / f"{prefix}.json", payload)
-    with open(args.out / f"{prefix}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["method", "reduction_target", "accuracy_mean", "accuracy_std", "params_mean", "seeds",
-                    "verdict_vs_bsd"])
-        for r in rows:
-            w.writerow([r["method"], r["reduction"], *(
-                [f"{r['accuracy_mean']:.3f}", f"{r['accuracy_std']:.3f}", f"{r['params_mean']:.0f}"]
-                if r["status"] == "ok" else ["infeasible", "", ""]), r["seeds"], r["verdict_vs_bsd"] or ""])
+    write_csv(rows, args.out / f"{prefix}.csv")
     plot(rows, args.out / f"{prefix}.png", acc_original, params_original,
-         f"{kind} on {name}: accuracy against parameters (mean ± std over {plan['seeds']} seeds)\n"
-         f"fine-tuning {plan['epochs']} epoch(s) on {data.train_images.shape[0]} images after every block")
+         f"{title}: accuracy against parameters (mean ± std over {plan['seeds']} seeds)\n"
+         + (f"fine-tuning {plan['epochs']} epoch(s) on {data.train_images.shape[0]} images after every block"
+            if plan["epochs"] else "no fine-tuning"))
     print(f"wrote {args.out / (prefix + '.json')}, .csv and .png ({timer():.0f} s)")
     return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="CI size (ViT/Fashion-MNIST quick model)")
+    mode.add_argument("--smoke", action="store_true", help="smallest run (tests)")
+    add_arguments(parser, METHODS)
+    parser.add_argument("--teacher", default=None, help="DeiT's teacher (default checkpoints/vit-usps)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="fine-tuning epochs after every block, every method (DeiT: 3; ViT: 1)")
+    parser.add_argument("--train-subset", type=int, default=None,
+                        help="training images for fine-tuning and sampling (0 = all; DeiT: all; ViT: 10000)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        plan = dict(SMOKE)
+    elif args.quick:
+        plan = dict(QUICK)
+    else:
+        plan = dict(FULL_VIT if (args.model or "deit") == "vit" else FULL)
+    plan = apply_overrides(plan, args, ("model", "dataset", "epochs", "budgets", "methods", "seeds", "max_iter",
+                                        "train_subset", "test_subset"))
+    kind, name = plan["model"], plan["dataset"]
+    if args.smoke or args.quick:
+        prefix = "comparison_smoke" if args.smoke else "comparison_quick"
+    else:
+        prefix = "comparison" if (kind, name) == ("deit", "usps") else f"comparison_{kind}_{name}"
+
+    def describe(plan, data, teacher, order):
+        return (f"{kind}/{name}; every method compresses the MLPs of blocks {order} back to front under "
+                "the budget rule params <= (1 - rho) * P (P = all nnx.Param scalars of the model; ranks "
+                "planned by jaxbsd.compress); the whole model is fine-tuned for "
+                f"{plan['epochs']} epoch(s) on {data.train_images.shape[0]} training images after every "
+                "block (Adam, lr 1e-4, batch 128, 10 % validation hold-out decides whether fine-tuned "
+                "weights are kept" + (", hard distillation from the ViT teacher" if teacher else "") + "); "
+                + (f"S = {args.samples} per block" if args.samples else "S = max(128, 2r) per block")
+                + "; a seed sets the sampling points, the solver key, the hold-out and the fine-tuning order")
+
+    mode_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    return run_study(args, plan, prefix, script="comparison.py", argv=argv, mode=mode_name, describe=describe,
+                     title=f"{kind} on {name}", paper=PAPER if kind == "deit" else None)
 
 
 if __name__ == "__main__":

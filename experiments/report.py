@@ -260,7 +260,7 @@ def benchmark_table(name: str = "results.json") -> str:
     return head + "\n\n" + table + ("\n\n" + "\n".join(notes) if notes else "")
 
 
-_NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)"}
+_NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)", "prune": "Pruning"}
 
 
 def _pm(mean, std, digits=2) -> str:
@@ -302,6 +302,44 @@ def comparison_table() -> str:
             rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
                          f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict])
         out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"], rows), ""]
+    return "\n".join(out).rstrip()
+
+
+def training_free_table() -> str:
+    """Issue 21: method × ρ without fine-tuning (mean ± std over seeds, parameters, mean
+    per-block output error, verdict against B-spline), one table per model/data set."""
+    out = []
+    for name, title in (("training_free_deit_usps.json", "DeiT / USPS"),
+                        ("training_free_vit_fashion-mnist.json", "ViT / Fashion-MNIST")):
+        d = _load(name)
+        if d is None:
+            out += [f"**{title}**: No current result committed (`python experiments/training_free.py"
+                    + (" --model vit --dataset fashion-mnist" if "vit" in name else "") + "`).", ""]
+            continue
+        out += [f"**{title}**, no fine-tuning at any step (original {d['accuracy_original']:.2f} %, "
+                f"{d['params_original']:,} parameters; mean ± std over {d['plan']['seeds']} seeds of the calibration "
+                "images and solver key). Output error = relative squared error of a block's output on its "
+                "calibration tokens, averaged over blocks and seeds. Verdict = \"B-spline (uniform) beats this "
+                "method\", paired over seeds (t-test, p < 0.05).", "", _source_line(d), ""]
+        rows = []
+        for r in d["rows"]:
+            if r["status"] != "ok":
+                rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", "infeasible", "—", "—", "—", "—"])
+                continue
+            errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
+                    and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
+            v = d["verdicts"][repr(r["reduction"])].get(r["method"])
+            if v is None:
+                verdict = "(reference)"
+            elif not v["n"]:
+                verdict = "no paired runs"
+            else:
+                verdict = f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
+            rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
+                         f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %",
+                         f"{np.mean(errs):.3g}" if errs else "—", verdict])
+        out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "output error", "B-spline beats it"], rows),
+                ""]
     return "\n".join(out).rstrip()
 
 
@@ -501,6 +539,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "benchmarks": benchmark_table,
     "benchmarks-gpu": lambda: benchmark_table("results_gpu.json"),
     "comparison": comparison_table,
+    "training-free": training_free_table,
     "fb-bf": fb_bf_table,
     "vit-cifar10": vit_cifar10_table,
     "budget-study": budget_study_table,

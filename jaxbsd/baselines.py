@@ -1,6 +1,6 @@
-"""Low-rank baselines for MLP compression: truncated SVD and DRONE, and budget helpers.
+"""Baselines for MLP compression: truncated SVD, DRONE, structured pruning, and budget helpers.
 
-Both replace each dense layer ``y = x K + b`` of a block's MLP (``K`` of shape ``(in, out)``) by
+SVD and DRONE replace each dense layer ``y = x K + b`` of a block's MLP (``K`` of shape ``(in, out)``) by
 ``y = (x A) B + b`` with ``A (in, k)`` and ``B (k, out)``, keeping the activation and biases:
 
 * **SVD** (Hajimolahoseini et al. 2022): ``A B`` is the best rank-``k`` approximation of ``K``
@@ -8,6 +8,9 @@ Both replace each dense layer ``y = x K + b`` of a block's MLP (``K`` of shape `
 * **DRONE** (Chen et al. 2021): data-aware, ``A B = argmin_{rank k} ‖X K − X K'‖_F`` for the
   layer's real inputs ``X``. With the thin SVD ``X = U Σ Vᵀ`` (rank ρ) this is
   ``K' = V Σ⁻¹ [Σ Vᵀ K]_k``, ``[·]_k`` the truncated SVD: closed form, no iterations.
+* **Pruning** (:func:`prune_mlp`): keep the ``k`` hidden units of largest data-aware
+  importance ``‖V1[:, j]‖ · RMS(h_j)`` on calibration tokens and refit the output layer by least
+  squares; the result is an ordinary narrower MLP (:class:`PrunedMLP`).
 
 The parameter helpers pick each method's rank so that its count fits a budget; counts are those
 of the modules actually placed in the model (no dense weights are kept).
@@ -19,7 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from typing import Callable
+from typing import Callable, NamedTuple
+
+import numpy as np
 
 from jaxbsd.metrics import params_bsd
 from jaxbsd.models.layers import ACTIVATIONS, MLP
@@ -35,6 +40,12 @@ __all__ = [
     "lowrank_mlp_params",
     "lowrank_rank_for_budget",
     "bsd_rank_for_budget",
+    "PrunedMLP",
+    "Pruning",
+    "prune_importance",
+    "prune_weights",
+    "prune_mlp",
+    "pruned_mlp_params",
 ]
 
 
@@ -203,3 +214,184 @@ def bsd_rank_for_budget(m: int, n: int, dof: int, budget: int) -> int:
         raise ValueError(f"budget {budget} is below a rank-1 decoupling ({params_bsd(m, n, 1, dof)})")
     assert params_bsd(m, n, rank, dof) <= budget
     return int(rank)
+
+
+# ----------------------------------------------------------------------------- structured pruning
+
+
+class PrunedMLP(nnx.Module):
+    """An ordinary, narrower MLP ``fc2(h(fc1(x)))``: ``(..., m) -> (..., k) -> (..., n)``.
+
+    Built by :func:`prune_mlp` from the ``k`` kept hidden units of a wider MLP (``fc1``: their
+    columns of the first kernel and their biases; ``fc2``: the refitted output layer). Both
+    layers are plain ``nnx.Linear`` with biases; ``activation`` is a name in
+    :data:`~jaxbsd.models.layers.ACTIVATIONS` (or an elementwise callable, which cannot be
+    saved as data). ``in_features``, ``hidden`` (= ``rank`` = ``k``) and ``out_features`` are
+    plain ints.
+    """
+
+    def __init__(self, K1: jax.Array, b1: jax.Array, K2: jax.Array, b2: jax.Array, activation: str | Callable):
+        if isinstance(activation, str):
+            if activation not in ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+        elif not callable(activation):
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+        if K1.ndim != 2 or K2.ndim != 2 or K1.shape[1] != K2.shape[0] or K1.shape[1] < 1:
+            raise ValueError(f"K1 (m, k) and K2 (k, n) must share k >= 1, got {K1.shape} and {K2.shape}")
+        if b1.shape != (K1.shape[1],) or b2.shape != (K2.shape[1],):
+            raise ValueError(f"b1 must have shape ({K1.shape[1]},) and b2 ({K2.shape[1]},), got {b1.shape}, {b2.shape}")
+        (m, k), n = K1.shape, K2.shape[1]
+        rngs = nnx.Rngs(0)  # the initial values are overwritten at once
+        self.fc1 = nnx.Linear(m, k, param_dtype=K1.dtype, rngs=rngs)
+        self.fc2 = nnx.Linear(k, n, param_dtype=K2.dtype, rngs=rngs)
+        self.fc1.kernel[...], self.fc1.bias[...] = jnp.asarray(K1), jnp.asarray(b1, K1.dtype)
+        self.fc2.kernel[...], self.fc2.bias[...] = jnp.asarray(K2), jnp.asarray(b2, K2.dtype)
+        self.activation = activation
+        self.in_features, self.hidden, self.out_features = int(m), int(k), int(n)
+        self.rank = int(k)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = ACTIVATIONS[self.activation] if isinstance(self.activation, str) else self.activation
+        return self.fc2(h(self.fc1(x)))
+
+
+class Pruning(NamedTuple):
+    """What :func:`prune_weights` returns (host ``numpy`` arrays, in ``K1``'s dtype).
+
+    Attributes:
+      kept: ``(k,)`` indices of the kept hidden units, ascending.
+      importance: ``(H,)`` importance of every hidden unit (see :func:`prune_importance`).
+      K1: ``(m, k)`` the kept columns of the first kernel; b1: ``(k,)`` their biases.
+      K2: ``(k, n)`` the refitted output kernel; b2: ``(n,)`` the refitted output bias.
+    """
+
+    kept: np.ndarray
+    importance: np.ndarray
+    K1: np.ndarray
+    b1: np.ndarray
+    K2: np.ndarray
+    b2: np.ndarray
+
+
+def pruned_mlp_params(m: int, k: int, n: int) -> int:
+    """Parameters of a :class:`PrunedMLP` ``m -> k -> n`` with both biases: ``k (m + 1) + n (k + 1)``."""
+    return k * (m + 1) + n * (k + 1)
+
+
+def _hidden(K1, b1, activation, X) -> np.ndarray:
+    """``h(X K1 + b1)`` as a float64 host array ``(N, H)``."""
+    h = ACTIVATIONS[activation] if isinstance(activation, str) else activation
+    K1 = jnp.asarray(K1)
+    z = jnp.asarray(X, K1.dtype) @ K1 + (0 if b1 is None else jnp.asarray(b1, K1.dtype)[None, :])
+    return np.asarray(h(z), np.float64)
+
+
+def prune_importance(K1: jax.Array, b1: jax.Array | None, K2: jax.Array, activation: str | Callable,
+                     X: jax.Array) -> np.ndarray:
+    """Data-aware importance of each hidden unit: ``‖V1[:, j]‖₂ · RMS_tokens(h_j)``.
+
+    ``V1 = K2ᵀ`` is the output weight matrix and ``h_j(x) = h(x K1[:, j] + b1[j])`` the unit's
+    activation on the calibration tokens ``X (N, m)``. The product is, up to the factor
+    ``√N``, the Frobenius norm of what unit ``j`` adds to the block's outputs on those tokens,
+    ``‖h_j V1[:, j]ᵀ‖_F = ‖h_j‖₂ ‖V1[:, j]‖₂``: the output error of removing that unit alone.
+    It is the structured form of the weight-magnitude × input-activation-norm score of Wanda
+    (Sun et al., "A Simple and Effective Pruning Approach for Large Language Models", ICLR
+    2024: ``|W_ij| · ‖X_j‖₂`` per weight), taken in ℓ2 over the whole output column of a
+    hidden unit, as structured LLM pruning does with column norms times input-feature
+    statistics (FLAP, An et al., AAAI 2024, which uses the feature's variance and compensates
+    the mean with a bias).
+
+    Returns:
+      ``(H,)`` float64 scores (>= 0).
+    """
+    return _importance(_hidden(K1, b1, activation, X), K2)
+
+
+def _importance(hidden: np.ndarray, K2) -> np.ndarray:
+    column = np.linalg.norm(np.asarray(K2, np.float64), axis=1)  # ‖V1[:, j]‖ = ‖K2[j, :]‖
+    return column * np.sqrt(np.mean(hidden ** 2, axis=0))
+
+
+def prune_weights(
+    K1: jax.Array,
+    b1: jax.Array | None,
+    K2: jax.Array,
+    b2: jax.Array | None,
+    activation: str | Callable,
+    k: int,
+    X: jax.Array,
+    Y: jax.Array | None = None,
+) -> Pruning:
+    """Structured pruning of an MLP ``h(x K1 + b1) K2 + b2`` to ``k`` hidden units, training-free.
+
+    1. Keep the ``k`` units of largest :func:`prune_importance` on the tokens ``X`` (ties:
+       the lower index).
+    2. Refit the output layer, weights and bias, by least squares so that the pruned MLP's
+       outputs match ``Y`` on ``X``: ``min_{K2', b2'} ‖H_k K2' + 1 b2'ᵀ − Y‖_F`` with ``H_k``
+       the kept units' activations. This is the least-squares reconstruction step of channel
+       pruning (He et al., "Channel Pruning for Accelerating Very Deep Neural Networks", ICCV
+       2017; Luo et al., ThiNet, ICCV 2017). It is solved in float64 on the host, with the
+       intercept eliminated by centring (the same solution as ``lstsq`` with a ones column,
+       better conditioned), and the minimum-norm solution when ``H_k`` is rank deficient.
+
+    Args:
+      K1: ``(m, H)``; b1: ``(H,)`` or None (zeros).
+      K2: ``(H, n)``; b2: ``(n,)`` or None (only used for the default ``Y``).
+      activation: a name in ``ACTIVATIONS`` or an elementwise callable.
+      k: hidden units to keep, in ``[1, H]``.
+      X: ``(N, m)`` calibration tokens, ``N >= k + 1`` (the refit has ``k + 1`` coefficients
+        per output).
+      Y: ``(N, n)`` the outputs to match; default the MLP's own outputs on ``X``.
+
+    Returns:
+      A :class:`Pruning` (kept indices, importance, and the pruned weights in ``K1``'s dtype).
+
+    Raises:
+      ValueError: naming the argument: shapes that do not fit, ``k`` outside ``[1, H]``,
+        fewer than ``k + 1`` tokens, non-finite tokens, outputs or refitted weights.
+    """
+    if K1.ndim != 2 or K2.ndim != 2 or K1.shape[1] != K2.shape[0]:
+        raise ValueError(f"K1 (m, H) and K2 (H, n) must share H, got {K1.shape} and {K2.shape}")
+    (m, H), n = K1.shape, K2.shape[1]
+    if b1 is not None and b1.shape != (H,):
+        raise ValueError(f"b1 must have shape ({H},), got {b1.shape}")
+    if b2 is not None and b2.shape != (n,):
+        raise ValueError(f"b2 must have shape ({n},), got {b2.shape}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= H:
+        raise ValueError(f"k must be an int in [1, {H}], got {k!r}")
+    k = int(k)
+    if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
+        raise ValueError(f"X must have shape (N, {m}), got {getattr(X, 'shape', type(X).__name__)}")
+    if X.shape[0] < k + 1:
+        raise ValueError(f"X: refitting the output layer of {k} kept units needs at least {k + 1} tokens, "
+                         f"got {X.shape[0]}")
+    if not np.all(np.isfinite(np.asarray(X))):
+        raise ValueError("X must be finite")
+    hidden = _hidden(K1, b1, activation, X)
+    if Y is None:
+        Y = hidden @ np.asarray(K2, np.float64) + (0 if b2 is None else np.asarray(b2, np.float64)[None, :])
+    elif getattr(Y, "shape", None) != (X.shape[0], n):
+        raise ValueError(f"Y must have shape ({X.shape[0]}, {n}), got {getattr(Y, 'shape', type(Y).__name__)}")
+    Y = np.asarray(Y, np.float64)
+    if not (np.all(np.isfinite(Y)) and np.all(np.isfinite(hidden))):
+        raise ValueError("Y and the hidden activations on X must be finite")
+    importance = _importance(hidden, K2)
+    kept = np.sort(np.argsort(-importance, kind="stable")[:k])
+    Hk = hidden[:, kept]
+    mean_h, mean_y = Hk.mean(axis=0), Y.mean(axis=0)
+    W, *_ = np.linalg.lstsq(Hk - mean_h[None, :], Y - mean_y[None, :], rcond=None)
+    bias = mean_y - mean_h @ W
+    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(bias))):
+        raise ValueError("X: the least-squares refit of the output layer is not finite")
+    dtype = np.dtype(K1.dtype)
+    b1_kept = np.zeros(k, dtype) if b1 is None else np.asarray(b1)[kept]
+    return Pruning(kept=kept, importance=importance, K1=np.asarray(K1)[:, kept].astype(dtype),
+                   b1=b1_kept.astype(dtype), K2=W.astype(dtype), b2=bias.astype(dtype))
+
+
+def prune_mlp(K1, b1, K2, b2, activation: str | Callable, k: int, X: jax.Array,
+              Y: jax.Array | None = None) -> tuple[PrunedMLP, Pruning]:
+    """:func:`prune_weights` as a module: ``(PrunedMLP, Pruning)``, the module in ``K1``'s dtype
+    with :func:`pruned_mlp_params` ``(m, k, n)`` parameters."""
+    res = prune_weights(K1, b1, K2, b2, activation, k, X, Y)
+    return PrunedMLP(*(jnp.asarray(a) for a in (res.K1, res.b1, res.K2, res.b2)), activation), res

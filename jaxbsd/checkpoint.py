@@ -26,7 +26,8 @@ shapes, dtypes), then verifies a SHA-256 over the header and all arrays. Missing
 truncation, bit flips, edited headers and mismatched models raise ``ValueError`` naming the path.
 
 **Compressed models.** :func:`save_compressed` stores, for every :class:`DecoupledMLP`,
-:class:`~jaxbsd.baselines.LowRankMLP` or stand-alone :class:`~jaxbsd.baselines.LowRankLinear`
+:class:`~jaxbsd.baselines.LowRankMLP`, :class:`~jaxbsd.baselines.PrunedMLP` or stand-alone
+:class:`~jaxbsd.baselines.LowRankLinear`
 found anywhere in the module tree (``nnx.List`` items included), its path, kind, rank, basis
 (as data) and factor shapes; the factors themselves and every other variable of the model are
 in the state. :func:`load_compressed` takes a freshly built *original* model, puts modules of
@@ -119,8 +120,20 @@ def _describe(module) -> dict | None:
         return {"kind": "DecoupledMLP", "rank": int(module.W0[...].shape[0]), "basis": module.basis.to_dict(),
                 "factors": {name: _shape_dtype(getattr(module, name)) for name in ("W0", "W1", "coef", "knots")}}
     if isinstance(module, _baselines.LowRankMLP):
-        return {"kind": "LowRankMLP", "rank": [int(k) for k in module.ranks], "activation": module.activation,
-                "factors": {"fc1": _lowrank_linear_record(module.fc1), "fc2": _lowrank_linear_record(module.fc2)}}
+        return {
+            "kind": "LowRankMLP",
+            "rank": [int(k) for k in module.ranks],
+            "activation": module.activation,
+            "factors": {"fc1": _lowrank_linear_record(module.fc1), "fc2": _lowrank_linear_record(module.fc2)},
+        }
+    if isinstance(module, _baselines.PrunedMLP):
+        return {
+            "kind": "PrunedMLP",
+            "rank": int(module.rank),
+            "activation": module.activation,
+            "factors": {layer: {name: _shape_dtype(getattr(getattr(module, layer), name)) for name in ("kernel", "bias")}
+                        for layer in ("fc1", "fc2")},
+        }
     if isinstance(module, _baselines.LowRankLinear):
         return {"kind": "LowRankLinear", "rank": int(module.A[...].shape[1]), "factors": _lowrank_linear_record(module)}
     return None
@@ -161,6 +174,9 @@ def _placeholder(record: dict, where: str):
             return _baselines.LowRankMLP(lowrank_linear(f["fc1"]), lowrank_linear(f["fc2"]), record["activation"])
         if kind == "LowRankLinear":
             return lowrank_linear(f)
+        if kind == "PrunedMLP":
+            return _baselines.PrunedMLP(zeros(f["fc1"]["kernel"]), zeros(f["fc1"]["bias"]), zeros(f["fc2"]["kernel"]),
+                                        zeros(f["fc2"]["bias"]), record["activation"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: invalid replaced-module record {record!r}: {e}") from None
     raise ValueError(f"{where}: unknown replaced-module kind {kind!r}")

@@ -60,7 +60,7 @@ def validate_compress_args(args: argparse.Namespace):
     from jaxbsd import compress
 
     config = compress.CompressionConfig(
-        method="bsd", basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
+        method=args.method, basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
         max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
         reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
@@ -229,6 +229,8 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--train-epochs", type=positive_int, default=40)
     p.add_argument("--train-lr", type=positive_float, default=1e-3)
     p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"))
+    p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune"),  # jaxbsd.compress.METHODS
+                   help="bsd (decoupling), svd/drone (low rank) or prune (hidden units); baselines need --rank or --reduction")
     p.add_argument("--basis", default="bspline", choices=BASES)
     p.add_argument("--degree", type=nonnegative_int, default=3)
     p.add_argument("--dof", type=positive_int, default=4)

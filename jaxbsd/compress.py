@@ -76,7 +76,7 @@ __all__ = [
     "validation_split",
 ]
 
-METHODS = ("bsd", "svd", "drone")
+METHODS = ("bsd", "svd", "drone", "prune")
 ORDERS = {"front-to-back": "fb", "back-to-front": "bf"}
 #: Where each block's sampling points come from (see :class:`CompressionConfig`).
 CAPTURES = ("current", "original")
@@ -87,9 +87,10 @@ class CompressionConfig:
     """How each block is compressed and fine-tuned.
 
     Attributes:
-      method: ``"bsd"`` (decoupling), ``"svd"`` or ``"drone"`` (low-rank baselines).
+      method: ``"bsd"`` (decoupling), ``"svd"`` or ``"drone"`` (low-rank baselines), ``"prune"``
+        (structured pruning of hidden units with a least-squares refit of the output layer).
       basis: basis of the internal functions (``"bsd"`` only).
-      rank: decoupling rank, or the low-rank baselines' rank; ``None`` = the block's width
+      rank: decoupling rank, the low-rank baselines' rank, or the hidden units pruning keeps; ``None`` = the block's width
         (the paper's choice, ``r = m``) for ``"bsd"``; required for the baselines unless
         ``reduction`` is given.
       reduction: instead of ``rank``, ``ρ``: the compressed model keeps at most ``(1 − ρ)·P``
@@ -330,6 +331,9 @@ def _placeholder(record: dict, old: nnx.Module) -> nnx.Module:
     (K1, b1), (K2, b2) = baselines.kernels(old)
     k = record["rank"]
     z = lambda a, b: jnp.zeros((a, b), K1.dtype)  # noqa: E731
+    if record["method"] == "prune":
+        return baselines.PrunedMLP(z(K1.shape[0], k), jnp.zeros((k,), K1.dtype), z(k, K2.shape[1]), b2,
+                                   old.activation)
     return baselines.LowRankMLP(
         baselines.LowRankLinear(z(K1.shape[0], k), z(k, K1.shape[1]), b1),
         baselines.LowRankLinear(z(K2.shape[0], k), z(k, K2.shape[1]), b2),

@@ -2,8 +2,9 @@
 
 ``jb.compress_model(model, calibration, mlps=[...], reduction=ρ, key=...)`` replaces each
 submodule named in ``mlps`` (``"encoder.layers.3.ffn"``: attribute names and integer indices,
-also into ``nnx.List``) by a decoupled ``W1 g(W0 x)`` (R-CMTF-BSD) or a low-rank MLP (truncated
-SVD, DRONE), so that the whole model keeps at most ``(1 − ρ)·P`` parameters.
+also into ``nnx.List``) by a decoupled ``W1 g(W0 x)`` (R-CMTF-BSD), a low-rank MLP (truncated
+SVD, DRONE) or a narrower MLP (structured pruning of hidden units), so that the whole model
+keeps at most ``(1 − ρ)·P`` parameters.
 
 The pieces, each usable alone:
 
@@ -63,7 +64,7 @@ __all__ = [
     "GREEDY_SCALES",
 ]
 
-METHODS = ("bsd", "svd", "drone")
+METHODS = ("bsd", "svd", "drone", "prune")
 ALLOCATIONS = ("uniform", "greedy")
 #: The solver template when ``config`` is None (the CLI's defaults: cubic splines, ν = 4).
 DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
@@ -71,6 +72,9 @@ DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
 GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
 #: Calibration tokens on which the relative output error is measured (and DRONE's inputs).
 _CHECK_TOKENS = 8192
+#: Pruning refits on held-out tokens only when they number at least this many per coefficient
+#: of an output (k + 1); fewer would make a worse refit than the check tokens give.
+_PRUNE_TOKENS_PER_COEF = 4
 
 
 # ----------------------------------------------------------------------------- paths
@@ -279,7 +283,7 @@ def spec_for(module: nnx.Module, path: str, mlp_specs) -> MLPSpec | None:
         return mlp_specs
     if mlp_specs and path in mlp_specs:
         return mlp_specs[path]
-    if isinstance(module, MLP):
+    if isinstance(module, MLP) or (isinstance(module, baselines.PrunedMLP) and isinstance(module.activation, str)):
         return MLPSpec("fc1", "fc2", module.activation)
     return None
 
@@ -300,6 +304,9 @@ class Site:
       X: ``(S, m)`` sampling points; F: ``(S, n)`` outputs there.
       check_X, check_Y: ``(N, m)``, ``(N, n)``: calibration tokens for the output error
         (and DRONE's inputs), at most 8192.
+      fit_X, fit_Y: ``(M, m)``, ``(M, n)``: up to 8192 other calibration tokens, none of them
+        among the check tokens (``M`` may be 0): pruning fits on them when there are enough, so
+        its output error is measured on held-out tokens. None when not drawn.
     """
 
     path: str
@@ -313,18 +320,25 @@ class Site:
     F: jax.Array
     check_X: jax.Array
     check_Y: jax.Array
+    fit_X: jax.Array | None = None
+    fit_Y: jax.Array | None = None
 
     def params_at(self, method: str, rank: int, dof: int) -> int:
-        """Parameters of this site's replacement at ``rank``."""
+        """Parameters of this site's replacement at ``rank`` (for ``"prune"``: kept units)."""
         if method == "bsd":
             return metrics.params_bsd(self.m, self.n, rank, dof)
+        if method == "prune":
+            return baselines.pruned_mlp_params(self.m, rank, self.n)
         return baselines.lowrank_mlp_params(self.m, self.hidden, rank, self.n)
 
     def max_rank(self, method: str, dof: int) -> int:
         """Largest rank worth considering: no more parameters than the original (>= 1); for the
-        low-rank baselines also ``min(m, H, n)`` (a factor cannot exceed its matrix's rank)."""
+        low-rank baselines also ``min(m, H, n)`` (a factor cannot exceed its matrix's rank), for
+        pruning ``H`` (the units there are)."""
         if method == "bsd":
             return max(1, self.params // (self.m + self.n + dof))
+        if method == "prune":
+            return max(1, min(self.hidden, (self.params - self.n) // (self.m + 1 + self.n)))
         cap = min(self.m, self.hidden, self.n)
         fit = (self.params - self.hidden - self.n) // (self.m + 2 * self.hidden + self.n)
         return max(1, min(cap, fit))
@@ -360,6 +374,12 @@ def make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Ar
     X = X_all[jax.random.choice(k_sample, N, (S,), replace=False)]
     check = jax.random.choice(k_check, N, (min(N, _CHECK_TOKENS),), replace=False)
     check_X, check_Y = X_all[check], Y_all[check]
+    # The tokens outside the check set (drawn without changing the check draw), for fits whose
+    # output error must be measured on tokens they did not see.
+    outside = np.setdiff1d(np.arange(N), np.asarray(check))
+    take = min(outside.shape[0], _CHECK_TOKENS)
+    rest = outside[np.asarray(jax.random.choice(jax.random.fold_in(k_check, 1), outside.shape[0], (take,),
+                                                replace=False))] if take else outside
     if validate:
         # Token by token: the module must reproduce what it computed inside the model (this
         # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
@@ -378,7 +398,8 @@ def make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Ar
                                  f"({spec.fc1}(x))) on the calibration tokens")
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
-                params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y)
+                params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y,
+                fit_X=X_all[rest], fit_Y=Y_all[rest])
 
 
 def _param_dtype(module: nnx.Module, default) -> Any:
@@ -405,14 +426,18 @@ def _jacobian(site: Site):
     return J, "dense"
 
 
-def _lowrank_error_J(jac: StructuredJacobian, new: baselines.LowRankMLP, X: jax.Array, h_prime) -> float:
-    """Error(𝒥) of a low-rank MLP against a structured Jacobian, from Gram products only.
+def _lowrank_error_J(jac: StructuredJacobian, new: baselines.LowRankMLP | baselines.PrunedMLP, X: jax.Array,
+                     h_prime) -> float:
+    """Error(𝒥) of a low-rank or pruned MLP against a structured Jacobian, from Gram products only.
 
-    The low-rank MLP is itself an MLP, so its Jacobian is ``[[V1', V0'ᵀ, D']]`` too, and
+    Either is itself an MLP, so its Jacobian is ``[[V1', V0'ᵀ, D']]`` too, and
     ``‖𝒥 − 𝒥'‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥'⟩ + ‖𝒥'‖²`` with ``⟨[[A,B,C]], [[A',B',C']]⟩ = Σ AᵀA' ∘ BᵀB' ∘ CᵀC'``.
     """
-    K1 = new.fc1.A[...] @ new.fc1.B[...]
-    K2 = new.fc2.A[...] @ new.fc2.B[...]
+    if isinstance(new, baselines.PrunedMLP):
+        K1, K2 = new.fc1.kernel[...], new.fc2.kernel[...]
+    else:
+        K1 = new.fc1.A[...] @ new.fc1.B[...]
+        K2 = new.fc2.A[...] @ new.fc2.B[...]
     V0, V1 = K1.T, K2.T
     D = h_prime(X @ K1 + new.fc1.bias[...][None, :])
     inner = jnp.sum((jac.V1.T @ V1) * (jac.V0 @ V0.T) * (jac.D.T @ D))
@@ -433,6 +458,12 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     ``"bsd"``: R-CMTF-BSD on the site's samples (``config`` with its rank replaced), returned
     as a :class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` in the samples' dtype.
     ``"svd"``/``"drone"``: a :class:`~jaxbsd.baselines.LowRankMLP` (needs a spec).
+    ``"prune"``: a :class:`~jaxbsd.baselines.PrunedMLP` keeping ``rank`` hidden units, chosen and
+    refitted (:func:`~jaxbsd.baselines.prune_weights`) on the calibration tokens outside the check
+    set (``fit_X``/``fit_Y``) when there are at least ``4 (rank + 1)`` of them, so its output
+    error is held out (``info["fit_tokens"] = "held-out"``); else on the check tokens themselves,
+    as DRONE always does (``"check"``: the output error is then in-sample). In the module's
+    dtype; needs a spec.
 
     Returns:
       ``(module, info)``; info holds ``error_J``, ``error_F`` (on the S samples; Error(𝒥) of the
@@ -453,8 +484,17 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
             raise ValueError(f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP; "
                              f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec")
         K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
-        module = baselines.lowrank_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), method=method,
-                                       X=site.check_X if method == "drone" else None)
+        if method == "prune":
+            held_out = site.fit_X is not None and site.fit_X.shape[0] >= _PRUNE_TOKENS_PER_COEF * (int(rank) + 1)
+            fit_X, fit_Y = (site.fit_X, site.fit_Y) if held_out else (site.check_X, site.check_Y)
+            try:
+                module, pruning = baselines.prune_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), fit_X, fit_Y)
+            except ValueError as err:
+                raise ValueError(f"calibration: pruning {site.path!r}: {err}") from err
+            info.update(kept=pruning.kept.tolist(), fit_tokens="held-out" if held_out else "check")
+        else:
+            module = baselines.lowrank_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), method=method,
+                                           X=site.check_X if method == "drone" else None)
         jac, kind = _jacobian(site) if jacobian is None else jacobian
         info.update(error_J=_lowrank_error_J(jac, module, site.X, site.spec.h_prime),
                     error_F=float(metrics.error_F(site.F, module(site.X))), jacobian=kind)
@@ -563,7 +603,8 @@ class MLPReport:
     """What happened to one MLP.
 
     Attributes:
-      path: its dotted path; method: ``"bsd"``, ``"svd"`` or ``"drone"``; rank: the rank used.
+      path: its dotted path; method: ``"bsd"``, ``"svd"``, ``"drone"`` or ``"prune"``; rank: the
+        rank used (for ``"prune"``: the hidden units kept).
       in_features, out_features: ``m``, ``n``.
       params_before, params_after: trainable parameters of the original and the replacement.
       error_J, error_F: Error(𝒥) and Error(F) on the S sampling points (Error(𝒥) None for a
@@ -571,6 +612,10 @@ class MLPReport:
       output_error: ``‖Y − Ŷ‖²/‖Y‖²`` on the calibration tokens (up to 8192), before fine-tuning.
       jacobian: ``"structured"`` or ``"dense"``.
       seconds: wall time of capture, Jacobian and solve; seconds_finetune: of ``finetune``.
+      kept: for ``"prune"``, the indices of the kept hidden units (ascending); else None.
+      fit_tokens: for ``"prune"``, ``"held-out"`` (refitted on calibration tokens outside the
+        check set: ``output_error`` is held out) or ``"check"`` (too few of those: refitted on
+        the check tokens, ``output_error`` in-sample); else None.
     """
 
     path: str
@@ -586,6 +631,8 @@ class MLPReport:
     jacobian: str
     seconds: float
     seconds_finetune: float
+    kept: tuple[int, ...] | None = None
+    fit_tokens: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -702,7 +749,8 @@ def compress_model(
     ``(1 − ρ)·P − (P − Σ P_mlp)`` parameters. A decoupling of rank ``r`` has
     ``r (m + n + ν)`` parameters (``P_BSD``; knots are not trained, and it has no biases: the
     B-splines carry constants, and the output bias enters the decoupling through ``F``); a
-    low-rank MLP has ``k (m + H) + k (H + n) + H + n``.
+    low-rank MLP has ``k (m + H) + k (H + n) + H + n``; a pruned MLP keeping ``k`` hidden units
+    has ``k (m + 1) + n (k + 1)`` (both layers with their biases, as the original MLP).
 
     Args:
       model: any ``flax.nnx.Module``; changed in place (and returned).
@@ -712,8 +760,11 @@ def compress_model(
         (attribute names; integers index lists, ``nnx.List`` included).
       reduction: ``ρ`` in ``[0, 1)``, the fraction of the model's parameters to remove.
       ranks: instead of ``reduction``, ``{path: rank}`` for every path (exactly one of the two).
-      method: ``"bsd"`` (R-CMTF-BSD), ``"svd"`` (truncated SVD of both layers) or ``"drone"``
-        (data-aware low rank, fed the calibration tokens). The baselines need a recognised MLP.
+      method: ``"bsd"`` (R-CMTF-BSD), ``"svd"`` (truncated SVD of both layers), ``"drone"``
+        (data-aware low rank, fed the calibration tokens) or ``"prune"`` (keep the ``k`` hidden
+        units of largest ``‖V1[:, j]‖ · RMS(h_j)`` on the calibration tokens and refit the output
+        layer by least squares; ``rank`` is ``k``; see :func:`jaxbsd.baselines.prune_weights`).
+        The baselines need a recognised MLP.
       allocation: how ``reduction`` is shared. ``"uniform"``: every MLP keeps the same fraction
         of its parameters (the same rank for MLPs of one shape, as in the paper).
         ``"greedy"``: each MLP is compressed at a few candidate ranks (multiples of its uniform
@@ -734,8 +785,8 @@ def compress_model(
       restarts: solver restarts per MLP (``"bsd"``).
 
     Returns:
-      ``(model, report)``: the same model with the submodules replaced (``DecoupledMLP`` or
-      ``LowRankMLP``, both jittable and differentiable) and a :class:`CompressionReport`.
+      ``(model, report)``: the same model with the submodules replaced (``DecoupledMLP``,
+      ``LowRankMLP`` or ``PrunedMLP``, all jittable and differentiable) and a :class:`CompressionReport`.
 
     Raises:
       ValueError: naming the argument: a path that does not exist or is not a token-wise
@@ -796,7 +847,10 @@ def compress_model(
     else:
         rank_of = {p: int(r) for p, r in ranks.items()}
         for s in sites:
-            if method != "bsd" and rank_of[s.path] > min(s.m, s.hidden, s.n):
+            if method == "prune" and rank_of[s.path] > s.hidden:
+                raise ValueError(f"ranks[{s.path!r}] = {rank_of[s.path]} exceeds the {s.hidden} hidden units "
+                                 f"for method 'prune'")
+            elif method in ("svd", "drone") and rank_of[s.path] > min(s.m, s.hidden, s.n):
                 raise ValueError(f"ranks[{s.path!r}] = {rank_of[s.path]} exceeds min(m, H, n) = "
                                  f"{min(s.m, s.hidden, s.n)} for method {method!r}")
 
@@ -826,6 +880,7 @@ def compress_model(
             params_before=site.params, params_after=count_params(module), error_J=info.get("error_J"),
             error_F=info.get("error_F"), output_error=info["output_error"], jacobian=info["jacobian"],
             seconds=seconds, seconds_finetune=time.perf_counter() - start,
+            kept=tuple(info["kept"]) if "kept" in info else None, fit_tokens=info.get("fit_tokens"),
         ))
     params_after = count_params(model)
     report = CompressionReport(
@@ -842,5 +897,6 @@ def _same_site(a: Site, b: Site) -> bool:
     """Same module and the very same sampled and check tokens (so a cached build is exact)."""
     same = (a.module is b.module and a.X.shape == b.X.shape and a.check_X.shape == b.check_X.shape)
     # Fine-tuning may have changed the module's weights in place: compare outputs too.
-    return same and all(bool(jnp.array_equal(u, v)) for u, v in
-                        ((a.X, b.X), (a.F, b.F), (a.check_X, b.check_X), (a.check_Y, b.check_Y)))
+    return same and all((u is None and v is None) or (u is not None and v is not None and bool(jnp.array_equal(u, v)))
+                        for u, v in ((a.X, b.X), (a.F, b.F), (a.check_X, b.check_X), (a.check_Y, b.check_Y),
+                                     (a.fit_X, b.fit_X), (a.fit_Y, b.fit_Y)))

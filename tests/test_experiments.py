@@ -185,7 +185,7 @@ def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path
     import report
 
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    for name in ("comparison", "fb-bf", "vit-cifar10", "budget-study"):
+    for name in ("comparison", "fb-bf", "vit-cifar10", "budget-study", "training-free"):
         assert "No current result committed" in report.TABLES[name]()
 
 
@@ -267,7 +267,7 @@ def test_comparison_smoke_resumes_after_a_kill_and_respects_every_budget(tmp_pat
     assert again == kept  # the finished unit was not recomputed: identical record, wall time included
     plan = result["plan"]
     assert len(result["runs"]) == len(plan["budgets"]) * len(plan["methods"]) * plan["seeds"]
-    assert {u["method"] for u in result["runs"]} == {"bsd", "svd", "drone", "bsd-greedy"}
+    assert {u["method"] for u in result["runs"]} == {"bsd", "svd", "drone", "bsd-greedy", "prune"}
     P = result["params_original"]
     for u in result["runs"]:
         assert u["status"] == "ok"
@@ -277,7 +277,7 @@ def test_comparison_smoke_resumes_after_a_kill_and_respects_every_budget(tmp_pat
             assert s["num_samples"] == max(128, 2 * s["rank"])
     for rho in plan["budgets"]:
         verdicts = result["verdicts"][repr(rho)]
-        assert set(verdicts) == {"svd", "drone", "bsd-greedy"}
+        assert set(verdicts) == {"svd", "drone", "bsd-greedy", "prune"}
         for v in verdicts.values():
             assert v["verdict"] in ("holds", "does not hold", "within noise") and v["n"] == plan["seeds"]
     row = next(r for r in result["rows"] if r["method"] == "bsd")
@@ -295,6 +295,48 @@ def test_comparison_smoke_resumes_after_a_kill_and_respects_every_budget(tmp_pat
     with unittest.mock.patch.object(report, "RESULTS", tmp_path):
         text = report.TABLES["comparison"]()
     assert "B-spline (greedy)" in text and "No current result" in text  # DeiT there, ViT not
+
+
+@slow
+def test_training_free_quick_resumes_after_a_kill_and_records_every_run(tmp_path):
+    """The training-free study in its CI size: no fine-tuning (accuracy after the last replacement
+    is the accuracy recorded), the budget for every run, per-block output errors, verdicts
+    against B-spline, a plot, and a killed run resumes keeping its finished units."""
+    import report
+
+    out = tmp_path / "out"
+    unit = _kill_after([str(ROOT / "experiments" / "training_free.py"), "--quick", "--out", str(out)], out,
+                       "state/training_free_quick/protocol-*/*/unit.json", tmp_path)
+    kept = json.loads(unit.read_text())["record"]
+    resumed = _run("training_free.py", "--quick", "--out", str(out), tmp_path=tmp_path)
+    assert f"{unit.parent.name}: finished before, kept" in resumed.stderr
+    result = json.loads((out / "training_free_quick.json").read_text())
+    assert next(u for u in result["runs"] if u["state_dir"].endswith(unit.parent.name)) == kept
+    plan = result["plan"]
+    assert plan["epochs"] == 0 and len(result["runs"]) == len(plan["budgets"]) * len(plan["methods"]) * plan["seeds"]
+    P = result["params_original"]
+    for u in result["runs"]:
+        assert u["status"] == "ok" and u["params"] <= (1 - u["reduction"]) * P
+        assert set(u["output_errors"]) == {str(b) for b in result["blocks"]}
+        assert all(0 <= e < 10 for e in u["output_errors"].values())
+        for s in u["steps"]:
+            assert s["acc_ft"] == s["acc_cmtf"] and s["seconds_finetune"] < 1  # nothing was trained
+            assert s["output_error"] == u["output_errors"][str(s["block"])]
+        assert u["accuracy"] == pytest.approx(100 * u["steps"][-1]["acc_cmtf"])
+    prune = [u for u in result["runs"] if u["method"] == "prune"]
+    assert prune and all(len(s["kept"]) == s["rank"] for u in prune for s in u["steps"])
+    for rho in plan["budgets"]:
+        v = result["verdicts"][repr(rho)]["prune"]
+        assert v["n"] == plan["seeds"] and v["verdict"] in ("holds", "does not hold", "within noise")
+    assert result["provenance"]["command"].startswith("python experiments/training_free.py --quick")
+    assert _is_png(out / "training_free_quick.png") and (out / "training_free_quick.csv").is_file()
+    import shutil
+    import unittest.mock
+
+    shutil.copy(out / "training_free_quick.json", tmp_path / "training_free_deit_usps.json")
+    with unittest.mock.patch.object(report, "RESULTS", tmp_path):
+        text = report.TABLES["training-free"]()
+    assert "Pruning" in text and "(reference)" in text and "No current result" in text  # DeiT there, ViT not
 
 
 @slow
