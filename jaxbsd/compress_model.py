@@ -21,6 +21,7 @@ The pieces, each usable alone:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -213,14 +214,16 @@ class MLPSpec:
 
     With a spec the Jacobian is structured, ``J[s] = V1 diag(h'(V0 x + b0)) V0``, never
     materialized, and the low-rank baselines (``"svd"``, ``"drone"``) can factor the two
-    kernels. jaxbsd's own :class:`~jaxbsd.models.layers.MLP` is recognised without a spec.
+    kernels. jaxbsd's own :class:`~jaxbsd.models.layers.MLP` needs no spec, and for other
+    modules :func:`jaxbsd.specs.find_spec` usually finds one on the calibration tokens.
 
     The claim is checked on the calibration tokens: ``ValueError`` naming ``mlp_specs`` if
     ``fc2(h(fc1(x)))`` differs from the module's output.
 
     Attributes:
-      fc1: attribute name of the first ``nnx.Linear`` (kernel ``(m, H)``, bias ``(H,)`` or none).
-      fc2: attribute name of the second ``nnx.Linear`` (kernel ``(H, n)``).
+      fc1: attribute name (or dotted path, ``"layers.0"``) of the first ``nnx.Linear`` (kernel
+        ``(m, H)``, bias ``(H,)`` or none).
+      fc2: attribute name (or dotted path) of the second ``nnx.Linear`` (kernel ``(H, n)``).
       activation: a name in :data:`~jaxbsd.models.layers.ACTIVATIONS` (``"gelu"`` exact erf,
         ``"gelu_tanh"``, ``"relu"``, ``"silu"``, ``"tanh"``, ``"sigmoid"``) or an elementwise
         callable (its derivative comes from a JVP; a low-rank replacement then holds the
@@ -254,7 +257,10 @@ class MLPSpec:
         """``(K1 (m, H), b1 (H,) | None, K2 (H, n), b2 (n,) | None)`` of ``module``."""
         layers = []
         for name in (self.fc1, self.fc2):
-            layer = getattr(module, name, None)
+            try:  # an attribute name, or a dotted path one level down ("net.0", "proj.fc")
+                layer = functools.reduce(lambda node, part: _child(node, part, name), parse_path(name), module)
+            except ValueError:
+                layer = None
             if not isinstance(layer, nnx.Linear):
                 raise ValueError(f"mlp_specs: {path!r} has no nnx.Linear attribute {name!r} "
                                  f"(found {type(layer).__name__})")
@@ -300,6 +306,7 @@ class Site:
       X: ``(S, m)`` sampling points; F: ``(S, n)`` outputs there.
       check_X, check_Y: ``(N, m)``, ``(N, n)``: calibration tokens for the output error
         (and DRONE's inputs), at most 8192.
+      spec_status: how the spec was obtained (see :func:`jaxbsd.specs.choose_spec`).
     """
 
     path: str
@@ -313,6 +320,7 @@ class Site:
     F: jax.Array
     check_X: jax.Array
     check_Y: jax.Array
+    spec_status: str = "given"
 
     def params_at(self, method: str, rank: int, dof: int) -> int:
         """Parameters of this site's replacement at ``rank``."""
@@ -451,7 +459,8 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     else:
         if site.spec is None:
             raise ValueError(f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP; "
-                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec")
+                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec "
+                             f"({site.spec_status})")
         K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
         module = baselines.lowrank_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), method=method,
                                        X=site.check_X if method == "drone" else None)
@@ -571,6 +580,9 @@ class MLPReport:
       output_error: ``‖Y − Ŷ‖²/‖Y‖²`` on the calibration tokens (up to 8192), before fine-tuning.
       jacobian: ``"structured"`` or ``"dense"``.
       seconds: wall time of capture, Jacobian and solve; seconds_finetune: of ``finetune``.
+      spec: how the MLP was read: ``"given"`` (``mlp_specs``), ``"known: jaxbsd MLP (…)"``,
+        ``"found: <activation>: <first> -> <second> (…)"`` or ``"not found: <reason>"`` (then
+        the Jacobian is dense).
     """
 
     path: str
@@ -586,6 +598,7 @@ class MLPReport:
     jacobian: str
     seconds: float
     seconds_finetune: float
+    spec: str = "given"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -728,9 +741,12 @@ def compress_model(
       num_samples: ``S``, tokens sampled per MLP (default ``min(256, available)``).
       key: a ``jax.random`` key (token draws and solver restarts).
       mlp_specs: how to read user MLPs as ``fc2(h(fc1(x)))`` for structured Jacobians and the
-        baselines: one :class:`MLPSpec` for all paths, or ``{path: MLPSpec}``. jaxbsd's own
-        :class:`~jaxbsd.models.layers.MLP` needs none. Without a spec, ``"bsd"`` uses dense
-        Jacobians (``S·n·m`` floats).
+        baselines: one :class:`MLPSpec` for all paths, or ``{path: MLPSpec}``; it always wins.
+        jaxbsd's own :class:`~jaxbsd.models.layers.MLP` needs none, and for any other module
+        :func:`jaxbsd.specs.find_spec` looks for one (two ``nnx.Linear`` and a known activation
+        that reproduces the calibration outputs; ``report.mlps[i].spec`` says what it found).
+        Without a spec, ``"bsd"`` uses dense Jacobians (``S·n·m`` floats) and the baselines
+        raise ``ValueError`` with the reason.
       restarts: solver restarts per MLP (``"bsd"``).
 
     Returns:
@@ -763,8 +779,12 @@ def compress_model(
     def site_at(path, tokens):
         X_all, Y_all = tokens[path]
         module = get_submodule(model, path)
-        return make_site(path, module, spec_for(module, path, mlp_specs), X_all, Y_all, num_samples,
-                          jax.random.fold_in(site_keys[path], 0))
+        # The spec: given, jaxbsd's MLP, or found on these tokens (jaxbsd.specs imports this module).
+        from jaxbsd.specs import choose_spec
+
+        spec, status = choose_spec(module, path, mlp_specs, X_all, Y_all)
+        site = make_site(path, module, spec, X_all, Y_all, num_samples, jax.random.fold_in(site_keys[path], 0))
+        return dataclasses.replace(site, spec_status=status)
 
     params_before = count_params(model)
     tokens, first_calls = capture_calls(model, calibration, mlps)
@@ -772,8 +792,10 @@ def compress_model(
     if method != "bsd":
         for s in sites:
             if s.spec is None:
-                raise ValueError(f"mlp_specs: method {method!r} needs a two-nnx.Linear MLP; give an MLPSpec "
-                                 f"for {s.path!r} ({type(s.module).__name__})")
+                raise ValueError(
+                    f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP, and no spec "
+                    f"was found for {s.path!r} ({type(s.module).__name__}): {s.spec_status.removeprefix('not found: ')}. "
+                    f"If it is one, give it: mlp_specs={{{s.path!r}: jb.MLPSpec(fc1=..., fc2=..., activation=...)}}")
     cache: dict[tuple[str, int], tuple[Site, nnx.Module, dict]] = {}
     if reduction is not None:
         budget = math.floor((1 - reduction) * params_before) - (params_before - sum(s.params for s in sites))
@@ -825,7 +847,7 @@ def compress_model(
             path=path, method=method, rank=int(rank), in_features=site.m, out_features=site.n,
             params_before=site.params, params_after=count_params(module), error_J=info.get("error_J"),
             error_F=info.get("error_F"), output_error=info["output_error"], jacobian=info["jacobian"],
-            seconds=seconds, seconds_finetune=time.perf_counter() - start,
+            seconds=seconds, seconds_finetune=time.perf_counter() - start, spec=site.spec_status,
         ))
     params_after = count_params(model)
     report = CompressionReport(
