@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,10 +48,10 @@ __all__ = [
     "ACTIVATION_NAMES",
     "Detection",
     "GatedMLPSpec",
+    "choose_spec",
     "find_spec",
     "linear_children",
     "match_tolerance",
-    "choose_spec",
 ]
 
 #: The activations :func:`find_spec` tries, in the order it reports them.

@@ -226,7 +226,7 @@ def _readme_example():
     """The README's open-model example, as code (the classes, the calibration batch, the call)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Example: compress your own model", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
     assert "mlp_specs" not in code and 'method="bsd"' in code
     return code
 
