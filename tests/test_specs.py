@@ -197,6 +197,18 @@ def test_a_degenerate_module_is_ambiguous_not_guessed():
     assert det.spec is None and det.reason.startswith("ambiguous: gelu: w_in -> w_out, gelu_tanh: w_in -> w_out ")
 
 
+@pytest.mark.parametrize("dtype, expected", [(jnp.float32, None), (jnp.float64, "gelu")])
+def test_float64_tells_apart_what_float32_rounding_cannot(dtype, expected):
+    # Pre-activations of about 0.05: the two GELUs differ by ~2e-6 relative, below float32's
+    # tolerance (1e-5) but far above float64's (1e-8).
+    module = WInOut(6, 20, 5, USER_ACTS["gelu"], use_bias=False, rngs=nnx.Rngs(0))
+    nnx.update(module, jax.tree.map(lambda a: a.astype(dtype), nnx.state(module, nnx.Param)))
+    module.w_in.kernel[...] = 0.05 * module.w_in.kernel[...]
+    det = found(module, tokens(6, dtype=dtype))
+    assert det.tolerance == match_tolerance(dtype) and 1e-7 < det.errors["gelu_tanh: w_in -> w_out"] < 1e-5
+    assert (det.spec and det.spec.activation) == expected, det.reason
+
+
 def test_a_gated_mlp_is_recognised_but_not_yet_compressed():
     module = Gated(8, 16, rngs=nnx.Rngs(0))
     X = tokens(8)
