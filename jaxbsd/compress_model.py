@@ -22,6 +22,7 @@ The pieces, each usable alone:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -217,14 +218,16 @@ class MLPSpec:
 
     With a spec the Jacobian is structured, ``J[s] = V1 diag(h'(V0 x + b0)) V0``, never
     materialized, and the low-rank baselines (``"svd"``, ``"drone"``) can factor the two
-    kernels. jaxbsd's own :class:`~jaxbsd.models.layers.MLP` is recognised without a spec.
+    kernels. jaxbsd's own :class:`~jaxbsd.models.layers.MLP` needs no spec, and for other
+    modules :func:`jaxbsd.specs.find_spec` usually finds one on the calibration tokens.
 
     The claim is checked on the calibration tokens: ``ValueError`` naming ``mlp_specs`` if
     ``fc2(h(fc1(x)))`` differs from the module's output.
 
     Attributes:
-      fc1: attribute name of the first ``nnx.Linear`` (kernel ``(m, H)``, bias ``(H,)`` or none).
-      fc2: attribute name of the second ``nnx.Linear`` (kernel ``(H, n)``).
+      fc1: attribute name (or dotted path, ``"layers.0"``) of the first ``nnx.Linear`` (kernel
+        ``(m, H)``, bias ``(H,)`` or none).
+      fc2: attribute name (or dotted path) of the second ``nnx.Linear`` (kernel ``(H, n)``).
       activation: a name in :data:`~jaxbsd.models.layers.ACTIVATIONS` (``"gelu"`` exact erf,
         ``"gelu_tanh"``, ``"relu"``, ``"silu"``, ``"tanh"``, ``"sigmoid"``) or an elementwise
         callable (its derivative comes from a JVP; a low-rank replacement then holds the
@@ -258,7 +261,10 @@ class MLPSpec:
         """``(K1 (m, H), b1 (H,) | None, K2 (H, n), b2 (n,) | None)`` of ``module``."""
         layers = []
         for name in (self.fc1, self.fc2):
-            layer = getattr(module, name, None)
+            try:  # an attribute name, or a dotted path one level down ("net.0", "proj.fc")
+                layer = functools.reduce(lambda node, part: _child(node, part, name), parse_path(name), module)
+            except ValueError:
+                layer = None
             if not isinstance(layer, nnx.Linear):
                 raise ValueError(f"mlp_specs: {path!r} has no nnx.Linear attribute {name!r} "
                                  f"(found {type(layer).__name__})")
@@ -307,6 +313,7 @@ class Site:
       fit_X, fit_Y: ``(M, m)``, ``(M, n)``: up to 8192 other calibration tokens, none of them
         among the check tokens (``M`` may be 0): pruning fits on them when there are enough, so
         its output error is measured on held-out tokens. None when not drawn.
+      spec_status: how the spec was obtained (see :func:`jaxbsd.specs.choose_spec`).
     """
 
     path: str
@@ -322,6 +329,7 @@ class Site:
     check_Y: jax.Array
     fit_X: jax.Array | None = None
     fit_Y: jax.Array | None = None
+    spec_status: str = "given"
 
     def params_at(self, method: str, rank: int, dof: int) -> int:
         """Parameters of this site's replacement at ``rank`` (for ``"prune"``: kept units)."""
@@ -482,7 +490,8 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     else:
         if site.spec is None:
             raise ValueError(f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP; "
-                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec")
+                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec "
+                             f"({site.spec_status})")
         K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
         if method == "prune":
             held_out = site.fit_X is not None and site.fit_X.shape[0] >= _PRUNE_TOKENS_PER_COEF * (int(rank) + 1)
@@ -616,6 +625,9 @@ class MLPReport:
       fit_tokens: for ``"prune"``, ``"held-out"`` (refitted on calibration tokens outside the
         check set: ``output_error`` is held out) or ``"check"`` (too few of those: refitted on
         the check tokens, ``output_error`` in-sample); else None.
+      spec: how the MLP was read: ``"given"`` (``mlp_specs``), ``"known: jaxbsd MLP (…)"``,
+        ``"found: <activation>: <first> -> <second> (…)"`` or ``"not found: <reason>"`` (then
+        the Jacobian is dense).
     """
 
     path: str
@@ -633,6 +645,7 @@ class MLPReport:
     seconds_finetune: float
     kept: tuple[int, ...] | None = None
     fit_tokens: str | None = None
+    spec: str = "given"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -779,9 +792,12 @@ def compress_model(
       num_samples: ``S``, tokens sampled per MLP (default ``min(256, available)``).
       key: a ``jax.random`` key (token draws and solver restarts).
       mlp_specs: how to read user MLPs as ``fc2(h(fc1(x)))`` for structured Jacobians and the
-        baselines: one :class:`MLPSpec` for all paths, or ``{path: MLPSpec}``. jaxbsd's own
-        :class:`~jaxbsd.models.layers.MLP` needs none. Without a spec, ``"bsd"`` uses dense
-        Jacobians (``S·n·m`` floats).
+        baselines: one :class:`MLPSpec` for all paths, or ``{path: MLPSpec}``; it always wins.
+        jaxbsd's own :class:`~jaxbsd.models.layers.MLP` needs none, and for any other module
+        :func:`jaxbsd.specs.find_spec` looks for one (two ``nnx.Linear`` and a known activation
+        that reproduces the calibration outputs; ``report.mlps[i].spec`` says what it found).
+        Without a spec, ``"bsd"`` uses dense Jacobians (``S·n·m`` floats) and the baselines
+        raise ``ValueError`` with the reason.
       restarts: solver restarts per MLP (``"bsd"``).
 
     Returns:
@@ -814,8 +830,12 @@ def compress_model(
     def site_at(path, tokens):
         X_all, Y_all = tokens[path]
         module = get_submodule(model, path)
-        return make_site(path, module, spec_for(module, path, mlp_specs), X_all, Y_all, num_samples,
-                          jax.random.fold_in(site_keys[path], 0))
+        # The spec: given, jaxbsd's MLP, or found on these tokens (jaxbsd.specs imports this module).
+        from jaxbsd.specs import choose_spec
+
+        spec, status = choose_spec(module, path, mlp_specs, X_all, Y_all)
+        site = make_site(path, module, spec, X_all, Y_all, num_samples, jax.random.fold_in(site_keys[path], 0))
+        return dataclasses.replace(site, spec_status=status)
 
     params_before = count_params(model)
     tokens, first_calls = capture_calls(model, calibration, mlps)
@@ -823,8 +843,10 @@ def compress_model(
     if method != "bsd":
         for s in sites:
             if s.spec is None:
-                raise ValueError(f"mlp_specs: method {method!r} needs a two-nnx.Linear MLP; give an MLPSpec "
-                                 f"for {s.path!r} ({type(s.module).__name__})")
+                raise ValueError(
+                    f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP, and no spec "
+                    f"was found for {s.path!r} ({type(s.module).__name__}): {s.spec_status.removeprefix('not found: ')}. "
+                    f"If it is one, give it: mlp_specs={{{s.path!r}: jb.MLPSpec(fc1=..., fc2=..., activation=...)}}")
     cache: dict[tuple[str, int], tuple[Site, nnx.Module, dict]] = {}
     if reduction is not None:
         budget = math.floor((1 - reduction) * params_before) - (params_before - sum(s.params for s in sites))
@@ -880,7 +902,7 @@ def compress_model(
             params_before=site.params, params_after=count_params(module), error_J=info.get("error_J"),
             error_F=info.get("error_F"), output_error=info["output_error"], jacobian=info["jacobian"],
             seconds=seconds, seconds_finetune=time.perf_counter() - start,
-            kept=tuple(info["kept"]) if "kept" in info else None, fit_tokens=info.get("fit_tokens"),
+            kept=tuple(info["kept"]) if "kept" in info else None, fit_tokens=info.get("fit_tokens"), spec=site.spec_status,
         ))
     params_after = count_params(model)
     report = CompressionReport(

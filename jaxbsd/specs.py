@@ -1,0 +1,280 @@
+"""Find how to read a user's MLP module, so nobody has to write an :class:`~jaxbsd.MLPSpec`.
+
+:func:`find_spec` looks at a module and at what it computed on the calibration tokens and
+answers with a :class:`Detection`: an :class:`~jaxbsd.MLPSpec` (the object users write by hand,
+so structured Jacobians and the ``"svd"``/``"drone"`` baselines just work), or ``None`` with the
+reason. It recognises
+
+* **two-layer MLPs** ``second(h(first(x)))``: exactly two ``nnx.Linear`` submodules, at any
+  attribute names (in an ``nnx.List``/``nnx.Dict`` or a child module too), and no other
+  parameters. Which Linear comes first follows from the shapes: ``first`` takes the module's
+  input width ``m``, ``second`` gives its output width ``n``, and ``first.out_features ==
+  second.in_features = H``; when both orders fit (``m = n = H``) both are tried.
+* **gated MLPs** ``down(h(gate(x)) ⊙ up(x))`` (three ``nnx.Linear``, as in LLaMA): recognised as
+  a :class:`GatedMLPSpec`, which nothing compresses yet.
+
+The activation ``h`` is identified by recomputing the module's output from its own Linears
+for each known activation (:data:`ACTIVATION_NAMES`: exact and tanh GELU, ReLU, SiLU, tanh,
+sigmoid) and comparing with the output the module really produced.
+
+**The matching rule.** A candidate (order of the Linears, activation) matches when the relative
+error ``‖Ŷ − Y‖_F / ‖Y‖_F`` on the tokens is at most :func:`match_tolerance`:
+``max(base, 16·ε_mm)`` with ``base = 1e-8`` if the outputs are float64 and ``max(1e-5, 8·eps)``
+for narrower dtypes (``1e-5`` in float32), and ``ε_mm`` the relative rounding the platform's
+matrix products show on these tokens (the first Linear against a float64 reference; on CPU
+about 1e-7, larger where float32 products run in TF32). Exactly one match gives a spec; none,
+or several (e.g. a degenerate module whose output does not depend on the activation, or
+pre-activations so small that GELU's two forms agree to rounding) give ``None`` and say so.
+Candidates are screened on at most 256 tokens and confirmed on at most 4096, spread evenly
+over the calibration tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxbsd.compress_model import MLPSpec, spec_for
+from jaxbsd.models.layers import ACTIVATIONS
+
+__all__ = [
+    "ACTIVATION_NAMES",
+    "Detection",
+    "GatedMLPSpec",
+    "choose_spec",
+    "find_spec",
+    "linear_children",
+    "match_tolerance",
+]
+
+#: The activations :func:`find_spec` tries, in the order it reports them.
+ACTIVATION_NAMES = ("gelu", "gelu_tanh", "relu", "silu", "tanh", "sigmoid")
+_SCREEN_TOKENS = 256
+_CONFIRM_TOKENS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedMLPSpec:
+    """Declares that a module computes ``down(h(gate(x)) ⊙ up(x))`` with three ``nnx.Linear``.
+
+    Recognised by :func:`find_spec`; nothing compresses gated MLPs yet.
+
+    Attributes:
+      gate, up: dotted paths of the two input Linears (kernels ``(m, H)``).
+      down: dotted path of the output Linear (kernel ``(H, n)``).
+      activation: a name in :data:`ACTIVATION_NAMES`, applied to the gate.
+    """
+
+    gate: str
+    up: str
+    down: str
+    activation: str
+
+    def apply(self, module: nnx.Module, X: jax.Array) -> jax.Array:
+        """``down(h(gate(X)) ⊙ up(X))`` through the module's own Linears: ``(S, m) -> (S, n)``."""
+        gate, up, down = (_at(module, p) for p in (self.gate, self.up, self.down))
+        return down(ACTIVATIONS[self.activation](gate(X)) * up(X))
+
+
+@dataclasses.dataclass(frozen=True)
+class Detection:
+    """What :func:`find_spec` concluded about one module.
+
+    Attributes:
+      spec: an :class:`~jaxbsd.MLPSpec` or :class:`GatedMLPSpec`, or None.
+      reason: one line: what was found, or why nothing was.
+      errors: relative output error of every candidate tried, keyed like
+        ``"gelu_tanh: up -> down"`` (empty when the structure did not fit).
+      tolerance: the match tolerance used (None when no candidate was tried).
+    """
+
+    spec: MLPSpec | GatedMLPSpec | None
+    reason: str
+    errors: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    tolerance: float | None = None
+
+    def __str__(self) -> str:
+        return ("found: " if self.spec is not None else "not found: ") + self.reason
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _at(module: nnx.Module, dotted: str):
+    node = module
+    for part in dotted.split("."):
+        node = node[int(part)] if part.lstrip("-").isdigit() else (
+            node[part] if isinstance(node, Mapping) else getattr(node, part))
+    return node
+
+
+def linear_children(module: nnx.Module) -> list[tuple[str, nnx.Linear]]:
+    """Every ``nnx.Linear`` inside ``module`` (not itself), with its dotted path, once each
+    (a Linear reachable under two names counts once), in graph order."""
+    return [(_dotted(p), m) for p, m in nnx.iter_modules(module) if p and isinstance(m, nnx.Linear)]
+
+
+def _foreign_params(module: nnx.Module, linears: list[tuple[str, nnx.Linear]]) -> list[str]:
+    """``"Type at 'path'"`` for each submodule (or the module) holding an ``nnx.Param`` of its
+    own that is not one of ``linears``: such a module computes more than the Linears do."""
+    inside = {id(m) for _, m in linears}
+    out = []
+    for p, m in nnx.iter_modules(module):
+        if id(m) in inside:
+            continue
+        if any(isinstance(v, nnx.Param) for v in vars(m).values()):
+            out.append(f"{type(m).__name__} at {_dotted(p)!r}" if p else f"{type(m).__name__} itself")
+    return out
+
+
+def match_tolerance(dtype: Any, matmul_rounding: float = 0.0) -> float:
+    """The largest relative output error that still counts as a match (see the module docs)."""
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"dtype: expected a floating dtype, got {dtype}")
+    base = 1e-8 if dtype == jnp.float64 else max(1e-5, 8 * float(jnp.finfo(dtype).eps))
+    return max(base, 16 * float(matmul_rounding))
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+
+
+def _matmul_rounding(linear: nnx.Linear, X: jax.Array) -> float:
+    """Relative difference between the Linear as the platform computes it and a float64 product."""
+    K = np.asarray(linear.kernel[...], np.float64)
+    ref = np.asarray(X, np.float64) @ K
+    if linear.bias is not None:
+        ref = ref + np.asarray(linear.bias[...], np.float64)[None, :]
+    return _rel(linear(X), ref)
+
+
+def _spread(n: int, k: int) -> np.ndarray:
+    """``min(n, k)`` indices spread evenly over ``range(n)``."""
+    return np.unique(np.linspace(0, n - 1, min(n, k)).round().astype(int))
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def find_spec(module: nnx.Module, X: jax.Array, Y: jax.Array) -> Detection:
+    """Recognise ``module`` as a two-layer (or gated) MLP from its Linears and its outputs.
+
+    Args:
+      module: the submodule (any class).
+      X: ``(N, m)`` calibration inputs of the module; Y: ``(N, n)`` what it returned on them.
+
+    Returns:
+      A :class:`Detection`: ``spec`` an :class:`~jaxbsd.MLPSpec` (two Linears) or a
+      :class:`GatedMLPSpec` (three) when exactly one reading reproduces ``Y`` to
+      :func:`match_tolerance`; else ``spec=None`` and ``reason`` says why.
+
+    Raises:
+      ValueError: naming ``X``/``Y`` if they are not ``(N, m)``/``(N, n)`` float arrays with
+        the same ``N >= 1``.
+    """
+    X, Y = jnp.asarray(X), jnp.asarray(Y)
+    if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0] or X.shape[0] < 1:
+        raise ValueError(f"X, Y: expected (N, m) inputs and (N, n) outputs, got {X.shape} and {Y.shape}")
+    if not (jnp.issubdtype(X.dtype, jnp.floating) and jnp.issubdtype(Y.dtype, jnp.floating)):
+        raise ValueError(f"X, Y: expected floating arrays, got {X.dtype} and {Y.dtype}")
+    m, n = X.shape[1], Y.shape[1]
+    linears = linear_children(module)
+    if len(linears) not in (2, 3):
+        return Detection(None, f"{type(module).__name__} has {len(linears)} nnx.Linear submodules; a two-layer "
+                               "MLP has 2 (a gated one 3)")
+    foreign = _foreign_params(module, linears)
+    if foreign:
+        return Detection(None, f"{type(module).__name__} holds parameters outside its nnx.Linear layers "
+                               f"({', '.join(foreign)}), so it is more than an MLP")
+    shapes = ", ".join(f"{p} ({lin.in_features} -> {lin.out_features})" for p, lin in linears)
+    if len(linears) == 2:
+        orders = [(a, b) for a, b in itertools.permutations(linears, 2)
+                  if a[1].in_features == m and b[1].out_features == n and a[1].out_features == b[1].in_features]
+        kind = "second(h(first(x)))"
+    else:
+        # down takes the hidden width and gives n; gate and up both map m -> H, in either role.
+        orders = [(g, u, d) for g, u, d in itertools.permutations(linears, 3)
+                  if g[1].in_features == u[1].in_features == m and d[1].out_features == n
+                  and g[1].out_features == u[1].out_features == d[1].in_features]
+        kind = "down(h(gate(x)) * up(x))"
+    if not orders:
+        return Detection(None, f"the shapes of {shapes} do not chain {m} -> H -> {n} as {kind}")
+
+    rows = jnp.asarray(_spread(X.shape[0], _CONFIRM_TOKENS))
+    Xc, Yc = X[rows], Y[rows]
+    screen = np.asarray(_spread(Xc.shape[0], _SCREEN_TOKENS))
+    rounding = _matmul_rounding(orders[0][0][1], Xc[screen])
+    narrow = [Y.dtype] + [lin.dtype for _, lin in linears if lin.dtype is not None]
+    tol = match_tolerance(min(narrow, key=lambda d: jnp.finfo(d).bits), rounding)
+
+    def evaluate(order, act, Xs):
+        if len(order) == 2:
+            (_, first), (_, second) = order
+            return second(ACTIVATIONS[act](first(Xs)))
+        (_, gate), (_, up), (_, down) = order
+        return down(ACTIVATIONS[act](gate(Xs)) * up(Xs))
+
+    def label(order, act):
+        return f"{act}: " + " -> ".join(p for p, _ in order)
+
+    errors: dict[str, float] = {}
+    matches = []
+    for order in orders:
+        for act in ACTIVATION_NAMES:
+            err = _rel(evaluate(order, act, Xc[screen]), Yc[screen])
+            if err <= tol and screen.shape[0] < Xc.shape[0]:
+                err = _rel(evaluate(order, act, Xc), Yc)  # confirm on more tokens
+            errors[label(order, act)] = err
+            if err <= tol:
+                matches.append((order, act))
+    if not matches:
+        best = min(errors, key=errors.get)
+        return Detection(None, f"no known activation reproduces the output of {type(module).__name__} as "
+                               f"{kind} (closest: {best}, relative error {errors[best]:.1e} > {tol:.0e})",
+                         errors, tol)
+    if len(matches) > 1:
+        names = ", ".join(label(o, a) for o, a in matches)
+        return Detection(None, f"ambiguous: {names} all reproduce the output of {type(module).__name__} to "
+                               f"{tol:.0e} on these tokens", errors, tol)
+    order, act = matches[0]
+    if len(order) == 2:
+        spec = MLPSpec(fc1=order[0][0], fc2=order[1][0], activation=act)
+    else:
+        spec = GatedMLPSpec(gate=order[0][0], up=order[1][0], down=order[2][0], activation=act)
+    return Detection(spec, f"{label(order, act)} (relative error {errors[label(order, act)]:.0e})", errors, tol)
+
+
+def choose_spec(module: nnx.Module, path: str, mlp_specs, X: jax.Array, Y: jax.Array) -> tuple[MLPSpec | None, str]:
+    """The spec :func:`jaxbsd.compress_model` uses at ``path``, and how it was obtained.
+
+    An explicit spec (``mlp_specs``) wins; jaxbsd's own MLP is known; otherwise
+    :func:`find_spec` on the calibration tokens ``X (N, m)``, ``Y (N, n)``. A gated MLP is
+    recognised but not yet compressed with a spec, so it counts as not found.
+
+    Returns:
+      ``(spec or None, status)``, status one of ``"given"``, ``"known: jaxbsd MLP"``,
+      ``"found: <activation>: <first> -> <second> (...)"``, ``"not found: <reason>"``.
+    """
+    spec = spec_for(module, path, mlp_specs)
+    if spec is not None:
+        given = isinstance(mlp_specs, MLPSpec) or bool(mlp_specs and path in mlp_specs)
+        return spec, "given" if given else f"known: jaxbsd MLP ({spec.activation})"
+    found = find_spec(module, X, Y)
+    if isinstance(found.spec, GatedMLPSpec):
+        return None, f"not found: gated MLP recognised ({found.reason}), but only two-layer MLPs take a spec yet"
+    return found.spec, str(found)
