@@ -50,6 +50,7 @@ __all__ = [
     "RestartResult",
     "DecouplingResult",
     "init_state",
+    "warm_state",
     "sweep",
     "begin",
     "advance",
@@ -599,11 +600,41 @@ class Iteration(NamedTuple):
         return self.status < 0
 
 
-def begin(key: jax.Array, problem: Problem, config: CMTFConfig) -> Iteration:
-    """Loop state before the first sweep (the initial state is the fallback best iterate)."""
+def warm_state(problem: Problem, config: CMTFConfig, model: Decoupled) -> SolverState:
+    """The solver state of a given decoupled model, to start a restart from it (a warm start).
+
+    ``W0``, ``W1``, ``coef`` and ``knots`` are the model's; ``G`` and ``R`` are its internal
+    functions' derivatives and values at the samples, ``G[s, i] = g_i'(u_i⁽ˢ⁾)`` and
+    ``R[s, i] = g_i(u_i⁽ˢ⁾)`` with ``u = X W0ᵀ``, so the state's zeroth- and first-order
+    factors describe exactly the model given (before any sweep refits the knots).
+
+    Args:
+      problem: the :class:`Problem` to be solved.
+      config: its :class:`CMTFConfig`; ``model.basis`` must be ``config.basis`` and
+        ``model.rank`` must be ``config.rank`` (:func:`jaxbsd.decouple` checks both).
+      model: a :class:`~jaxbsd.Decoupled` with ``W0 (r, m)``, ``W1 (n, r)``, ``coef (r, ν)``,
+        ``knots (r, K)``.
+
+    Returns:
+      A :class:`SolverState` in the problem's dtype.
+    """
+    dtype = problem.F.dtype
+    W0, W1, coef, knots = (jnp.asarray(a, dtype) for a in (model.W0, model.W1, model.coef, model.knots))
+    U = W0 @ problem.X.T  # (r, S)
+    B, dB = jax.vmap(config.basis.design)(U, knots)  # (r, S, ν) each
+    G = jnp.einsum("rsi,ri->sr", dB, coef)
+    R = jnp.einsum("rsi,ri->sr", B, coef)
+    return SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
+
+
+def begin(key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverState | None = None) -> Iteration:
+    """Loop state before the first sweep (the initial state is the fallback best iterate).
+
+    ``init``: start from this state (:func:`warm_state`) instead of the random one of ``key``.
+    """
     config = config.cast(problem.F.dtype)
     norms = _norms(problem, config.lam)
-    state0 = init_state(key, problem, config)
+    state0 = init_state(key, problem, config) if init is None else init
     inf = jnp.asarray(jnp.inf, problem.F.dtype)
     errs0 = _errors(state0, problem, config.lam)
     return Iteration(
@@ -687,7 +718,10 @@ def _dead_ranks(state: SolverState, eps: jax.Array) -> jax.Array:
 SweepHook = Callable[[Iteration], None]
 
 
-def solve(key: jax.Array, problem: Problem, config: CMTFConfig, *, on_sweep: SweepHook | None = None) -> RestartResult:
+def solve(
+    key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverState | None = None,
+    on_sweep: SweepHook | None = None,
+) -> RestartResult:
     """One restart of R-CMTF-BSD as a bounded ``lax.while_loop`` (jittable, vmappable over
     the key, the problem's arrays or the config's numbers).
 
@@ -698,6 +732,8 @@ def solve(key: jax.Array, problem: Problem, config: CMTFConfig, *, on_sweep: Swe
       key: a ``jax.random`` key.
       problem: a :class:`Problem` (:func:`jaxbsd.problem` builds a validated one).
       config: a :class:`CMTFConfig`.
+      init: start from this state (a warm start, :func:`warm_state`) instead of a random one;
+        ``key`` is then unused.
       on_sweep: optional hook called inside the loop after each sweep with the traced
         :class:`Iteration` (for monitoring with ``jax.experimental.io_callback``); it must not
         be batched by an enclosing ``vmap`` if it branches on the iteration count.
@@ -712,7 +748,7 @@ def solve(key: jax.Array, problem: Problem, config: CMTFConfig, *, on_sweep: Swe
             on_sweep(loop)
         return loop
 
-    loop = jax.lax.while_loop(lambda l: l.running, body, begin(key, problem, config))
+    loop = jax.lax.while_loop(lambda l: l.running, body, begin(key, problem, config, init=init))
     return finish(loop, problem, config)
 
 

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbsd import cmtf
 from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Problem
+from jaxbsd.decoupled import Decoupled
 from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
 
 __all__ = ["problem", "decouple", "configure_cpu_threads", "ProgressCallback"]
@@ -244,22 +245,37 @@ def _hook(channel: jax.Array, every: jax.Array, restart: jax.Array, count: jax.A
     )
 
 
-def _run_map(keys, problem, config, channel, every) -> cmtf.RestartResult:
-    """Restarts one after the other (``lax.map``); each restart's loop reports itself."""
+def _stack_warm(runs: Any, warm: Any) -> Any:
+    """``runs`` (leading restart axis) with ``warm`` (one restart) appended as the last one."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]]), runs, warm)
+
+
+def _run_map(keys, problem, config, channel, every, warm=None) -> cmtf.RestartResult:
+    """Restarts one after the other (``lax.map``); each restart's loop reports itself. A warm
+    start (``warm``, a :class:`~jaxbsd.cmtf.SolverState`) runs after the random restarts."""
 
     def one(args):
         index, key = args
         return cmtf.solve(key, problem, config, on_sweep=lambda loop: _hook(channel, every, index, loop.it, loop))
 
-    return jax.lax.map(one, (jnp.arange(keys.shape[0]), keys))
+    runs = jax.lax.map(one, (jnp.arange(keys.shape[0]), keys))
+    if warm is None:
+        return runs
+    index = jnp.asarray(keys.shape[0])
+    warm_run = cmtf.solve(keys[0], problem, config, init=warm,
+                          on_sweep=lambda loop: _hook(channel, every, index, loop.it, loop))
+    return _stack_warm(runs, warm_run)
 
 
-def _run_vmap(keys, problem, config, channel, every) -> cmtf.RestartResult:
+def _run_vmap(keys, problem, config, channel, every, warm=None) -> cmtf.RestartResult:
     """All restarts in one loop with a shared sweep counter: each sweep is one batched step
     of every running restart (stopped ones are held), as ``vmap`` of the while loop would do,
-    and the progress report sees all restarts at once."""
+    and the progress report sees all restarts at once. A warm start (``warm``) is the last
+    restart of the batch."""
     over = lambda fn: jax.vmap(fn, in_axes=(0, None, None))  # noqa: E731
     loops = over(cmtf.begin)(keys, problem, config)
+    if warm is not None:
+        loops = _stack_warm(loops, cmtf.begin(keys[0], problem, config, init=warm))
 
     def hold(running, new, old):
         mask = running.reshape(running.shape + (1,) * (new.ndim - 1))
@@ -269,16 +285,17 @@ def _run_vmap(keys, problem, config, channel, every) -> cmtf.RestartResult:
         count, loops = carry
         stepped = over(cmtf.advance)(loops, problem, config)
         loops = jax.tree_util.tree_map(lambda new, old: hold(loops.running, new, old), stepped, loops)
-        _hook(channel, every, jnp.arange(keys.shape[0]), count + 1, loops)
+        _hook(channel, every, jnp.arange(loops.it.shape[0]), count + 1, loops)
         return count + 1, loops
 
     _, loops = jax.lax.while_loop(lambda c: jnp.any(c[1].running), body, (jnp.asarray(0), loops))
     return over(cmtf.finish)(loops, problem, config)
 
 
-def _decouple_compiled(keys, problem, config, channel, every, batch: str) -> DecouplingResult:
+def _decouple_compiled(keys, problem, config, channel, every, init=None, *, batch: str) -> DecouplingResult:
     run = _run_vmap if batch == "vmap" else _run_map
-    return cmtf.select_best(run(keys, problem, config, channel, every), config)
+    warm = None if init is None else cmtf.warm_state(problem, config, init)
+    return cmtf.select_best(run(keys, problem, config, channel, every, warm), config)
 
 
 #: The whole solve, progress meter included, as one compiled function.
@@ -312,6 +329,26 @@ def _reporter(progress: bool | ProgressCallback, restarts: int, config: CMTFConf
     return report, close
 
 
+def _check_init(init: Any, prob: Problem, config: CMTFConfig) -> Decoupled:
+    """``decouple(init=...)`` validated: a finite :class:`~jaxbsd.Decoupled` of the config's
+    basis and rank and the problem's sizes, in the problem's dtype."""
+    if not isinstance(init, Decoupled):
+        raise ValueError(f"init must be a jaxbsd.Decoupled (or None), got {type(init).__name__}")
+    if init.basis != config.basis:
+        raise ValueError(f"init: its basis {init.basis} is not config.basis {config.basis}")
+    S, n, m = prob.jac.shape
+    r, nu, K = config.rank, config.basis.num_coef, config.basis.num_knots
+    expected = {"W0": (r, m), "W1": (n, r), "coef": (r, nu), "knots": (r, K)}
+    for name, shape in expected.items():
+        value = getattr(init, name)
+        if tuple(np.shape(value)) != shape:
+            raise ValueError(f"init.{name} must have shape {shape} (rank {r}, m = {m}, n = {n}), got {np.shape(value)}")
+        if not bool(jnp.all(jnp.isfinite(jnp.asarray(value)))):
+            raise ValueError(f"init.{name} contains non-finite values")
+    dtype = prob.F.dtype
+    return jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), init)
+
+
 def decouple(
     J: Any,
     F: Any,
@@ -324,6 +361,7 @@ def decouple(
     progress_every: int | None = None,
     shard: str | None = "auto",
     batch: str | None = None,
+    init: Decoupled | None = None,
 ) -> DecouplingResult:
     """Decouple ``f(x) ≈ W1 g(W0 x)`` from Jacobians and outputs at sampling points.
 
@@ -346,6 +384,10 @@ def decouple(
         (see :func:`_place`); nothing changes on a single device.
       batch: how restarts share a device: ``"vmap"`` (batched; the default), or ``"map"``
         (one after the other; same results to rounding).
+      init: a :class:`~jaxbsd.Decoupled` to start one more restart from (a warm start, e.g.
+        a pruned MLP written as a decoupling), run alongside the ``restarts`` random ones as
+        the last restart (index ``restarts``); the best of all is kept. Its basis and rank
+        must be the config's. The random restarts are the same with or without it.
 
     Returns:
       A :class:`~jaxbsd.DecouplingResult`; ``result.model`` is the best restart's model.
@@ -370,17 +412,20 @@ def decouple(
         raise ValueError(
             f"X: the number of samples S = {prob.X.shape[0]} must be >= the basis dof {config.basis.num_coef}"
         )
+    if init is not None:
+        init = _check_init(init, prob, config)
     batch = _restart_batching(batch, restarts)
     keys, prob = _place(jax.random.split(key, restarts), prob, shard)
     every = (progress_every or max(1, config.max_iter // 20)) if progress else 0
     if not progress:
-        return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), batch=batch)
-    report, close = _reporter(progress, restarts, config, batch)
+        return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, batch=batch)
+    report, close = _reporter(progress, restarts + (init is not None), config, batch)
     with _REPORTERS_LOCK:
         channel = next(_CHANNELS)
         _REPORTERS[channel] = report
     try:
-        return jax.block_until_ready(_decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), batch=batch))
+        return jax.block_until_ready(
+            _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, batch=batch))
     finally:
         with _REPORTERS_LOCK:
             del _REPORTERS[channel]
