@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jaxbsd as jb
+from jaxbsd import cmtf
 
 
 def planted_problem(key, m=4, n=3, S=120):
