@@ -18,7 +18,10 @@ the order of the compared functions alternating between repeats):
 (f) ``jaxbsd.decouple`` per sweep, 1 and 16 restarts, against this machine's matmul bound
     (``4·S·n·m·r`` FLOP at the float32 GEMM rate measured in the same run), with a profile;
 (g) batching and compilation at the paper size: 16 seeds and a 3 λ × 16 seeds grid in one
-    program against one restart, one sweep's time, compile times (targets on accelerators).
+    program against one restart, one sweep's time, compile times (targets on accelerators);
+(h) one sweep through the gated-MLP operator (``jaxbsd.GatedJacobian``) vs the dense one,
+    d = 256/512/1024, hidden 3d (and 2048/4096 on an accelerator): time and memory
+    (:mod:`benchmarks.gated`).
 
 Runs in the default environment: no thread variables (``import jaxbsd`` configures the BLAS
 behind jaxlib's LAPACK kernels itself).
@@ -972,7 +975,14 @@ def _jsonable(x):
     return x
 
 
-def plan(mode: str, only: str = "abcdefg") -> list[tuple[str, Callable[[], list[Row]]]]:
+def _gated():
+    """:func:`benchmarks.gated.bench_gated` (imported late: that module imports this one)."""
+    from benchmarks.gated import bench_gated
+
+    return bench_gated
+
+
+def plan(mode: str, only: str = "abcdefgh") -> list[tuple[str, Callable[[], list[Row]]]]:
     """The benchmark calls of one run: ``mode`` is ``full``, ``quick`` (fewer repeats and
     sweeps, no dense m = 768, headline extrapolated from 5 sweeps) or ``smoke`` (tiny sizes)."""
     steps: list[tuple[str, Callable[[], list[Row]]]] = []
@@ -992,6 +1002,7 @@ def plan(mode: str, only: str = "abcdefg") -> list[tuple[str, Callable[[], list[
             "e": [lambda: bench_tensorly(S=8, n=6, m=5, r=2, iters=2, repeats=1)],
             "f": [lambda: bench_matmul_bound(S=16, n=3, m=3, r=2, restarts=2, sweeps=3, repeats=1, gemm=64)],
             "g": [lambda: bench_batching(S=16, n=3, m=3, r=2, restarts=2, lams=(0.1, 1.0), sweeps=3, repeats=1)],
+            "h": [lambda: _gated()(ds=(6,), S=16, r=2, repeats=1)],
         }
     else:
         quick = mode == "quick"
@@ -1007,8 +1018,10 @@ def plan(mode: str, only: str = "abcdefg") -> list[tuple[str, Callable[[], list[
             "e": [lambda: bench_tensorly(repeats=5 if quick else 11)],
             "f": [lambda: bench_matmul_bound(repeats=3 if quick else 7)],
             "g": [lambda: bench_batching(repeats=3 if quick else 7)],
+            # gated (SwiGLU) operator vs dense; d = 2048 and 4096 only where an accelerator holds them
+            "h": [lambda: _gated()(ds=(256, 512) if quick else (256, 512, 1024) + ((2048, 4096) if _on_accelerator() else ()))],
         }
-    for label in "abcdefg":
+    for label in "abcdefgh":
         if label in only:
             steps += [(label, fn) for fn in table[label]]
     return steps
@@ -1019,7 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and sweeps; headline extrapolated")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="JSON output path")
     parser.add_argument(
-        "--only", default="abcdefg", help="subset of the benchmarks to run, e.g. 'ad' (default: all)"
+        "--only", default="abcdefgh", help="subset of the benchmarks to run, e.g. 'ad' (default: all)"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the plumbing, times nothing useful")
     parser.add_argument("--headline-worker", metavar="JSON", help=argparse.SUPPRESS)
