@@ -162,8 +162,9 @@ def _describe(module) -> dict | None:
 
 
 def replaced_modules(model) -> list[dict]:
-    """The replaced submodules of ``model``: ``DecoupledMLP``, ``LowRankMLP`` and stand-alone
-    ``LowRankLinear`` at any path (``nnx.List`` items included), outermost first.
+    """The replaced submodules of ``model``: ``DecoupledMLP``, ``LowRankMLP``, ``PrunedMLP``, their
+    gated forms ``LowRankGatedMLP``/``PrunedGatedMLP`` and stand-alone ``LowRankLinear`` at any
+    path (``nnx.List`` items included), outermost first.
 
     Returns:
         one record per module: ``path`` (a list of attribute names and list indices),

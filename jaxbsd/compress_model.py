@@ -777,8 +777,9 @@ class MLPReport:
         check set: ``output_error`` is held out) or ``"check"`` (too few of those: refitted on
         the check tokens, ``output_error`` in-sample); else None.
       spec: how the MLP was read: ``"given"`` (``mlp_specs``), ``"known: jaxbsd MLP (…)"``,
-        ``"found: <activation>: <first> -> <second> (…)"`` or ``"not found: <reason>"`` (then
-        the Jacobian is dense).
+        ``"known: jaxbsd gated MLP (…)"``, ``"found: <activation>: <first> -> <second> (…)"``
+        (gated: ``<gate> -> <up> -> <down>``) or ``"not found: <reason>"`` (then the Jacobian
+        is dense).
     """
 
     path: str
