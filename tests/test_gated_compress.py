@@ -170,7 +170,7 @@ def _no_dense(*a, **k):
 
 
 # bsd under a reduction compiles a solver per rank (~20 s on a loaded CPU): slow; the default
-# run covers bsd with no spec in test_bsd_runs_on_every_gated_mlp_with_no_spec (one compile).
+# run covers bsd with no spec in test_bsd_runs_on_a_gated_mlp_with_no_spec (one compile).
 WITH_SLOW_BSD = ["svd", "drone", "prune", pytest.param("bsd", marks=pytest.mark.slow)]
 
 
@@ -198,16 +198,18 @@ def test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec(varian
     assert bool(jnp.all(jnp.isfinite(y)))
 
 
-def test_bsd_runs_on_every_gated_mlp_with_no_spec(monkeypatch):
-    # Both foreign models have gated MLPs 16 -> 48 -> 16; at rank 3 the solver compiles once.
-    # (jaxbsd's LM under bsd: test_compress_model_on_the_language_model[bsd], slow.)
+def test_bsd_runs_on_a_gated_mlp_with_no_spec(monkeypatch):
+    # One gated MLP of the Qwen-style model: one solver compilation (~20 s of the ~25 s on a
+    # loaded 2-core CPU). Every MLP of both models under a reduction, and jaxbsd's LM: the slow
+    # bsd cases.
     monkeypatch.setattr(cm, "module_jacobians", _no_dense)
-    cases = [build(v) for v in sorted(VARIANTS)]
-    for model, x, paths, names, act, _ in cases:
+    for variant in ["qwen-swiglu"]:
+        model, x, paths, names, act, _ = build(variant)
+        paths = paths[:1]
         before = count_params(model)
         model, report = jb.compress_model(model, x, mlps=paths, ranks={p: 3 for p in paths}, config=FAST,
                                           num_samples=32, key=jax.random.key(1))
-        assert report.params_after == before - sum(r.params_before for r in report.mlps) + 2 * hand_count("bsd", 3, 0)
+        assert report.params_after == before - report.mlps[0].params_before + hand_count("bsd", 3, 0)
         for r in report.mlps:
             assert r.jacobian == "structured" and r.error_J is not None and 0 <= r.error_J < 1.5, r
             assert r.spec.startswith(f"found: {act}: {' -> '.join(names)}"), r.spec
