@@ -32,7 +32,7 @@ from jaxbsd.gated import GatedJacobian, gated_mlp, gated_mlp_jacobian
 # Last: compress_model imports the models (Flax). Binding the function here also shadows the
 # submodule attribute of the same name, so ``jb.compress_model`` is the function; its helpers
 # are imported as ``from jaxbsd.compress_model import MLPSpec, ...``.
-from jaxbsd.compress_model import CompressionReport, MLPReport, MLPSpec, compress_model  # noqa: E402
+from jaxbsd.compress_model import CompressionReport, GatedMLPSpec, MLPReport, MLPSpec, compress_model  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -61,6 +61,7 @@ __all__ = [
     "DecouplingResult",
     "DenseJacobian",
     "GatedJacobian",
+    "GatedMLPSpec",
     "Polynomial",
     "ReLU",
     "Status",

@@ -11,6 +11,10 @@ SVD and DRONE replace each dense layer ``y = x K + b`` of a block's MLP (``K`` o
 * **Pruning** (:func:`prune_mlp`): keep the ``k`` hidden units of largest data-aware
   importance ``‖V1[:, j]‖ · RMS(h_j)`` on calibration tokens and refit the output layer by least
   squares; the result is an ordinary narrower MLP (:class:`PrunedMLP`).
+* **Gated MLPs** ``down(h(gate(x)) ⊙ up(x))`` get the same three: each of the three kernels at
+  rank ``k`` (:func:`lowrank_gated_mlp`: SVD, or DRONE with ``x`` for gate and up and the hidden
+  units ``h(gate x) ⊙ up x`` for down), or ``k`` kept hidden units with ``down`` refitted
+  (:func:`prune_gated_mlp`). Biases are kept exactly where the original has them.
 
 The parameter helpers pick each method's rank so that its count fits a budget; counts are those
 of the modules actually placed in the model (no dense weights are kept).
@@ -46,23 +50,38 @@ __all__ = [
     "prune_weights",
     "prune_mlp",
     "pruned_mlp_params",
+    "LowRankGatedMLP",
+    "PrunedGatedMLP",
+    "GatedPruning",
+    "gated_hidden",
+    "lowrank_gated_mlp",
+    "lowrank_gated_params",
+    "prune_gated_weights",
+    "prune_gated_mlp",
+    "pruned_gated_params",
 ]
 
 
 class LowRankLinear(nnx.Module):
-    """``x ↦ (x A) B + bias``: ``(..., in) -> (..., out)`` with ``A (in, k)``, ``B (k, out)``."""
+    """``x ↦ (x A) B + bias``: ``(..., in) -> (..., out)`` with ``A (in, k)``, ``B (k, out)``.
 
-    def __init__(self, A: jax.Array, B: jax.Array, bias: jax.Array):
+    ``bias`` is ``(out,)``, or None for a layer without one (the gated baselines keep the
+    original's biases only where it has them: Llama's projections have none).
+    """
+
+    def __init__(self, A: jax.Array, B: jax.Array, bias: jax.Array | None):
         if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
             raise ValueError(f"A (in, k) and B (k, out) must share k, got {A.shape} and {B.shape}")
-        if bias.shape != (B.shape[1],):
-            raise ValueError(f"bias must have shape ({B.shape[1]},), got {bias.shape}")
+        if bias is not None and bias.shape != (B.shape[1],):
+            raise ValueError(f"bias must have shape ({B.shape[1]},) or be None, got {bias.shape}")
         self.A = nnx.Param(jnp.asarray(A))
         self.B = nnx.Param(jnp.asarray(B))
-        self.bias = nnx.Param(jnp.asarray(bias))
+        self.bias = nnx.Param(jnp.asarray(bias)) if bias is not None else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = (x @ self.A[...]) @ self.B[...]
+        if self.bias is None:
+            return y
         return y + self.bias[...].reshape((1,) * (y.ndim - 1) + (-1,))
 
 
@@ -375,18 +394,37 @@ def prune_weights(
     Y = np.asarray(Y, np.float64)
     if not (np.all(np.isfinite(Y)) and np.all(np.isfinite(hidden))):
         raise ValueError("Y and the hidden activations on X must be finite")
-    importance = _importance(hidden, K2)
-    kept = np.sort(np.argsort(-importance, kind="stable")[:k])
-    Hk = hidden[:, kept]
-    mean_h, mean_y = Hk.mean(axis=0), Y.mean(axis=0)
-    W, *_ = np.linalg.lstsq(Hk - mean_h[None, :], Y - mean_y[None, :], rcond=None)
-    bias = mean_y - mean_h @ W
-    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(bias))):
-        raise ValueError("X: the least-squares refit of the output layer is not finite")
+    importance, kept, W, bias = _keep_and_refit(hidden, K2, k, Y, intercept=True)
     dtype = np.dtype(K1.dtype)
     b1_kept = np.zeros(k, dtype) if b1 is None else np.asarray(b1)[kept]
     return Pruning(kept=kept, importance=importance, K1=np.asarray(K1)[:, kept].astype(dtype),
                    b1=b1_kept.astype(dtype), K2=W.astype(dtype), b2=bias.astype(dtype))
+
+
+def _keep_and_refit(hidden: np.ndarray, K2, k: int, Y: np.ndarray, *, intercept: bool):
+    """Keep the ``k`` units of largest importance and refit the output layer by least squares.
+
+    Args:
+      hidden: ``(N, H)`` float64 hidden activations; K2: ``(H, n)`` output kernel.
+      Y: ``(N, n)`` float64 outputs to match.
+      intercept: refit an output bias too (centred least squares); else weights only.
+
+    Returns:
+      ``(importance (H,), kept (k,) ascending, W (k, n), bias (n,) or None)``, float64.
+    """
+    importance = _importance(hidden, K2)
+    kept = np.sort(np.argsort(-importance, kind="stable")[:k])
+    Hk = hidden[:, kept]
+    if intercept:
+        mean_h, mean_y = Hk.mean(axis=0), Y.mean(axis=0)
+        W, *_ = np.linalg.lstsq(Hk - mean_h[None, :], Y - mean_y[None, :], rcond=None)
+        bias = mean_y - mean_h @ W
+    else:
+        W, *_ = np.linalg.lstsq(Hk, Y, rcond=None)
+        bias = None
+    if not (np.all(np.isfinite(W)) and (bias is None or np.all(np.isfinite(bias)))):
+        raise ValueError("X: the least-squares refit of the output layer is not finite")
+    return importance, kept, W, bias
 
 
 def prune_mlp(K1, b1, K2, b2, activation: str | Callable, k: int, X: jax.Array,
@@ -395,3 +433,233 @@ def prune_mlp(K1, b1, K2, b2, activation: str | Callable, k: int, X: jax.Array,
     with :func:`pruned_mlp_params` ``(m, k, n)`` parameters."""
     res = prune_weights(K1, b1, K2, b2, activation, k, X, Y)
     return PrunedMLP(*(jnp.asarray(a) for a in (res.K1, res.b1, res.K2, res.b2)), activation), res
+
+
+# ----------------------------------------------------------------------------- gated MLPs
+
+
+def _activation_fn(activation: str | Callable) -> Callable:
+    if isinstance(activation, str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+        return ACTIVATIONS[activation]
+    if not callable(activation):
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+    return activation
+
+
+def _check_gated(Kg, bg, Ku, bu, Kd, bd) -> tuple[int, int, int]:
+    """``(m, H, n)`` of gated kernels ``Kg, Ku (m, H)``, ``Kd (H, n)``; ``ValueError`` otherwise."""
+    if Kg.ndim != 2 or Ku.shape != Kg.shape or Kd.ndim != 2 or Kd.shape[0] != Kg.shape[1]:
+        raise ValueError(f"Kg, Ku (m, H) and Kd (H, n) must share m and H, got {Kg.shape}, {Ku.shape}, {Kd.shape}")
+    (m, H), n = Kg.shape, Kd.shape[1]
+    for name, b, size in (("bg", bg, H), ("bu", bu, H), ("bd", bd, n)):
+        if b is not None and tuple(b.shape) != (size,):
+            raise ValueError(f"{name} must have shape ({size},) or be None, got {tuple(b.shape)}")
+    return m, H, n
+
+
+def gated_hidden(Kg, bg, Ku, bu, activation: str | Callable, X) -> jax.Array:
+    """``h(X Kg + bg) ⊙ (X Ku + bu)``: the hidden units of a gated MLP on ``X (N, m)``, ``(N, H)``
+    in ``Kg``'s dtype (absent biases are zero)."""
+    h = _activation_fn(activation)
+    Kg = jnp.asarray(Kg)
+    X = jnp.asarray(X, Kg.dtype)
+    z = X @ Kg + (0 if bg is None else jnp.asarray(bg, Kg.dtype)[None, :])
+    v = X @ jnp.asarray(Ku, Kg.dtype) + (0 if bu is None else jnp.asarray(bu, Kg.dtype)[None, :])
+    return h(z) * v
+
+
+class LowRankGatedMLP(nnx.Module):
+    """A gated MLP whose three dense layers are low-rank: ``down(h(gate(x)) ⊙ up(x))``.
+
+    ``gate``, ``up`` (``m -> H``) and ``down`` (``H -> n``) are :class:`LowRankLinear` (each with
+    a bias only where the original layer had one); ``activation`` is a name in
+    :data:`~jaxbsd.models.layers.ACTIVATIONS` (or an elementwise callable, which cannot be saved
+    as data). ``in_features``, ``hidden``, ``out_features`` and ``rank`` are plain ints.
+    """
+
+    def __init__(self, gate: LowRankLinear, up: LowRankLinear, down: LowRankLinear, activation: str | Callable):
+        _activation_fn(activation)
+        H = gate.B[...].shape[1]
+        if up.B[...].shape[1] != H or up.A[...].shape[0] != gate.A[...].shape[0] or down.A[...].shape[0] != H:
+            raise ValueError(f"gate and up must map the same m -> H and down take H = {H}, got "
+                             f"{gate.A[...].shape[0]} -> {H}, {up.A[...].shape[0]} -> {up.B[...].shape[1]}, "
+                             f"{down.A[...].shape[0]} -> {down.B[...].shape[1]}")
+        self.gate, self.up, self.down, self.activation = gate, up, down, activation
+        self.in_features = int(gate.A[...].shape[0])
+        self.hidden = int(H)
+        self.out_features = int(down.B[...].shape[1])
+        self.rank = int(gate.A[...].shape[1])
+
+    @property
+    def ranks(self) -> tuple[int, int, int]:
+        return tuple(int(layer.A[...].shape[1]) for layer in (self.gate, self.up, self.down))
+
+    def kernels(self):
+        """The dense equivalent ``(Kg, bg, Ku, bu, Kd, bd)`` (``A B`` products; biases or None)."""
+        out = []
+        for layer in (self.gate, self.up, self.down):
+            out += [layer.A[...] @ layer.B[...], None if layer.bias is None else layer.bias[...]]
+        return tuple(out)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(_activation_fn(self.activation)(self.gate(x)) * self.up(x))
+
+
+class PrunedGatedMLP(nnx.Module):
+    """An ordinary, narrower gated MLP ``down(h(gate(x)) ⊙ up(x))``, ``(..., m) -> (..., k) -> (..., n)``.
+
+    Built by :func:`prune_gated_mlp`: ``gate``, ``up`` and ``down`` are plain ``nnx.Linear``,
+    each with a bias exactly where the original layer had one. ``in_features``, ``hidden``
+    (= ``rank`` = ``k``) and ``out_features`` are plain ints.
+    """
+
+    def __init__(self, Kg, bg, Ku, bu, Kd, bd, activation: str | Callable):
+        _activation_fn(activation)
+        m, k, n = _check_gated(Kg, bg, Ku, bu, Kd, bd)
+        if k < 1:
+            raise ValueError(f"a pruned gated MLP keeps k >= 1 hidden units, got kernels {Kg.shape}, {Kd.shape}")
+        rngs = nnx.Rngs(0)  # the initial values are overwritten at once
+        layers = []
+        for K, b, (d_in, d_out) in ((Kg, bg, (m, k)), (Ku, bu, (m, k)), (Kd, bd, (k, n))):
+            layer = nnx.Linear(d_in, d_out, use_bias=b is not None, param_dtype=K.dtype, rngs=rngs)
+            layer.kernel[...] = jnp.asarray(K)
+            if b is not None:
+                layer.bias[...] = jnp.asarray(b, K.dtype)
+            layers.append(layer)
+        self.gate, self.up, self.down = layers
+        self.activation = activation
+        self.in_features, self.hidden, self.out_features = int(m), int(k), int(n)
+        self.rank = int(k)
+
+    def kernels(self):
+        """``(Kg, bg, Ku, bu, Kd, bd)`` (biases None where there are none)."""
+        out = []
+        for layer in (self.gate, self.up, self.down):
+            out += [layer.kernel[...], None if layer.bias is None else layer.bias[...]]
+        return tuple(out)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(_activation_fn(self.activation)(self.gate(x)) * self.up(x))
+
+
+def lowrank_gated_params(m: int, hidden: int, rank: int, n: int, biases: tuple[bool, bool, bool]) -> int:
+    """Parameters of a :class:`LowRankGatedMLP` ``m -> hidden -> n`` at ``rank``: three rank-``k``
+    layers, ``2 k (m + H) + k (H + n)``, plus the biases ``biases = (gate, up, down)`` has."""
+    bg, bu, bd = (bool(b) for b in biases)
+    return 2 * rank * (m + hidden) + rank * (hidden + n) + hidden * (bg + bu) + n * bd
+
+
+def pruned_gated_params(m: int, k: int, n: int, biases: tuple[bool, bool, bool]) -> int:
+    """Parameters of a :class:`PrunedGatedMLP` keeping ``k`` units: ``2 k m + k n`` plus the
+    biases ``biases = (gate, up, down)`` has (``k`` each for gate and up, ``n`` for down)."""
+    bg, bu, bd = (bool(b) for b in biases)
+    return 2 * k * m + k * n + k * (bg + bu) + n * bd
+
+
+def lowrank_gated_mlp(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, rank: int, *, method: str = "svd",
+                      X: jax.Array | None = None) -> LowRankGatedMLP:
+    """Low-rank replacement of a gated MLP ``(h(x Kg + bg) ⊙ (x Ku + bu)) Kd + bd``.
+
+    Args:
+      Kg, Ku: ``(m, H)``; Kd: ``(H, n)``; bg, bu: ``(H,)`` or None; bd: ``(n,)`` or None (the
+        replacement has a bias exactly where the original has one).
+      activation: a name in ``ACTIVATIONS`` or an elementwise callable.
+      rank: ``k`` of all three layers, in ``[1, min(m, H, n)]``.
+      method: ``"svd"`` (truncated SVD of each kernel) or ``"drone"`` (data-aware: ``Kg`` and
+        ``Ku`` for the inputs ``X``, ``Kd`` for the hidden units ``h(X Kg + bg) ⊙ (X Ku + bu)``).
+      X: ``(N, m)`` real inputs of the MLP (DRONE only).
+
+    Returns:
+      A :class:`LowRankGatedMLP` with :func:`lowrank_gated_params` parameters.
+    """
+    if method not in ("svd", "drone"):
+        raise ValueError(f"method must be 'svd' or 'drone', got {method!r}")
+    _activation_fn(activation)
+    _check_gated(Kg, bg, Ku, bu, Kd, bd)
+    if method == "svd":
+        factors = [truncated_svd_factors(K, rank) for K in (Kg, Ku, Kd)]
+    else:
+        if X is None:
+            raise ValueError("X (the MLP's real inputs) is required for method 'drone'")
+        X = jnp.asarray(X, Kg.dtype)
+        hidden = gated_hidden(Kg, bg, Ku, bu, activation, X)
+        factors = [drone_factors(X, Kg, rank), drone_factors(X, Ku, rank), drone_factors(hidden, Kd, rank)]
+    layers = [LowRankLinear(A, B, b) for (A, B), b in zip(factors, (bg, bu, bd))]
+    return LowRankGatedMLP(*layers, activation)
+
+
+class GatedPruning(NamedTuple):
+    """What :func:`prune_gated_weights` returns (host ``numpy`` arrays, in ``Kg``'s dtype).
+
+    Attributes:
+      kept: ``(k,)`` indices of the kept hidden units, ascending.
+      importance: ``(H,)`` importance ``‖Kd[j, :]‖ · RMS(hidden_j)`` of every unit.
+      Kg, Ku: ``(m, k)`` the kept columns; bg, bu: ``(k,)`` their biases or None.
+      Kd: ``(k, n)`` the refitted down kernel; bd: ``(n,)`` its refitted bias, or None.
+    """
+
+    kept: np.ndarray
+    importance: np.ndarray
+    Kg: np.ndarray
+    bg: np.ndarray | None
+    Ku: np.ndarray
+    bu: np.ndarray | None
+    Kd: np.ndarray
+    bd: np.ndarray | None
+
+
+def prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: int, X: jax.Array,
+                        Y: jax.Array | None = None) -> GatedPruning:
+    """Structured pruning of a gated MLP to ``k`` hidden units, training-free (as :func:`prune_weights`).
+
+    The hidden units are ``hidden = h(X Kg + bg) ⊙ (X Ku + bu)``. Keep the ``k`` of largest
+    ``‖Kd[j, :]‖ · RMS_tokens(hidden_j)`` (ties: the lower index), then refit ``down`` by least
+    squares so that the pruned MLP matches ``Y`` on ``X``: weights and bias (centred) if the
+    original ``down`` has a bias, weights only if it has none. Float64 on the host.
+
+    Args:
+      Kg, Ku: ``(m, H)``; Kd: ``(H, n)``; bg, bu: ``(H,)`` or None; bd: ``(n,)`` or None.
+      activation: a name in ``ACTIVATIONS`` or an elementwise callable.
+      k: units to keep, in ``[1, H]``.
+      X: ``(N, m)`` calibration tokens, ``N >= k + 1``.
+      Y: ``(N, n)`` outputs to match; default the MLP's own outputs on ``X``.
+
+    Raises:
+      ValueError: naming the argument, as :func:`prune_weights`.
+    """
+    m, H, n = _check_gated(Kg, bg, Ku, bu, Kd, bd)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= H:
+        raise ValueError(f"k must be an int in [1, {H}], got {k!r}")
+    k = int(k)
+    if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
+        raise ValueError(f"X must have shape (N, {m}), got {getattr(X, 'shape', type(X).__name__)}")
+    if X.shape[0] < k + 1:
+        raise ValueError(f"X: refitting the down projection of {k} kept units needs at least {k + 1} tokens, "
+                         f"got {X.shape[0]}")
+    if not np.all(np.isfinite(np.asarray(X))):
+        raise ValueError("X must be finite")
+    hidden = np.asarray(gated_hidden(Kg, bg, Ku, bu, activation, X), np.float64)
+    if Y is None:
+        Y = hidden @ np.asarray(Kd, np.float64) + (0 if bd is None else np.asarray(bd, np.float64)[None, :])
+    elif getattr(Y, "shape", None) != (X.shape[0], n):
+        raise ValueError(f"Y must have shape ({X.shape[0]}, {n}), got {getattr(Y, 'shape', type(Y).__name__)}")
+    Y = np.asarray(Y, np.float64)
+    if not (np.all(np.isfinite(Y)) and np.all(np.isfinite(hidden))):
+        raise ValueError("Y and the hidden units on X must be finite")
+    importance, kept, W, bias = _keep_and_refit(hidden, Kd, k, Y, intercept=bd is not None)
+    dtype = np.dtype(Kg.dtype)
+    cut = lambda b: None if b is None else np.asarray(b)[kept].astype(dtype)  # noqa: E731
+    return GatedPruning(kept=kept, importance=importance, Kg=np.asarray(Kg)[:, kept].astype(dtype), bg=cut(bg),
+                        Ku=np.asarray(Ku)[:, kept].astype(dtype), bu=cut(bu), Kd=W.astype(dtype),
+                        bd=None if bias is None else bias.astype(dtype))
+
+
+def prune_gated_mlp(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: int, X: jax.Array,
+                    Y: jax.Array | None = None) -> tuple[PrunedGatedMLP, GatedPruning]:
+    """:func:`prune_gated_weights` as a module: ``(PrunedGatedMLP, GatedPruning)``, in ``Kg``'s dtype
+    with :func:`pruned_gated_params` parameters."""
+    res = prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation, k, X, Y)
+    arrays = [None if a is None else jnp.asarray(a) for a in (res.Kg, res.bg, res.Ku, res.bu, res.Kd, res.bd)]
+    return PrunedGatedMLP(*arrays, activation), res

@@ -26,7 +26,8 @@ shapes, dtypes), then verifies a SHA-256 over the header and all arrays. Missing
 truncation, bit flips, edited headers and mismatched models raise ``ValueError`` naming the path.
 
 **Compressed models.** :func:`save_compressed` stores, for every :class:`DecoupledMLP`,
-:class:`~jaxbsd.baselines.LowRankMLP`, :class:`~jaxbsd.baselines.PrunedMLP` or stand-alone
+:class:`~jaxbsd.baselines.LowRankMLP`, :class:`~jaxbsd.baselines.PrunedMLP`, their gated
+forms (:class:`~jaxbsd.baselines.LowRankGatedMLP`, :class:`~jaxbsd.baselines.PrunedGatedMLP`) or stand-alone
 :class:`~jaxbsd.baselines.LowRankLinear`
 found anywhere in the module tree (``nnx.List`` items included), its path, kind, rank, basis
 (as data) and factor shapes; the factors themselves and every other variable of the model are
@@ -111,7 +112,14 @@ def _shape_dtype(v: nnx.Variable) -> dict:
 
 
 def _lowrank_linear_record(layer: _baselines.LowRankLinear) -> dict:
-    return {name: _shape_dtype(getattr(layer, name)) for name in ("A", "B", "bias")}
+    # A layer without a bias (the gated baselines keep the original's) records None.
+    return {name: None if getattr(layer, name) is None else _shape_dtype(getattr(layer, name))
+            for name in ("A", "B", "bias")}
+
+
+def _linear_record(layer: nnx.Linear) -> dict:
+    return {name: None if getattr(layer, name) is None else _shape_dtype(getattr(layer, name))
+            for name in ("kernel", "bias")}
 
 
 def _describe(module) -> dict | None:
@@ -134,14 +142,29 @@ def _describe(module) -> dict | None:
             "factors": {layer: {name: _shape_dtype(getattr(getattr(module, layer), name)) for name in ("kernel", "bias")}
                         for layer in ("fc1", "fc2")},
         }
+    if isinstance(module, _baselines.LowRankGatedMLP):
+        return {
+            "kind": "LowRankGatedMLP",
+            "rank": [int(k) for k in module.ranks],
+            "activation": module.activation,
+            "factors": {layer: _lowrank_linear_record(getattr(module, layer)) for layer in ("gate", "up", "down")},
+        }
+    if isinstance(module, _baselines.PrunedGatedMLP):
+        return {
+            "kind": "PrunedGatedMLP",
+            "rank": int(module.rank),
+            "activation": module.activation,
+            "factors": {layer: _linear_record(getattr(module, layer)) for layer in ("gate", "up", "down")},
+        }
     if isinstance(module, _baselines.LowRankLinear):
         return {"kind": "LowRankLinear", "rank": int(module.A[...].shape[1]), "factors": _lowrank_linear_record(module)}
     return None
 
 
 def replaced_modules(model) -> list[dict]:
-    """The replaced submodules of ``model``: ``DecoupledMLP``, ``LowRankMLP`` and stand-alone
-    ``LowRankLinear`` at any path (``nnx.List`` items included), outermost first.
+    """The replaced submodules of ``model``: ``DecoupledMLP``, ``LowRankMLP``, ``PrunedMLP``, their
+    gated forms ``LowRankGatedMLP``/``PrunedGatedMLP`` and stand-alone ``LowRankLinear`` at any
+    path (``nnx.List`` items included), outermost first.
 
     Returns:
         one record per module: ``path`` (a list of attribute names and list indices),
@@ -159,8 +182,8 @@ def replaced_modules(model) -> list[dict]:
 def _placeholder(record: dict, where: str):
     """A module of the recorded kind and shapes (zeros; the load fills in the weights)."""
 
-    def zeros(spec: dict):
-        return jnp.zeros(tuple(spec["shape"]), np.dtype(spec["dtype"]))
+    def zeros(spec: dict | None):
+        return None if spec is None else jnp.zeros(tuple(spec["shape"]), np.dtype(spec["dtype"]))
 
     def lowrank_linear(f: dict):
         return _baselines.LowRankLinear(zeros(f["A"]), zeros(f["B"]), zeros(f["bias"]))
@@ -174,6 +197,12 @@ def _placeholder(record: dict, where: str):
             return _baselines.LowRankMLP(lowrank_linear(f["fc1"]), lowrank_linear(f["fc2"]), record["activation"])
         if kind == "LowRankLinear":
             return lowrank_linear(f)
+        if kind == "LowRankGatedMLP":
+            return _baselines.LowRankGatedMLP(*(lowrank_linear(f[layer]) for layer in ("gate", "up", "down")),
+                                              record["activation"])
+        if kind == "PrunedGatedMLP":
+            arrays = [zeros(f[layer][name]) for layer in ("gate", "up", "down") for name in ("kernel", "bias")]
+            return _baselines.PrunedGatedMLP(*arrays, record["activation"])
         if kind == "PrunedMLP":
             return _baselines.PrunedMLP(zeros(f["fc1"]["kernel"]), zeros(f["fc1"]["bias"]), zeros(f["fc2"]["kernel"]),
                                         zeros(f["fc2"]["bias"]), record["activation"])

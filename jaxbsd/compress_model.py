@@ -14,7 +14,9 @@ The pieces, each usable alone:
   swapping in a recording wrapper for the duration of one eval-mode call — nothing is
   required from the user's classes (no hooks, no ``mlp_input`` methods);
 * :class:`MLPSpec`: how to read a two-``nnx.Linear`` MLP ``fc2(h(fc1(x)))`` so its Jacobian is
-  structured (never materialized); any other module gets dense ``vmap(jacfwd)`` Jacobians;
+  structured (never materialized), and :class:`GatedMLPSpec` a gated one
+  ``down(h(gate(x)) ⊙ up(x))`` (Llama, Qwen: the :class:`~jaxbsd.gated.GatedJacobian`); any
+  other module gets dense ``vmap(jacfwd)`` Jacobians;
 * :func:`build_replacement`: one MLP's replacement at one rank from sampled tokens;
 * :func:`uniform_ranks` / :func:`greedy_ranks`: how a parameter budget is shared.
 """
@@ -39,13 +41,16 @@ from jaxbsd.driver import decouple
 from jaxbsd.models import count_params
 from jaxbsd.models.capture import module_jacobians
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.gated import GatedJacobian, gated_mlp_jacobian
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS, MLP
+from jaxbsd.models.lm import GatedMLP
 from jaxbsd.tensor import StructuredJacobian, cpd_sq_norm, mlp_jacobian
 
 __all__ = [
     "METHODS",
     "ALLOCATIONS",
     "MLPSpec",
+    "GatedMLPSpec",
     "MLPReport",
     "CompressionReport",
     "Site",
@@ -261,13 +266,7 @@ class MLPSpec:
         """``(K1 (m, H), b1 (H,) | None, K2 (H, n), b2 (n,) | None)`` of ``module``."""
         layers = []
         for name in (self.fc1, self.fc2):
-            try:  # an attribute name, or a dotted path one level down ("net.0", "proj.fc")
-                layer = functools.reduce(lambda node, part: _child(node, part, name), parse_path(name), module)
-            except ValueError:
-                layer = None
-            if not isinstance(layer, nnx.Linear):
-                raise ValueError(f"mlp_specs: {path!r} has no nnx.Linear attribute {name!r} "
-                                 f"(found {type(layer).__name__})")
+            layer = _resolve_linear(module, name, path)
             bias = layer.bias[...] if getattr(layer, "bias", None) is not None else None
             layers.append((layer.kernel[...], bias))
         (K1, b1), (K2, b2) = layers
@@ -276,6 +275,10 @@ class MLPSpec:
                              f"{self.fc2} takes {K2.shape[0]}")
         return K1, b1, K2, b2
 
+    def describe(self) -> str:
+        act = self.activation if isinstance(self.activation, str) else "activation"
+        return f"{self.fc2}({act}({self.fc1}(x)))"
+
     def apply(self, module: nnx.Module, X: jax.Array) -> jax.Array:
         """``fc2(h(fc1(X)))`` from the kernels: ``(S, m) -> (S, n)``."""
         K1, b1, K2, b2 = self.kernels(module)
@@ -283,14 +286,97 @@ class MLPSpec:
         return hidden @ K2 + (0 if b2 is None else b2[None, :])
 
 
-def spec_for(module: nnx.Module, path: str, mlp_specs) -> MLPSpec | None:
-    """The spec used for ``module`` at ``path``: given, jaxbsd's MLP, or None (dense Jacobian)."""
-    if isinstance(mlp_specs, MLPSpec):
+def _resolve_linear(module: nnx.Module, name: str, path: str) -> nnx.Linear:
+    try:  # an attribute name, or a dotted path one level down ("net.0", "proj.fc")
+        layer = functools.reduce(lambda node, part: _child(node, part, name), parse_path(name), module)
+    except ValueError:
+        layer = None
+    if not isinstance(layer, nnx.Linear):
+        raise ValueError(f"mlp_specs: {path!r} has no nnx.Linear attribute {name!r} "
+                         f"(found {type(layer).__name__})")
+    return layer
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedMLPSpec:
+    """Declares that a submodule computes ``down(h(gate(x)) ⊙ up(x))`` with three ``nnx.Linear``.
+
+    The MLP of Llama, Qwen, Gemma and Mistral (SwiGLU: ``h`` = SiLU; GeGLU: GELU). With a spec
+    the Jacobian is the structured :class:`~jaxbsd.gated.GatedJacobian`, never materialized,
+    and the baselines (``"svd"``, ``"drone"``, ``"prune"``) can factor or prune the three
+    kernels. :func:`jaxbsd.specs.find_spec` usually finds it on the calibration tokens;
+    jaxbsd's own :class:`~jaxbsd.models.lm.GatedMLP` needs none. The claim is checked on the
+    calibration tokens (``ValueError`` naming ``mlp_specs`` if it does not hold).
+
+    Attributes:
+      gate, up: attribute names (or dotted paths) of the two input ``nnx.Linear`` (kernels
+        ``(m, H)``, biases ``(H,)`` or none).
+      down: attribute name (or dotted path) of the output ``nnx.Linear`` (kernel ``(H, n)``).
+      activation: applied to the gate: a name in :data:`~jaxbsd.models.layers.ACTIVATIONS`
+        (``"silu"``, ``"gelu"``, ``"gelu_tanh"``, …) or an elementwise callable.
+    """
+
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    activation: str | Callable[[jax.Array], jax.Array] = "silu"
+
+    def __post_init__(self):
+        for name in ("gate", "up", "down"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty attribute name, got {getattr(self, name)!r}")
+        if isinstance(self.activation, str):
+            if self.activation not in ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, "
+                                 f"got {self.activation!r}")
+        elif not callable(self.activation):
+            raise ValueError(f"activation must be a name or a callable, got {self.activation!r}")
+
+    h = MLPSpec.h
+    h_prime = MLPSpec.h_prime
+
+    def describe(self) -> str:
+        act = self.activation if isinstance(self.activation, str) else "activation"
+        return f"{self.down}({act}({self.gate}(x)) * {self.up}(x))"
+
+    def kernels(self, module: nnx.Module, path: str = "?"):
+        """``(Kg (m, H), bg, Ku (m, H), bu, Kd (H, n), bd)`` of ``module`` (biases or None)."""
+        out = []
+        for name in (self.gate, self.up, self.down):
+            layer = _resolve_linear(module, name, path)
+            out += [layer.kernel[...], layer.bias[...] if getattr(layer, "bias", None) is not None else None]
+        Kg, _, Ku, _, Kd, _ = out
+        if Kg.shape != Ku.shape or Kd.shape[0] != Kg.shape[1]:
+            raise ValueError(f"mlp_specs: {path!r}: {self.gate} {Kg.shape} and {self.up} {Ku.shape} must map the "
+                             f"same m -> H, and {self.down} {Kd.shape} take H")
+        return tuple(out)
+
+    def biases(self, module: nnx.Module, path: str = "?") -> tuple[bool, bool, bool]:
+        """Which of gate, up, down have a bias."""
+        return tuple(b is not None for b in self.kernels(module, path)[1::2])
+
+    def apply(self, module: nnx.Module, X: jax.Array) -> jax.Array:
+        """``down(h(gate(X)) ⊙ up(X))`` from the kernels: ``(S, m) -> (S, n)``."""
+        Kg, bg, Ku, bu, Kd, bd = self.kernels(module)
+        hidden = baselines.gated_hidden(Kg, bg, Ku, bu, self.h, X)
+        return hidden @ Kd + (0 if bd is None else bd[None, :])
+
+
+AnySpec = MLPSpec | GatedMLPSpec
+
+
+def spec_for(module: nnx.Module, path: str, mlp_specs) -> AnySpec | None:
+    """The spec used for ``module`` at ``path``: given, jaxbsd's own (gated) MLP, or None."""
+    if isinstance(mlp_specs, (MLPSpec, GatedMLPSpec)):
         return mlp_specs
     if mlp_specs and path in mlp_specs:
         return mlp_specs[path]
     if isinstance(module, MLP) or (isinstance(module, baselines.PrunedMLP) and isinstance(module.activation, str)):
         return MLPSpec("fc1", "fc2", module.activation)
+    if isinstance(module, GatedMLP):
+        return GatedMLPSpec("gate_proj", "up_proj", "down_proj", module.activation)
+    if isinstance(module, baselines.PrunedGatedMLP) and isinstance(module.activation, str):
+        return GatedMLPSpec("gate", "up", "down", module.activation)
     return None
 
 
@@ -304,8 +390,10 @@ class Site:
     Attributes:
       path: dotted path in the model.
       module: the original submodule.
-      spec: its :class:`MLPSpec` or None (dense Jacobians).
+      spec: its :class:`MLPSpec` or :class:`GatedMLPSpec`, or None (dense Jacobians).
       m, n: input and output widths; hidden: ``H`` (None without a spec).
+      biases: for a gated MLP, which of gate, up, down have a bias (their replacements keep
+        exactly those); else None.
       params: trainable parameters of the original submodule.
       X: ``(S, m)`` sampling points; F: ``(S, n)`` outputs there.
       check_X, check_Y: ``(N, m)``, ``(N, n)``: calibration tokens for the output error
@@ -318,7 +406,7 @@ class Site:
 
     path: str
     module: nnx.Module
-    spec: MLPSpec | None
+    spec: AnySpec | None
     m: int
     n: int
     hidden: int | None
@@ -330,11 +418,20 @@ class Site:
     fit_X: jax.Array | None = None
     fit_Y: jax.Array | None = None
     spec_status: str = "given"
+    biases: tuple[bool, bool, bool] | None = None
+
+    @property
+    def gated(self) -> bool:
+        return isinstance(self.spec, GatedMLPSpec)
 
     def params_at(self, method: str, rank: int, dof: int) -> int:
         """Parameters of this site's replacement at ``rank`` (for ``"prune"``: kept units)."""
         if method == "bsd":
             return metrics.params_bsd(self.m, self.n, rank, dof)
+        if self.gated:
+            if method == "prune":
+                return baselines.pruned_gated_params(self.m, rank, self.n, self.biases)
+            return baselines.lowrank_gated_params(self.m, self.hidden, rank, self.n, self.biases)
         if method == "prune":
             return baselines.pruned_mlp_params(self.m, rank, self.n)
         return baselines.lowrank_mlp_params(self.m, self.hidden, rank, self.n)
@@ -345,6 +442,12 @@ class Site:
         pruning ``H`` (the units there are)."""
         if method == "bsd":
             return max(1, self.params // (self.m + self.n + dof))
+        if self.gated:
+            # Both counts are affine in the rank: cost(r) = slope·r + fixed.
+            fixed = self.params_at(method, 0, dof)
+            slope = self.params_at(method, 1, dof) - fixed
+            cap = self.hidden if method == "prune" else min(self.m, self.hidden, self.n)
+            return max(1, min(cap, (self.params - fixed) // slope))
         if method == "prune":
             return max(1, min(self.hidden, (self.params - self.n) // (self.m + 1 + self.n)))
         cap = min(self.m, self.hidden, self.n)
@@ -352,14 +455,14 @@ class Site:
         return max(1, min(cap, fit))
 
 
-def make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Array, Y_all: jax.Array,
+def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Array, Y_all: jax.Array,
               num_samples: int | None, key: jax.Array, *, validate: bool = True) -> Site:
     """The :class:`Site` of the MLP ``module`` at ``path`` from its captured calls.
 
     Args:
       path: the module's path in the model (for messages).
       module: the MLP, a map ``(..., m) -> (..., n)`` applied token by token.
-      spec: its :class:`MLPSpec` (structured Jacobian, low-rank baselines), or None.
+      spec: its :class:`MLPSpec` or :class:`GatedMLPSpec` (structured Jacobian, baselines), or None.
       X_all: ``(N, m)`` calibration tokens the module was called on.
       Y_all: ``(N, n)`` what it returned for them.
       num_samples: ``S``, sampling points drawn from ``X_all`` (None: ``min(N, 256)``).
@@ -402,12 +505,12 @@ def make_site(path: str, module: nnx.Module, spec: MLPSpec | None, X_all: jax.Ar
         if spec is not None:
             spec.kernels(module, path)
             if not _close(spec.apply(module, X_all[probe]), Y_all[probe]):
-                raise ValueError(f"mlp_specs: {path!r} does not compute {spec.fc2}({spec.activation}"
-                                 f"({spec.fc1}(x))) on the calibration tokens")
+                raise ValueError(f"mlp_specs: {path!r} does not compute {spec.describe()} on the calibration tokens")
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
+    biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
                 params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y,
-                fit_X=X_all[rest], fit_Y=Y_all[rest])
+                fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases)
 
 
 def _param_dtype(module: nnx.Module, default) -> Any:
@@ -421,8 +524,18 @@ def _close(a, b, rtol: float = 1e-3) -> bool:
     return bool(np.all(np.isfinite(a)) and np.linalg.norm(a - b) <= rtol * max(np.linalg.norm(b), 1e-30))
 
 
+def _gated_jacobian(X: jax.Array, kernels, spec: GatedMLPSpec) -> GatedJacobian:
+    """The :class:`~jaxbsd.gated.GatedJacobian` at ``X (S, m)`` of the gated MLP with
+    ``kernels = (Kg, bg, Ku, bu, Kd, bd)`` (Flax layout), all cast to ``X``'s dtype."""
+    Kg, bg, Ku, bu, Kd, _ = (None if a is None else jnp.asarray(a, X.dtype) for a in kernels)
+    return gated_mlp_jacobian(X, Kg.T, Ku.T, Kd.T, spec.h, gate_bias=bg, up_bias=bu,
+                              activation_derivative=spec.h_prime)
+
+
 def _jacobian(site: Site):
     """Structured (with a spec) or dense ``(S, n, m)`` Jacobian of the site at its samples."""
+    if isinstance(site.spec, GatedMLPSpec):
+        return _gated_jacobian(site.X, site.spec.kernels(site.module, site.path), site.spec), "structured"
     if site.spec is not None:
         K1, b1, K2, _ = site.spec.kernels(site.module, site.path)
         b1 = jnp.zeros((K1.shape[1],), K1.dtype) if b1 is None else b1
@@ -453,6 +566,14 @@ def _lowrank_error_J(jac: StructuredJacobian, new: baselines.LowRankMLP | baseli
     return float((ref - 2 * inner + cpd_sq_norm(V0, V1, D)) / ref)
 
 
+def _gated_error_J(jac: GatedJacobian, new, X: jax.Array, spec: GatedMLPSpec) -> float:
+    """Error(𝒥) of a low-rank or pruned gated MLP: its Jacobian is a gated one too, so
+    ``‖𝒥 − 𝒥'‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥'⟩ + ‖𝒥'‖²`` by :meth:`~jaxbsd.gated.GatedJacobian.inner`."""
+    other = _gated_jacobian(X, new.kernels(), spec)
+    ref = jac.sq_norm()
+    return float((ref - 2 * jac.inner(other) + other.sq_norm()) / ref)
+
+
 @nnx.jit
 def _output_error(module, X, Y):
     # One compiled program (not op-by-op dispatch) for up to 8192 tokens.
@@ -465,7 +586,8 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
 
     ``"bsd"``: R-CMTF-BSD on the site's samples (``config`` with its rank replaced), returned
     as a :class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` in the samples' dtype.
-    ``"svd"``/``"drone"``: a :class:`~jaxbsd.baselines.LowRankMLP` (needs a spec).
+    ``"svd"``/``"drone"``: a :class:`~jaxbsd.baselines.LowRankMLP` (a
+    :class:`~jaxbsd.baselines.LowRankGatedMLP` for a gated spec; needs a spec).
     ``"prune"``: a :class:`~jaxbsd.baselines.PrunedMLP` keeping ``rank`` hidden units, chosen and
     refitted (:func:`~jaxbsd.baselines.prune_weights`) on the calibration tokens outside the check
     set (``fit_X``/``fit_Y``) when there are at least ``4 (rank + 1)`` of them, so its output
@@ -489,18 +611,26 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
                     iterations=int(res.iterations), jacobian=kind)
     else:
         if site.spec is None:
-            raise ValueError(f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP; "
-                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec "
+            raise ValueError(f"mlp_specs: method {method!r} factors the nnx.Linear layers of an MLP; "
+                             f"{site.path!r} ({type(site.module).__name__}) needs an MLPSpec or a GatedMLPSpec "
                              f"({site.spec_status})")
+        if site.gated:
+            module, extra = _gated_baseline(site, method, int(rank))
+            info.update(extra)
+            jac, kind = _jacobian(site) if jacobian is None else jacobian
+            error_J = _gated_error_J(jac, module, site.X, site.spec) if isinstance(jac, GatedJacobian) else None
+            info.update(error_J=error_J, error_F=float(metrics.error_F(site.F, module(site.X))), jacobian=kind)
+            info["output_error"] = float(_output_error(module, site.check_X, site.check_Y))
+            info["seconds"] = time.perf_counter() - start
+            return module, info
         K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
         if method == "prune":
-            held_out = site.fit_X is not None and site.fit_X.shape[0] >= _PRUNE_TOKENS_PER_COEF * (int(rank) + 1)
-            fit_X, fit_Y = (site.fit_X, site.fit_Y) if held_out else (site.check_X, site.check_Y)
+            fit_X, fit_Y, where = _prune_tokens(site, int(rank))
             try:
                 module, pruning = baselines.prune_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), fit_X, fit_Y)
             except ValueError as err:
                 raise ValueError(f"calibration: pruning {site.path!r}: {err}") from err
-            info.update(kept=pruning.kept.tolist(), fit_tokens="held-out" if held_out else "check")
+            info.update(kept=pruning.kept.tolist(), fit_tokens=where)
         else:
             module = baselines.lowrank_mlp(K1, b1, K2, b2, site.spec.activation, int(rank), method=method,
                                            X=site.check_X if method == "drone" else None)
@@ -510,6 +640,27 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     info["output_error"] = float(_output_error(module, site.check_X, site.check_Y))
     info["seconds"] = time.perf_counter() - start
     return module, info
+
+
+def _prune_tokens(site: Site, rank: int):
+    """``(X, Y, "held-out" | "check")``: the tokens pruning fits on (see :func:`build_replacement`)."""
+    held_out = site.fit_X is not None and site.fit_X.shape[0] >= _PRUNE_TOKENS_PER_COEF * (rank + 1)
+    return (site.fit_X, site.fit_Y, "held-out") if held_out else (site.check_X, site.check_Y, "check")
+
+
+def _gated_baseline(site: Site, method: str, rank: int) -> tuple[nnx.Module, dict[str, Any]]:
+    """The ``"svd"``/``"drone"``/``"prune"`` replacement of a gated site, and its extra info."""
+    kernels = site.spec.kernels(site.module, site.path)
+    if method == "prune":
+        fit_X, fit_Y, where = _prune_tokens(site, rank)
+        try:
+            module, pruning = baselines.prune_gated_mlp(*kernels, site.spec.activation, rank, fit_X, fit_Y)
+        except ValueError as err:
+            raise ValueError(f"calibration: pruning {site.path!r}: {err}") from err
+        return module, {"kept": pruning.kept.tolist(), "fit_tokens": where}
+    module = baselines.lowrank_gated_mlp(*kernels, site.spec.activation, rank, method=method,
+                                         X=site.check_X if method == "drone" else None)
+    return module, {}
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -626,8 +777,9 @@ class MLPReport:
         check set: ``output_error`` is held out) or ``"check"`` (too few of those: refitted on
         the check tokens, ``output_error`` in-sample); else None.
       spec: how the MLP was read: ``"given"`` (``mlp_specs``), ``"known: jaxbsd MLP (…)"``,
-        ``"found: <activation>: <first> -> <second> (…)"`` or ``"not found: <reason>"`` (then
-        the Jacobian is dense).
+        ``"known: jaxbsd gated MLP (…)"``, ``"found: <activation>: <first> -> <second> (…)"``
+        (gated: ``<gate> -> <up> -> <down>``) or ``"not found: <reason>"`` (then the Jacobian
+        is dense).
     """
 
     path: str
@@ -720,12 +872,13 @@ def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samp
         raise ValueError(f"num_samples must be a positive int or None, got {num_samples!r}")
     if not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be a positive int, got {restarts!r}")
-    if mlp_specs is not None and not isinstance(mlp_specs, MLPSpec):
+    if mlp_specs is not None and not isinstance(mlp_specs, (MLPSpec, GatedMLPSpec)):
         if not isinstance(mlp_specs, Mapping) or not set(mlp_specs) <= set(mlps):
-            raise ValueError(f"mlp_specs must be an MLPSpec or a dict from paths of mlps to MLPSpec, got {mlp_specs!r}")
+            raise ValueError(f"mlp_specs must be an MLPSpec, a GatedMLPSpec or a dict from paths of mlps to "
+                             f"those, got {mlp_specs!r}")
         for p, s in mlp_specs.items():
-            if not isinstance(s, MLPSpec):
-                raise ValueError(f"mlp_specs[{p!r}] must be an MLPSpec, got {s!r}")
+            if not isinstance(s, (MLPSpec, GatedMLPSpec)):
+                raise ValueError(f"mlp_specs[{p!r}] must be an MLPSpec or a GatedMLPSpec, got {s!r}")
     return mlps
 
 
@@ -743,7 +896,7 @@ def compress_model(
     order: str | Sequence[str] = "back-to-front",
     num_samples: int | None = None,
     key: jax.Array,
-    mlp_specs: MLPSpec | Mapping[str, MLPSpec] | None = None,
+    mlp_specs: AnySpec | Mapping[str, AnySpec] | None = None,
     restarts: int = 1,
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
@@ -752,7 +905,7 @@ def compress_model(
     inputs are captured by running the model on ``calibration`` in eval mode with the submodule
     temporarily wrapped by a recorder (the train/eval flags are restored afterwards); ``S`` of
     the flattened input tokens are drawn at random with ``key``; the Jacobians there are
-    structured for a recognised two-layer MLP and dense (``jax.vmap(jax.jacfwd)``) otherwise;
+    structured for a recognised two-layer or gated MLP and dense (``jax.vmap(jax.jacfwd)``) otherwise;
     and the submodule is replaced — one MLP at a time, in ``order``, capturing again on the
     current model before each, and calling ``finetune(model)`` after each.
 
@@ -763,7 +916,10 @@ def compress_model(
     ``r (m + n + ν)`` parameters (``P_BSD``; knots are not trained, and it has no biases: the
     B-splines carry constants, and the output bias enters the decoupling through ``F``); a
     low-rank MLP has ``k (m + H) + k (H + n) + H + n``; a pruned MLP keeping ``k`` hidden units
-    has ``k (m + 1) + n (k + 1)`` (both layers with their biases, as the original MLP).
+    has ``k (m + 1) + n (k + 1)`` (both layers with their biases, as the original MLP). For a
+    gated MLP, the low-rank one has ``2k (m + H) + k (H + n)`` and the pruned one
+    ``2km + kn``, each plus the biases the original has (``H`` or ``k`` for gate and for up,
+    ``n`` for down).
 
     Args:
       model: any ``flax.nnx.Module``; changed in place (and returned).
@@ -773,10 +929,13 @@ def compress_model(
         (attribute names; integers index lists, ``nnx.List`` included).
       reduction: ``ρ`` in ``[0, 1)``, the fraction of the model's parameters to remove.
       ranks: instead of ``reduction``, ``{path: rank}`` for every path (exactly one of the two).
-      method: ``"bsd"`` (R-CMTF-BSD), ``"svd"`` (truncated SVD of both layers), ``"drone"``
+      method: ``"bsd"`` (R-CMTF-BSD), ``"svd"`` (truncated SVD of both layers, or of all three
+        of a gated MLP), ``"drone"``
         (data-aware low rank, fed the calibration tokens) or ``"prune"`` (keep the ``k`` hidden
         units of largest ``‖V1[:, j]‖ · RMS(h_j)`` on the calibration tokens and refit the output
-        layer by least squares; ``rank`` is ``k``; see :func:`jaxbsd.baselines.prune_weights`).
+        layer by least squares; ``rank`` is ``k``; see :func:`jaxbsd.baselines.prune_weights`;
+        for a gated MLP ``h_j`` is the gated unit ``h(gate x)_j · (up x)_j`` and ``down`` is
+        refitted, see :func:`jaxbsd.baselines.prune_gated_weights`).
         The baselines need a recognised MLP.
       allocation: how ``reduction`` is shared. ``"uniform"``: every MLP keeps the same fraction
         of its parameters (the same rank for MLPs of one shape, as in the paper).
@@ -791,18 +950,21 @@ def compress_model(
         paper's BF), ``"front-to-back"`` or a list of the paths.
       num_samples: ``S``, tokens sampled per MLP (default ``min(256, available)``).
       key: a ``jax.random`` key (token draws and solver restarts).
-      mlp_specs: how to read user MLPs as ``fc2(h(fc1(x)))`` for structured Jacobians and the
-        baselines: one :class:`MLPSpec` for all paths, or ``{path: MLPSpec}``; it always wins.
-        jaxbsd's own :class:`~jaxbsd.models.layers.MLP` needs none, and for any other module
-        :func:`jaxbsd.specs.find_spec` looks for one (two ``nnx.Linear`` and a known activation
-        that reproduces the calibration outputs; ``report.mlps[i].spec`` says what it found).
+      mlp_specs: how to read user MLPs as ``fc2(h(fc1(x)))`` (:class:`MLPSpec`) or
+        ``down(h(gate(x)) ⊙ up(x))`` (:class:`GatedMLPSpec`) for structured Jacobians and the
+        baselines: one spec for all paths, or ``{path: spec}``; it always wins.
+        jaxbsd's own :class:`~jaxbsd.models.layers.MLP` and :class:`~jaxbsd.models.lm.GatedMLP`
+        need none, and for any other module :func:`jaxbsd.specs.find_spec` looks for one (two or
+        three ``nnx.Linear`` and a known activation that reproduces the calibration outputs;
+        ``report.mlps[i].spec`` says what it found).
         Without a spec, ``"bsd"`` uses dense Jacobians (``S·n·m`` floats) and the baselines
         raise ``ValueError`` with the reason.
       restarts: solver restarts per MLP (``"bsd"``).
 
     Returns:
       ``(model, report)``: the same model with the submodules replaced (``DecoupledMLP``,
-      ``LowRankMLP`` or ``PrunedMLP``, all jittable and differentiable) and a :class:`CompressionReport`.
+      ``LowRankMLP``/``LowRankGatedMLP`` or ``PrunedMLP``/``PrunedGatedMLP``, all jittable and
+      differentiable) and a :class:`CompressionReport`.
 
     Raises:
       ValueError: naming the argument: a path that does not exist or is not a token-wise
@@ -844,9 +1006,10 @@ def compress_model(
         for s in sites:
             if s.spec is None:
                 raise ValueError(
-                    f"mlp_specs: method {method!r} factors the two nnx.Linear layers of an MLP, and no spec "
+                    f"mlp_specs: method {method!r} factors the nnx.Linear layers of an MLP, and no spec "
                     f"was found for {s.path!r} ({type(s.module).__name__}): {s.spec_status.removeprefix('not found: ')}. "
-                    f"If it is one, give it: mlp_specs={{{s.path!r}: jb.MLPSpec(fc1=..., fc2=..., activation=...)}}")
+                    f"If it is one, give it: mlp_specs={{{s.path!r}: jb.MLPSpec(fc1=..., fc2=..., activation=...)}} "
+                    f"(or jb.GatedMLPSpec(gate=..., up=..., down=..., activation=...) for a gated MLP)")
     cache: dict[tuple[str, int], tuple[Site, nnx.Module, dict]] = {}
     if reduction is not None:
         budget = math.floor((1 - reduction) * params_before) - (params_before - sum(s.params for s in sites))

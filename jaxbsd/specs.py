@@ -10,8 +10,10 @@ reason. It recognises
   parameters. Which Linear comes first follows from the shapes: ``first`` takes the module's
   input width ``m``, ``second`` gives its output width ``n``, and ``first.out_features ==
   second.in_features = H``; when both orders fit (``m = n = H``) both are tried.
-* **gated MLPs** ``down(h(gate(x)) ⊙ up(x))`` (three ``nnx.Linear``, as in LLaMA): recognised as
-  a :class:`GatedMLPSpec`, which nothing compresses yet.
+* **gated MLPs** ``down(h(gate(x)) ⊙ up(x))`` (three ``nnx.Linear``, as in Llama and Qwen):
+  a :class:`~jaxbsd.GatedMLPSpec` (structured :class:`~jaxbsd.gated.GatedJacobian`, and the
+  gated ``"svd"``/``"drone"``/``"prune"`` baselines). ``gate`` and ``up`` have the same shapes,
+  so both role assignments are tried; the activation on the gate tells them apart.
 
 The activation ``h`` is identified by recomputing the module's output from its own Linears
 for each known activation (:data:`ACTIVATION_NAMES`: exact and tanh GELU, ReLU, SiLU, tanh,
@@ -41,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.compress_model import MLPSpec, spec_for
+from jaxbsd.compress_model import GatedMLPSpec, MLPSpec, spec_for
 from jaxbsd.models.layers import ACTIVATIONS
 
 __all__ = [
@@ -58,29 +60,6 @@ __all__ = [
 ACTIVATION_NAMES = ("gelu", "gelu_tanh", "relu", "silu", "tanh", "sigmoid")
 _SCREEN_TOKENS = 256
 _CONFIRM_TOKENS = 4096
-
-
-@dataclasses.dataclass(frozen=True)
-class GatedMLPSpec:
-    """Declares that a module computes ``down(h(gate(x)) ⊙ up(x))`` with three ``nnx.Linear``.
-
-    Recognised by :func:`find_spec`; nothing compresses gated MLPs yet.
-
-    Attributes:
-      gate, up: dotted paths of the two input Linears (kernels ``(m, H)``).
-      down: dotted path of the output Linear (kernel ``(H, n)``).
-      activation: a name in :data:`ACTIVATION_NAMES`, applied to the gate.
-    """
-
-    gate: str
-    up: str
-    down: str
-    activation: str
-
-    def apply(self, module: nnx.Module, X: jax.Array) -> jax.Array:
-        """``down(h(gate(X)) ⊙ up(X))`` through the module's own Linears: ``(S, m) -> (S, n)``."""
-        gate, up, down = (_at(module, p) for p in (self.gate, self.up, self.down))
-        return down(ACTIVATIONS[self.activation](gate(X)) * up(X))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,14 +88,6 @@ class Detection:
 
 def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
-
-
-def _at(module: nnx.Module, dotted: str):
-    node = module
-    for part in dotted.split("."):
-        node = node[int(part)] if part.lstrip("-").isdigit() else (
-            node[part] if isinstance(node, Mapping) else getattr(node, part))
-    return node
 
 
 def linear_children(module: nnx.Module) -> list[tuple[str, nnx.Linear]]:
@@ -259,22 +230,22 @@ def find_spec(module: nnx.Module, X: jax.Array, Y: jax.Array) -> Detection:
     return Detection(spec, f"{label(order, act)} (relative error {errors[label(order, act)]:.0e})", errors, tol)
 
 
-def choose_spec(module: nnx.Module, path: str, mlp_specs, X: jax.Array, Y: jax.Array) -> tuple[MLPSpec | None, str]:
+def choose_spec(module: nnx.Module, path: str, mlp_specs, X: jax.Array,
+                Y: jax.Array) -> tuple[MLPSpec | GatedMLPSpec | None, str]:
     """The spec :func:`jaxbsd.compress_model` uses at ``path``, and how it was obtained.
 
-    An explicit spec (``mlp_specs``) wins; jaxbsd's own MLP is known; otherwise
-    :func:`find_spec` on the calibration tokens ``X (N, m)``, ``Y (N, n)``. A gated MLP is
-    recognised but not yet compressed with a spec, so it counts as not found.
+    An explicit spec (``mlp_specs``) wins; jaxbsd's own MLP and gated MLP are known; otherwise
+    :func:`find_spec` on the calibration tokens ``X (N, m)``, ``Y (N, n)``.
 
     Returns:
-      ``(spec or None, status)``, status one of ``"given"``, ``"known: jaxbsd MLP"``,
-      ``"found: <activation>: <first> -> <second> (...)"``, ``"not found: <reason>"``.
+      ``(spec or None, status)``, status one of ``"given"``, ``"known: jaxbsd MLP (…)"``,
+      ``"known: jaxbsd gated MLP (…)"``, ``"found: <activation>: <first> -> <second> (...)"``
+      (a gated one: ``<gate> -> <up> -> <down>``), ``"not found: <reason>"``.
     """
     spec = spec_for(module, path, mlp_specs)
     if spec is not None:
-        given = isinstance(mlp_specs, MLPSpec) or bool(mlp_specs and path in mlp_specs)
-        return spec, "given" if given else f"known: jaxbsd MLP ({spec.activation})"
+        given = isinstance(mlp_specs, (MLPSpec, GatedMLPSpec)) or bool(mlp_specs and path in mlp_specs)
+        kind = "gated MLP" if isinstance(spec, GatedMLPSpec) else "MLP"
+        return spec, "given" if given else f"known: jaxbsd {kind} ({spec.activation})"
     found = find_spec(module, X, Y)
-    if isinstance(found.spec, GatedMLPSpec):
-        return None, f"not found: gated MLP recognised ({found.reason}), but only two-layer MLPs take a spec yet"
     return found.spec, str(found)

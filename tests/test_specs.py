@@ -209,7 +209,7 @@ def test_float64_tells_apart_what_float32_rounding_cannot(dtype, expected):
     assert (det.spec and det.spec.activation) == expected, det.reason
 
 
-def test_a_gated_mlp_is_recognised_but_not_yet_compressed():
+def test_a_gated_mlp_is_recognised_and_chosen():
     module = Gated(8, 16, rngs=nnx.Rngs(0))
     X = tokens(8)
     det = found(module, X)
@@ -218,7 +218,7 @@ def test_a_gated_mlp_is_recognised_but_not_yet_compressed():
     # The swapped roles give another function, so they did not match.
     assert det.errors["silu: lin_a -> lin_b -> out"] > 1e-2
     spec, status = choose_spec(module, "mlp", None, X, module(X))
-    assert spec is None and status.startswith("not found: gated MLP recognised")
+    assert spec == det.spec and status.startswith("found: silu: lin_b -> lin_a -> out"), status
 
 
 def test_the_tolerance_rule():
@@ -300,10 +300,10 @@ def test_without_a_spec_bsd_goes_dense_and_the_baselines_say_why():
     model = Host(Residual(8, 16, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
     with pytest.raises(ValueError, match=r"mlp_specs: method 'svd'.*no known activation.*mlp_specs=\{'mlp': jb.MLPSpec"):
         jb.compress_model(model, x, mlps=["mlp"], reduction=0.1, method="svd", key=jax.random.key(0))
-    # A gated MLP is recognised, but only two-layer MLPs have a low-rank baseline (yet).
+    # A gated MLP is recognised, and the baselines use it (tests/test_gated_compress.py).
     model = Host(Gated(8, 16, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
-    with pytest.raises(ValueError, match="gated MLP recognised"):
-        jb.compress_model(model, x, mlps=["mlp"], reduction=0.1, method="drone", key=jax.random.key(0))
+    _, report = jb.compress_model(model, x, mlps=["mlp"], reduction=0.1, method="drone", key=jax.random.key(0))
+    assert report.mlps[0].jacobian == "structured" and report.mlps[0].spec.startswith("found: silu: lin_b")
 
 
 def test_an_explicit_spec_wins_over_the_found_one():
