@@ -17,7 +17,8 @@ from scipy.special import erf
 
 import jaxbsd as jb
 from jaxbsd import baselines, compress
-from jaxbsd.compress_model import DEFAULT_CONFIG, _make_site, build_replacement
+from jaxbsd.compress_model import DEFAULT_CONFIG, build_replacement
+from jaxbsd.compress_model import make_site as _make_site
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 
