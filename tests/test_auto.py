@@ -19,11 +19,15 @@ from scipy.interpolate import BSpline as ScipyBSpline
 from scipy.special import erf
 
 import jaxbsd as jb
-from jaxbsd import baselines, cmtf, compress_model as cm
+import importlib
+
+from jaxbsd import baselines, cmtf
 from jaxbsd.compress_model import DEFAULT_CONFIG, build_replacement, make_site
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import choose_restart, decoupled_from_pruned, restart_output_errors
+
+cm = importlib.import_module("jaxbsd.compress_model")  # jaxbsd.compress_model is also the function
 
 NP_ACT = {"gelu": lambda z: 0.5 * z * (1 + erf(z / math.sqrt(2))), "tanh": np.tanh}
 
@@ -253,14 +257,17 @@ def test_auto_keeps_the_pruned_mlp_when_only_k_units_are_alive():
 
 
 def test_auto_keeps_the_decoupling_when_the_block_is_an_exact_rank_2_decoupling():
-    """A cubic-activation MLP whose 8 units share 2 input directions is an exact rank-2 cubic
-    decoupling; at the same parameters (2 units) pruning cannot represent it, so auto keeps bsd."""
+    """A cubic-activation MLP whose 8 units share 2 input directions (and, per direction, one
+    output vector) is an exact rank-2 cubic decoupling; at the same parameters (2 units) pruning cannot represent it, so auto keeps bsd."""
     cube = lambda z: z ** 3  # noqa: E731
     ffn = FFN(6, 8, nnx.Rngs(2), activation=cube)
     rng = np.random.default_rng(0)
     d = rng.normal(size=(6, 2)) / math.sqrt(6)
     ffn.up.kernel[...] = jnp.asarray(np.repeat(d, 4, axis=1) * rng.uniform(0.5, 1.5, size=8))
     ffn.up.bias[...] = jnp.asarray(rng.normal(size=8))
+    # The units of one direction share their output vector: the block is v_1 c_1(u_1) + v_2 c_2(u_2)
+    # with cubics c_d (sums of 4 shifted cubes), rank 2; two kept units (a u + b)³ cannot make c_d.
+    ffn.down.kernel[...] = jnp.asarray(np.repeat(rng.normal(size=(2, 6)), 4, axis=0))
     ffn.down.bias[...] = jnp.zeros(6)
 
     class One(nnx.Module):
