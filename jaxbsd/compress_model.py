@@ -600,7 +600,9 @@ def _chosen_restart(res, site: Site, selection: str, *, warm: bool, info: dict):
     count = errors.shape[0]
     info.update(selection=selection, restart=chosen, restart_warm=bool(warm and chosen == count - 1),
                 restart_by_objective=int(res.best_restart), restart_by_output=by_output,
-                output_error_heldout=float(errors[chosen]), restart_output_errors=tuple(float(e) for e in errors),
+                output_error_heldout=float(errors[chosen]) if np.isfinite(errors[chosen]) else None,
+                # None for a restart whose model is not finite (JSON-able records, no inf).
+                restart_output_errors=tuple(float(e) if np.isfinite(e) else None for e in errors),
                 selection_tokens=kind)
     return res.restart_model(chosen), chosen
 

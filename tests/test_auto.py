@@ -132,6 +132,7 @@ def calib(seed=1, batch=12, tokens=8, d=6):
     return jax.random.normal(jax.random.key(seed), (batch, tokens, d), jnp.float64)
 
 
+@pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_warm_start_passes_the_pruned_mlp_as_init(monkeypatch):
     """compress_model(method="bsd", warm_start=True) hands decouple the pruned MLP at rank − 1
     units plus the bias unit: its kept rows are numpy's top units by ‖V1[:, j]‖·RMS(h_j) and
@@ -164,6 +165,7 @@ def test_warm_start_passes_the_pruned_mlp_as_init(monkeypatch):
         assert len(rep.auto or ()) == 0 and rep.selection == "objective"
 
 
+@pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
     """warm_start=False (the default): no init reaches the solver, and each MLP's replacement is
     the best-objective model of jb.decouple on the same samples and keys (the old code path)."""
@@ -190,6 +192,7 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
         assert rep.restart_warm is False and rep.selection == "objective" and rep.method == "bsd"
 
 
+@pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_selection_by_output_picks_the_restart_with_the_lowest_held_out_error():
     """On a site with held-out tokens (more than the 8192 check tokens), selection="output"
     keeps the restart whose model has the lowest relative error on fit_X (each restart's model
@@ -236,6 +239,7 @@ def test_choose_restart_never_picks_a_non_finite_restart():
 # ----------------------------------------------------------------------------- method="auto"
 
 
+@pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_auto_keeps_the_pruned_mlp_when_only_k_units_are_alive():
     """Hidden units zero except k = 3 (zero fc1 columns and biases: GELU(0) = 0): the pruned MLP
     with >= 3 units is exact, a cubic spline decoupling of GELU is not, so auto keeps prune."""
@@ -256,6 +260,7 @@ def test_auto_keeps_the_pruned_mlp_when_only_k_units_are_alive():
     np.testing.assert_allclose(np.asarray(model(x)), ref, rtol=1e-9, atol=1e-9)  # exact, end to end
 
 
+@pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_auto_keeps_the_decoupling_when_the_block_is_an_exact_rank_2_decoupling():
     """A cubic-activation MLP whose 8 units share 2 input directions (and, per direction, one
     output vector) is an exact rank-2 cubic decoupling; at the same parameters (2 units) pruning cannot represent it, so auto keeps bsd."""
@@ -340,3 +345,33 @@ def test_the_cli_and_compress_accept_auto():
     assert compress.CompressionConfig(method="auto").method == "auto"
     with pytest.raises(ValueError, match="allocation"):
         compress.CompressionConfig(method="auto", reduction=0.3, allocation="greedy")
+
+
+@pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU
+def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_path):
+    from jaxbsd import compress
+    from jaxbsd.data import Dataset
+    from jaxbsd.models import ViTConfig, build_model
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 144).astype(np.int32)
+    images = rng.normal(size=(144, 8, 8, 1)).astype(np.float32)
+    ds = Dataset("toy", images[:96], labels[:96], images[96:], labels[96:], 10)
+    vit = lambda: build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=2,  # noqa: E731
+                                               num_heads=2, mlp_dim=16), seed=0)
+    config = compress.CompressionConfig(method="auto", reduction=0.2, num_samples=16, capture_images=16,
+                                        finetune_epochs=0, max_iter=5, restarts=2)
+    model = vit()
+    P = count_params(model)
+    steps = compress.compress(model, ds, order="bf", config=config, state_dir=tmp_path / "s", progress=False)
+    assert count_params(model) == steps[-1]["params_model"] <= 0.8 * P
+    for s in steps:
+        assert s["method"] == s["auto"]["kept"] in ("bsd", "prune")
+        assert s["params_mlp_new"] == s["auto"][s["method"]]["params"]
+        errs = s["auto"]["bsd"]["output_error"], s["auto"]["prune"]["output_error"]
+        assert s["output_error"] == (min(errs) if errs[0] < errs[1] else errs[1])
+    again = vit()
+    steps2 = compress.compress(again, ds, order="bf", config=config, state_dir=tmp_path / "s", progress=False)
+    assert [s["method"] for s in steps2] == [s["method"] for s in steps]
+    x = jnp.asarray(ds.test_images[:8])
+    np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(model(x)))
