@@ -295,6 +295,7 @@ def test_auto_keeps_the_decoupling_when_the_block_is_an_exact_rank_2_decoupling(
     assert rep.selection == "output" and rep.restart is not None
 
 
+@pytest.mark.slow  # two solves and prunes on the shared CPU: ~80 s
 def test_auto_meets_the_budget_with_both_candidates_in_one_share():
     model = Net(nnx.Rngs(0))
     P = count_params(model)
