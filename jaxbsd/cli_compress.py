@@ -229,8 +229,10 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--train-epochs", type=positive_int, default=40)
     p.add_argument("--train-lr", type=positive_float, default=1e-3)
     p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"))
-    p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune"),  # jaxbsd.compress.METHODS
-                   help="bsd (decoupling), svd/drone (low rank) or prune (hidden units); baselines need --rank or --reduction")
+    p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune", "auto"),  # jaxbsd.compress.METHODS
+                   help="bsd (decoupling), svd/drone (low rank), prune (hidden units) or auto (per block the better "
+                        "of a decoupling warm-started from the pruned MLP and the pruned MLP, on held-out tokens); "
+                        "baselines need --rank or --reduction")
     p.add_argument("--basis", default="bspline", choices=BASES)
     p.add_argument("--degree", type=nonnegative_int, default=3)
     p.add_argument("--dof", type=positive_int, default=4)

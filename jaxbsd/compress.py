@@ -46,6 +46,10 @@ from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compress_model import (
     ALLOCATIONS,
+    _check_auto_budget,
+    auto_prune_rank,
+    auto_ranks,
+    build_auto,
     check_budget,
     make_site,
     build_replacement,
@@ -76,7 +80,7 @@ __all__ = [
     "validation_split",
 ]
 
-METHODS = ("bsd", "svd", "drone", "prune")
+METHODS = ("bsd", "svd", "drone", "prune", "auto")
 ORDERS = {"front-to-back": "fb", "back-to-front": "bf"}
 #: Where each block's sampling points come from (see :class:`CompressionConfig`).
 CAPTURES = ("current", "original")
@@ -88,7 +92,11 @@ class CompressionConfig:
 
     Attributes:
       method: ``"bsd"`` (decoupling), ``"svd"`` or ``"drone"`` (low-rank baselines), ``"prune"``
-        (structured pruning of hidden units with a least-squares refit of the output layer).
+        (structured pruning of hidden units with a least-squares refit of the output layer) or
+        ``"auto"`` (per block, the better on held-out calibration tokens of a decoupling
+        warm-started from the pruned MLP, its restart chosen by output error, and the pruned MLP
+        within the same parameters; see :func:`jaxbsd.compress_model.build_auto`; the record's
+        ``method`` is the kept one and ``auto`` says why).
       basis: basis of the internal functions (``"bsd"`` only).
       rank: decoupling rank, the low-rank baselines' rank, or the hidden units pruning keeps; ``None`` = the block's width
         (the paper's choice, ``r = m``) for ``"bsd"``; required for the baselines unless
@@ -141,7 +149,9 @@ class CompressionConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.method != "bsd" and self.rank is None and self.reduction is None:
+        if self.method == "auto" and self.allocation != "uniform":
+            raise ValueError(f"allocation={self.allocation!r}: method 'auto' shares the budget uniformly")
+        if self.method not in ("bsd", "auto") and self.rank is None and self.reduction is None:
             raise ValueError(f"rank (or reduction) must be given for method {self.method!r}")
         if self.reduction is not None and self.rank is not None:
             raise ValueError("give at most one of rank and reduction")
@@ -237,11 +247,13 @@ def _block_site(model, block_index: int, images, config: CompressionConfig, key:
 
 
 def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array, *,
-                   tokens: jax.Array | None = None):
+                   tokens: jax.Array | None = None, prune_rank: int | None = None):
     """Build the replacement of ``model.blocks[block_index].mlp`` (the model is not changed).
 
     ``tokens``: the block's input tokens captured beforehand (``capture="original"``); by
-    default they are captured from ``model`` on ``images``.
+    default they are captured from ``model`` on ``images``. ``prune_rank``: for ``"auto"``, the
+    pruned candidate's units (default :func:`~jaxbsd.compress_model.auto_prune_rank` of the
+    decoupling's rank ``config.rank``).
 
     Returns:
       ``(module, info)``: the new MLP module and a dict with ``error_J``, ``error_F``,
@@ -255,8 +267,13 @@ def compress_block(model, block_index: int, images, config: CompressionConfig, k
     rank = config.rank or mlp_width(mlp)
     S = config.samples_for(rank)
     site = _block_site(model, block_index, images, config, key, num_samples=S, tokens=tokens)
-    module, info = build_replacement(site, config.method, rank, config.solver_config(site.m),
-                                     jax.random.fold_in(key, 1), restarts=config.restarts)
+    if config.method == "auto":
+        k = auto_prune_rank(site, rank, config.basis.num_coef) if prune_rank is None else int(prune_rank)
+        module, info = build_auto(site, rank, k, config.solver_config(site.m), jax.random.fold_in(key, 1),
+                                  restarts=config.restarts)
+    else:
+        module, info = build_replacement(site, config.method, rank, config.solver_config(site.m),
+                                         jax.random.fold_in(key, 1), restarts=config.restarts)
     info["num_samples"] = S
     info["seconds"] = time.perf_counter() - start
     return module, info
@@ -274,6 +291,9 @@ def mlp_width(module: nnx.Module) -> int:
 def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig, key: jax.Array) -> dict[int, int]:
     """Per-block ranks meeting ``config.reduction`` on the whole model (uniform or greedy).
 
+    For ``"auto"``: ``{block: (decoupling rank, pruned units)}``
+    (:func:`~jaxbsd.compress_model.auto_ranks`).
+
     Raises:
       ValueError: naming ``reduction`` if the MLPs alone cannot shrink enough.
     """
@@ -281,6 +301,9 @@ def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig,
     dof = config.basis.num_coef
     total = count_params(model)
     budget = int(np.floor((1 - config.reduction) * total)) - (total - sum(s.params for s in sites))
+    if config.method == "auto":
+        _check_auto_budget(sites, dof, budget, config.reduction)
+        return {i: tuple(int(r) for r in pair) for i, pair in zip(indices, auto_ranks(sites, dof, budget))}
     check_budget(sites, config.method, dof, budget, config.reduction)
     ranks = uniform_ranks(sites, config.method, dof, budget)
     if config.allocation == "greedy":
@@ -484,8 +507,11 @@ def compress(
         images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
         old = model.blocks[block].mlp
         old_params = mlp_params(old)
-        step_config = config if planned is None else dataclasses.replace(config, rank=planned[block], reduction=None)
+        plan = None if planned is None else planned[block]
         given = {"tokens": original_tokens[block]} if block in original_tokens else {}
+        if isinstance(plan, tuple):  # method "auto": (decoupling rank, pruned units)
+            plan, given["prune_rank"] = plan
+        step_config = config if plan is None else dataclasses.replace(config, rank=plan, reduction=None)
         module, info = compress_block(model, block, images, step_config, jax.random.fold_in(key, step), **given)
         model.blocks[block].mlp = module
         acc_cmtf = evaluate(model, dataset.test_images, dataset.test_labels, eval_bs)

@@ -66,11 +66,16 @@ __all__ = [
     "uniform_ranks",
     "greedy_ranks",
     "greedy_candidates",
+    "selection_tokens",
+    "warm_init",
+    "auto_ranks",
+    "auto_prune_rank",
+    "build_auto",
     "DEFAULT_CONFIG",
     "GREEDY_SCALES",
 ]
 
-METHODS = ("bsd", "svd", "drone", "prune")
+METHODS = ("bsd", "svd", "drone", "prune", "auto")
 ALLOCATIONS = ("uniform", "greedy")
 #: The solver template when ``config`` is None (the CLI's defaults: cubic splines, ν = 4).
 DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
@@ -581,7 +586,8 @@ def _output_error(module, X, Y):
 
 
 def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, key: jax.Array, *,
-                      restarts: int = 1, jacobian=None) -> tuple[nnx.Module, dict[str, Any]]:
+                      restarts: int = 1, jacobian=None, warm_start: bool = False,
+                      selection: str = "objective") -> tuple[nnx.Module, dict[str, Any]]:
     """One MLP's replacement at ``rank`` (the model is not changed).
 
     ``"bsd"``: R-CMTF-BSD on the site's samples (``config`` with its rank replaced), returned
@@ -595,20 +601,33 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
     as DRONE always does (``"check"``: the output error is then in-sample). In the module's
     dtype; needs a spec.
 
+    For ``"bsd"``, ``warm_start=True`` adds one restart beside the random ones, started from the
+    pruned MLP written as a decoupling (:func:`warm_init`); ``selection`` picks the restart kept:
+    ``"objective"`` (the solver's training objective, :func:`jaxbsd.decouple`'s choice) or
+    ``"output"`` (the relative output error on the selection tokens, :func:`selection_tokens`).
+
     Returns:
       ``(module, info)``; info holds ``error_J``, ``error_F`` (on the S samples; Error(𝒥) of the
       baselines only with a structured Jacobian, else None), ``output_error`` (relative squared
       error on up to 8192 calibration tokens), ``jacobian`` (``"structured"``/``"dense"``),
-      ``seconds``, and for bsd ``status`` and ``iterations``.
+      ``seconds``, and for bsd ``status``, ``iterations`` and the restart chosen: ``selection``,
+      ``restart`` (its index; the warm one is the last), ``restart_warm``, ``restart_by_objective``,
+      ``restart_by_output``, ``output_error_heldout`` (the chosen restart's error on the
+      selection tokens), ``restart_output_errors`` (every restart's) and ``selection_tokens``.
     """
     start = time.perf_counter()
     info: dict[str, Any] = {}
     if method == "bsd":
         jac, kind = _jacobian(site) if jacobian is None else jacobian
-        res = decouple(jac, site.F, site.X, dataclasses.replace(config, rank=int(rank)), key=key, restarts=restarts)
-        module = DecoupledMLP.from_decoupled(res.model, dtype=_param_dtype(site.module, site.X.dtype))
-        info.update(error_J=float(res.error_J), error_F=float(res.error_F), status=int(res.status),
-                    iterations=int(res.iterations), jacobian=kind)
+        config = dataclasses.replace(config, rank=int(rank))
+        init = _warm_init(site, int(rank), config) if warm_start else None
+        res = decouple(jac, site.F, site.X, config, key=key, restarts=restarts, init=init)
+        model, chosen = _chosen_restart(res, site, selection, warm=init is not None, info=info)
+        module = DecoupledMLP.from_decoupled(model, dtype=_param_dtype(site.module, site.X.dtype))
+        pick = lambda a: a[chosen]  # noqa: E731
+        info.update(error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
+                    status=int(pick(res.restarts.status)), iterations=int(pick(res.restarts.iterations)),
+                    jacobian=kind)
     else:
         if site.spec is None:
             raise ValueError(f"mlp_specs: method {method!r} factors the nnx.Linear layers of an MLP; "
@@ -661,6 +680,159 @@ def _gated_baseline(site: Site, method: str, rank: int) -> tuple[nnx.Module, dic
     module = baselines.lowrank_gated_mlp(*kernels, site.spec.activation, rank, method=method,
                                          X=site.check_X if method == "drone" else None)
     return module, {}
+
+
+# ----------------------------------------------------------------------------- warm start, selection, auto
+
+#: Restarts are chosen on the held-out tokens (``fit_X``) only when there are at least this many.
+_SELECTION_MIN_TOKENS = 64
+
+
+def selection_tokens(site: Site) -> tuple[jax.Array, jax.Array, str]:
+    """``(X, Y, kind)``: the tokens on which restarts are compared by output error.
+
+    ``kind = "held-out"``: the site's ``fit_X``/``fit_Y``, calibration tokens outside the check
+    set (so the reported ``output_error``, on the check tokens, stays independent of the choice;
+    up to ``S`` of them may be among the solver's samples). ``kind = "check"`` when there are
+    fewer than 64 of those (small calibration sets, where every token is a check token): the
+    check tokens themselves, and ``output_error`` is then the one the choice minimised.
+    """
+    if site.fit_X is not None and site.fit_X.shape[0] >= _SELECTION_MIN_TOKENS:
+        return site.fit_X, site.fit_Y, "held-out"
+    return site.check_X, site.check_Y, "check"
+
+
+def warm_init(site: Site, rank: int, config: CMTFConfig):
+    """The warm start of a rank-``rank`` decoupling of ``site``: its MLP pruned to ``rank − 1``
+    hidden units (:func:`jaxbsd.baselines.prune_mlp`, fitted on the same tokens as
+    ``method="prune"``) plus one constant internal function for the output bias, written as a
+    :class:`~jaxbsd.Decoupled` by :func:`jaxbsd.warm_start.decoupled_from_pruned` on the solver's
+    samples — so, before any sweep, it is that pruned MLP up to the basis's approximation of the
+    activation. At rank 1: one unit, its output bias projected on its output column.
+
+    Returns:
+      ``(Decoupled, PrunedMLP)``.
+
+    Raises:
+      ValueError: naming ``mlp_specs`` without a spec, ``ranks`` when ``rank − 1`` exceeds the
+        hidden width.
+    """
+    from jaxbsd.warm_start import decoupled_from_pruned
+
+    if site.spec is None:
+        raise ValueError(f"mlp_specs: a warm start prunes the two nnx.Linear layers of an MLP; {site.path!r} "
+                         f"({type(site.module).__name__}) needs an MLPSpec ({site.spec_status})")
+    k = max(1, rank - 1)
+    if k > site.hidden:
+        raise ValueError(f"ranks[{site.path!r}] = {rank}: a warm start keeps rank - 1 = {k} hidden units, "
+                         f"but there are {site.hidden}")
+    K1, b1, K2, b2 = site.spec.kernels(site.module, site.path)
+    held_out = site.fit_X is not None and site.fit_X.shape[0] >= _PRUNE_TOKENS_PER_COEF * (k + 1)
+    fit_X, fit_Y = (site.fit_X, site.fit_Y) if held_out else (site.check_X, site.check_Y)
+    try:
+        pruned, _ = baselines.prune_mlp(K1, b1, K2, b2, site.spec.activation, k, fit_X, fit_Y)
+    except ValueError as err:
+        raise ValueError(f"calibration: pruning {site.path!r} for a warm start: {err}") from err
+    return decoupled_from_pruned(pruned, site.X, config.basis, rank=rank), pruned
+
+
+def _warm_init(site: Site, rank: int, config: CMTFConfig):
+    return warm_init(site, rank, config)[0]
+
+
+def _chosen_restart(res, site: Site, selection: str, *, warm: bool, info: dict):
+    """The restart kept (by ``selection``) and what to report about the choice (into ``info``)."""
+    from jaxbsd.warm_start import choose_restart, restart_output_errors
+
+    X, Y, kind = selection_tokens(site)
+    errors = restart_output_errors(res, X, Y)
+    chosen = choose_restart(res, selection, errors)
+    by_output = choose_restart(res, "output", errors)
+    count = errors.shape[0]
+    info.update(selection=selection, restart=chosen, restart_warm=bool(warm and chosen == count - 1),
+                restart_by_objective=int(res.best_restart), restart_by_output=by_output,
+                output_error_heldout=float(errors[chosen]) if np.isfinite(errors[chosen]) else None,
+                # None for a restart whose model is not finite (JSON-able records, no inf).
+                restart_output_errors=tuple(float(e) if np.isfinite(e) else None for e in errors),
+                selection_tokens=kind)
+    return res.restart_model(chosen), chosen
+
+
+def auto_prune_rank(site: Site, bsd_rank: int, dof: int) -> int:
+    """Hidden units of the pruned candidate beside a rank-``bsd_rank`` decoupling: the most
+    whose :class:`~jaxbsd.baselines.PrunedMLP` has no more parameters than the decoupling
+    (at least 1, at most ``H``)."""
+    return max(1, min(site.hidden, _largest_rank(site, "prune", dof, site.params_at("bsd", bsd_rank, dof))))
+
+
+def auto_ranks(sites: Sequence[Site], dof: int, budget: int) -> list[tuple[int, int]]:
+    """``(bsd rank, pruned units)`` per site for ``method="auto"``: one parameter share per site.
+
+    As :func:`uniform_ranks`: the largest fraction ``f`` such that, with each candidate at the
+    largest rank whose parameters are ``≤ f · P_i`` (at least 1), the sites fit ``budget`` even
+    if every one keeps its larger candidate (``Σ_i max(P_bsd, P_prune) ≤ budget``). Both
+    candidates of a site thus live within the same share ``f · P_i``, and whichever is kept,
+    the budget holds.
+    """
+    def pairs(f):
+        return [(max(1, _largest_rank(s, "bsd", dof, f * s.params)), max(1, _largest_rank(s, "prune", dof, f * s.params)))
+                for s in sites]
+
+    def cost(ps):
+        return sum(max(s.params_at("bsd", r, dof), s.params_at("prune", k, dof)) for s, (r, k) in zip(sites, ps))
+
+    if cost(pairs(1.0)) <= budget:
+        return pairs(1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cost(pairs(mid)) <= budget else (lo, mid)
+    return pairs(lo)
+
+
+def _check_auto_budget(sites: Sequence[Site], dof: int, budget: int, reduction: float) -> None:
+    floor = sum(max(s.params_at("bsd", 1, dof), s.params_at("prune", 1, dof)) for s in sites)
+    if floor > budget:
+        raise ValueError(
+            f"reduction={reduction} cannot be met by method 'auto': the compressed MLPs may hold {budget} "
+            f"parameters in all, but rank 1 everywhere (the larger of a rank-1 decoupling and one pruned unit) "
+            f"already needs {floor} (compress more MLPs or ask for less)")
+
+
+def build_auto(site: Site, bsd_rank: int, prune_rank: int, config: CMTFConfig, key: jax.Array, *,
+               restarts: int = 1, selection: str = "output") -> tuple[nnx.Module, dict[str, Any]]:
+    """``method="auto"`` for one MLP: the better of a warm-started decoupling and a pruned MLP.
+
+    Builds the rank-``bsd_rank`` decoupling (random restarts plus the warm start from the pruned
+    MLP, :func:`warm_init`; restart chosen by ``selection``) and the pruned MLP with
+    ``prune_rank`` units, and keeps the one with the lower relative output error on the check
+    tokens — held out from both fits: the decoupling is fitted on the ``S`` samples and its
+    restart chosen on ``fit_X``; the pruned MLP is fitted on ``fit_X`` when there are
+    ``4 (k + 1)`` of them (else on the check tokens: ``info["auto"]["prune"]["fit_tokens"]``
+    says ``"check"`` and its error is in-sample). Ties go to pruning (no solver needed).
+
+    Returns:
+      ``(module, info)``: the kept candidate's :func:`build_replacement` info with
+      ``method`` (``"bsd"`` or ``"prune"``), ``rank``, and ``auto``: ``{"kept", "reason",
+      "bsd": {...}, "prune": {...}}`` with each candidate's rank, parameters and output error.
+    """
+    start = time.perf_counter()
+    jacobian = _jacobian(site)
+    bsd, bsd_info = build_replacement(site, "bsd", bsd_rank, config, key, restarts=restarts, jacobian=jacobian,
+                                      warm_start=True, selection=selection)
+    pruned, prune_info = build_replacement(site, "prune", prune_rank, config, key, jacobian=jacobian)
+    e_bsd, e_prune = bsd_info["output_error"], prune_info["output_error"]
+    kept = "bsd" if e_bsd < e_prune else "prune"
+    module, info = (bsd, dict(bsd_info)) if kept == "bsd" else (pruned, dict(prune_info))
+    relation = "<" if e_bsd < e_prune else ">="
+    summary = lambda rank, mod, i: dict(rank=int(rank), params=count_params(mod), output_error=i["output_error"],  # noqa: E731
+                                        **{k: i[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
+                                                              "selection_tokens") if k in i})
+    info.update(method=kept, rank=int(bsd_rank if kept == "bsd" else prune_rank), auto=dict(
+        kept=kept, reason=f"held-out output error: bsd {e_bsd:.4g} {relation} prune {e_prune:.4g}",
+        bsd=summary(bsd_rank, bsd, bsd_info), prune=summary(prune_rank, pruned, prune_info)))
+    info["seconds"] = time.perf_counter() - start
+    return module, info
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -780,6 +952,18 @@ class MLPReport:
         ``"known: jaxbsd gated MLP (…)"``, ``"found: <activation>: <first> -> <second> (…)"``
         (gated: ``<gate> -> <up> -> <down>``) or ``"not found: <reason>"`` (then the Jacobian
         is dense).
+      selection: for a decoupling, how its restart was chosen: ``"objective"`` (training
+        objective on the samples) or ``"output"`` (output error on the selection tokens); else
+        None. The fields below are None for the other methods.
+      restart: the index of the restart kept (random ones first, the warm start last);
+        restart_warm: whether it is the warm start; restart_by_objective, restart_by_output: the
+        restart each criterion picks (both are reported whichever was used).
+      output_error_heldout: the kept restart's relative output error on the selection tokens.
+      selection_tokens: ``"held-out"`` (``Site.fit_X``, calibration tokens outside the check
+        set) or ``"check"`` (fewer than 64 of those: the check tokens).
+      auto: for ``method="auto"``, ``{"kept": "bsd" | "prune", "reason": …, "bsd": {rank,
+        params, output_error, restart_warm}, "prune": {rank, params, output_error,
+        fit_tokens}}``: both candidates and why one was kept; else None.
     """
 
     path: str
@@ -798,6 +982,14 @@ class MLPReport:
     kept: tuple[int, ...] | None = None
     fit_tokens: str | None = None
     spec: str = "given"
+    selection: str | None = None
+    restart: int | None = None
+    restart_warm: bool | None = None
+    restart_by_objective: int | None = None
+    restart_by_output: int | None = None
+    output_error_heldout: float | None = None
+    selection_tokens: str | None = None
+    auto: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -832,7 +1024,8 @@ class CompressionReport:
 # ----------------------------------------------------------------------------- driver
 
 
-def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts):
+def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts,
+              warm_start=None, selection=None):
     if not isinstance(model, nnx.Module):
         raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
     if isinstance(mlps, str) or not isinstance(mlps, Sequence) or not mlps:
@@ -872,6 +1065,18 @@ def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samp
         raise ValueError(f"num_samples must be a positive int or None, got {num_samples!r}")
     if not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be a positive int, got {restarts!r}")
+    if warm_start is not None and not isinstance(warm_start, bool):
+        raise ValueError(f"warm_start must be True, False or None, got {warm_start!r}")
+    if warm_start and method not in ("bsd", "auto"):
+        raise ValueError(f"warm_start=True starts a decoupling from the pruned MLP: it needs method 'bsd' or "
+                         f"'auto', got {method!r}")
+    if warm_start is False and method == "auto":
+        raise ValueError("warm_start=False: method 'auto' always warm-starts its decoupling from the pruned MLP")
+    if selection is not None and selection not in ("objective", "output"):
+        raise ValueError(f"selection must be 'objective', 'output' or None, got {selection!r}")
+    if method == "auto" and allocation != "uniform":
+        raise ValueError(f"allocation={allocation!r}: method 'auto' shares the budget uniformly "
+                         "(each MLP's two candidates within one share); use allocation='uniform'")
     if mlp_specs is not None and not isinstance(mlp_specs, (MLPSpec, GatedMLPSpec)):
         if not isinstance(mlp_specs, Mapping) or not set(mlp_specs) <= set(mlps):
             raise ValueError(f"mlp_specs must be an MLPSpec, a GatedMLPSpec or a dict from paths of mlps to "
@@ -898,6 +1103,8 @@ def compress_model(
     key: jax.Array,
     mlp_specs: AnySpec | Mapping[str, AnySpec] | None = None,
     restarts: int = 1,
+    warm_start: bool | None = None,
+    selection: str | None = None,
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -929,8 +1136,9 @@ def compress_model(
         (attribute names; integers index lists, ``nnx.List`` included).
       reduction: ``ρ`` in ``[0, 1)``, the fraction of the model's parameters to remove.
       ranks: instead of ``reduction``, ``{path: rank}`` for every path (exactly one of the two).
-      method: ``"bsd"`` (R-CMTF-BSD), ``"svd"`` (truncated SVD of both layers, or of all three
-        of a gated MLP), ``"drone"``
+      method: ``"bsd"`` (R-CMTF-BSD), ``"auto"`` (per MLP, the better of a warm-started
+        decoupling and a pruned MLP; see below), ``"svd"`` (truncated SVD of both layers, or of all
+        three of a gated MLP), ``"drone"``
         (data-aware low rank, fed the calibration tokens) or ``"prune"`` (keep the ``k`` hidden
         units of largest ``‖V1[:, j]‖ · RMS(h_j)`` on the calibration tokens and refit the output
         layer by least squares; ``rank`` is ``k``; see :func:`jaxbsd.baselines.prune_weights`;
@@ -959,7 +1167,21 @@ def compress_model(
         ``report.mlps[i].spec`` says what it found).
         Without a spec, ``"bsd"`` uses dense Jacobians (``S·n·m`` floats) and the baselines
         raise ``ValueError`` with the reason.
-      restarts: solver restarts per MLP (``"bsd"``).
+      restarts: solver restarts per MLP (``"bsd"``, ``"auto"``).
+      warm_start: ``True`` adds one restart beside the random ones, started from the MLP pruned
+        to ``rank − 1`` units plus a constant unit for its output bias
+        (:func:`warm_init`). None: ``False`` for ``"bsd"`` (the random restarts alone, as
+        before), ``True`` for ``"auto"`` (which requires it).
+      selection: how a decoupling's restart is chosen: ``"objective"`` (the solver's training
+        objective on the samples) or ``"output"`` (relative output error on held-out
+        calibration tokens, :func:`selection_tokens`). None: ``"objective"`` for ``"bsd"``,
+        ``"output"`` for ``"auto"``. The report gives the restart both would pick.
+
+    ``method="auto"``: each MLP gets one parameter share (:func:`auto_ranks`; with ``ranks``,
+    the rank is the decoupling's and the pruned candidate keeps the most units that fit in the
+    decoupling's parameters, :func:`auto_prune_rank`); within it a warm-started decoupling and a
+    pruned MLP are built and the one with the lower output error on the check tokens is kept
+    (:func:`build_auto`; ``report.mlps[i].method`` says which and ``.auto`` why).
 
     Returns:
       ``(model, report)``: the same model with the submodules replaced (``DecoupledMLP``,
@@ -978,7 +1200,11 @@ def compress_model(
       >>> report.reduction >= 0.3
       True
     """
-    mlps = _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts)
+    mlps = _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts,
+                     warm_start, selection)
+    warm = method == "auto" if warm_start is None else warm_start
+    selection = ("output" if method == "auto" else "objective") if selection is None else selection
+    build = functools.partial(build_replacement, restarts=restarts, warm_start=warm, selection=selection)
     typed = isinstance(key, jax.Array) and key.shape == () and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     legacy = isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32
     if not (typed or legacy):
@@ -1013,8 +1239,12 @@ def compress_model(
     cache: dict[tuple[str, int], tuple[Site, nnx.Module, dict]] = {}
     if reduction is not None:
         budget = math.floor((1 - reduction) * params_before) - (params_before - sum(s.params for s in sites))
-        check_budget(sites, method, dof, budget, reduction)
-        chosen = uniform_ranks(sites, method, dof, budget)
+        if method == "auto":
+            _check_auto_budget(sites, dof, budget, reduction)
+            chosen = auto_ranks(sites, dof, budget)
+        else:
+            check_budget(sites, method, dof, budget, reduction)
+            chosen = uniform_ranks(sites, method, dof, budget)
         if allocation == "greedy":
             floor = sum(s.params_at(method, 1, dof) for s in sites)
             errors = []
@@ -1022,8 +1252,7 @@ def compress_model(
                 alone = budget - floor + s.params_at(method, 1, dof)
                 errs = {}
                 for r in greedy_candidates(s, method, dof, u, alone):
-                    module, info = build_replacement(s, method, r, config, jax.random.fold_in(site_keys[s.path], 1),
-                                                     restarts=restarts)
+                    module, info = build(s, method, r, config, jax.random.fold_in(site_keys[s.path], 1))
                     cache[(s.path, r)] = (s, module, info)
                     errs[r] = info["output_error"]
                 errors.append(errs)
@@ -1038,6 +1267,8 @@ def compress_model(
             elif method in ("svd", "drone") and rank_of[s.path] > min(s.m, s.hidden, s.n):
                 raise ValueError(f"ranks[{s.path!r}] = {rank_of[s.path]} exceeds min(m, H, n) = "
                                  f"{min(s.m, s.hidden, s.n)} for method {method!r}")
+            elif method == "auto":
+                rank_of[s.path] = (rank_of[s.path], auto_prune_rank(s, rank_of[s.path], dof))
 
     if isinstance(order, str):
         executed = first_calls if order == "front-to-back" else first_calls[::-1]
@@ -1052,20 +1283,24 @@ def compress_model(
         hit = cache.get((path, rank))
         if hit is not None and _same_site(hit[0], site):
             module, info = hit[1], hit[2]  # greedy already built exactly this replacement
+        elif method == "auto":
+            module, info = build_auto(site, *rank, config, jax.random.fold_in(site_keys[path], 1),
+                                      restarts=restarts, selection=selection)
         else:
-            module, info = build_replacement(site, method, rank, config, jax.random.fold_in(site_keys[path], 1),
-                                             restarts=restarts)
+            module, info = build(site, method, rank, config, jax.random.fold_in(site_keys[path], 1))
         set_submodule(model, path, module)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
         if finetune is not None:
             finetune(model)
         reports.append(MLPReport(
-            path=path, method=method, rank=int(rank), in_features=site.m, out_features=site.n,
+            path=path, method=info.get("method", method), rank=int(info.get("rank", rank)),
+            in_features=site.m, out_features=site.n,
             params_before=site.params, params_after=count_params(module), error_J=info.get("error_J"),
             error_F=info.get("error_F"), output_error=info["output_error"], jacobian=info["jacobian"],
             seconds=seconds, seconds_finetune=time.perf_counter() - start,
             kept=tuple(info["kept"]) if "kept" in info else None, fit_tokens=info.get("fit_tokens"), spec=site.spec_status,
+            **{f: info.get(f) for f in _SELECTION_FIELDS},
         ))
     params_after = count_params(model)
     report = CompressionReport(
@@ -1076,6 +1311,11 @@ def compress_model(
     if reduction is not None:
         assert params_after <= (1 - reduction) * params_before, (params_after, params_before, reduction)
     return model, report
+
+
+#: The :class:`MLPReport` fields about the choice of a restart (and ``auto``), copied from ``info``.
+_SELECTION_FIELDS = ("selection", "restart", "restart_warm", "restart_by_objective", "restart_by_output",
+                     "output_error_heldout", "selection_tokens", "auto")
 
 
 def _same_site(a: Site, b: Site) -> bool:

@@ -17,7 +17,8 @@ from scipy.special import erf
 
 import jaxbsd as jb
 from jaxbsd import baselines, compress
-from jaxbsd.compress_model import DEFAULT_CONFIG, _make_site, build_replacement
+from jaxbsd.compress_model import DEFAULT_CONFIG, build_replacement
+from jaxbsd.compress_model import make_site
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 
@@ -194,7 +195,7 @@ def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit):
     (when there are >= 4 (k + 1) of them), so its reported output error is held out."""
     ffn = FFN(16, 64, nnx.Rngs(3))
     X_all = jax.random.normal(jax.random.key(4), (8292, 16), jnp.float64)
-    site = _make_site("ffn", ffn, SPEC, X_all, ffn(X_all), None, jax.random.key(5))
+    site = make_site("ffn", ffn, SPEC, X_all, ffn(X_all), None, jax.random.key(5))
     assert site.check_X.shape[0] == 8192 and site.fit_X.shape[0] == 100
 
     def rows(A):
@@ -220,7 +221,7 @@ def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit):
     "kwargs, match",
     [
         (dict(reduction=None, ranks={"layers.0": 65, "layers.1": 2, "layers.2": 2}), "ranks"),  # > H
-        (dict(mlp_specs=None), "mlp_specs"),
+        (dict(mlp_specs="up"), "mlp_specs"),  # not a spec (with none, the spec is found)
         (dict(reduction=0.999), "reduction"),
     ],
 )

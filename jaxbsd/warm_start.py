@@ -1,0 +1,162 @@
+"""A pruned MLP written as a decoupled model, and choosing among restarts by output error.
+
+A pruned MLP ``y = K2ᵀ h(K1ᵀ x + b1) + b2`` (:class:`~jaxbsd.baselines.PrunedMLP`, ``k`` hidden
+units) is almost a decoupled function ``W1 g(W0 x)``: ``W0`` the kept rows of the first layer,
+``g_i(u) = h(u + b1_i)`` and ``W1`` the refitted output layer. Two things differ:
+
+* ``g_i`` must lie in the solver's basis: each is fitted by least squares of the basis at the
+  unit's activations ``u_i = X W0[i]ᵀ`` on the sampling points, with the knots the basis itself
+  places there (``basis.fit``, as the solver's first sweep will). What remains is the basis's
+  approximation of the shifted activation on that range.
+* A decoupling has no output bias (:class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP`: the
+  output bias of the original MLP enters through the outputs ``F`` it is fitted to). At rank
+  ``k + 1`` one extra internal function, constant, carries ``b2`` exactly; at rank ``k`` the
+  internal functions take constants ``c`` with ``W1 c`` the least-squares projection of ``b2``
+  on the columns of ``W1`` (exact only when ``b2`` lies in their span).
+
+:func:`restart_output_errors` measures each restart of a :class:`~jaxbsd.DecouplingResult` by
+the relative output error on given tokens, and :func:`choose_restart` picks one by that or by
+the solver's training objective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbsd import metrics
+from jaxbsd.bases import Basis
+from jaxbsd.cmtf import DecouplingResult
+from jaxbsd.decoupled import Decoupled
+from jaxbsd.models.layers import ACTIVATIONS
+
+__all__ = ["SELECTIONS", "decoupled_from_pruned", "restart_output_errors", "choose_restart"]
+
+#: How a restart is chosen: ``"objective"`` (the solver's training objective
+#: ``‖𝒥−𝒥̂‖² + λ‖F−F̂‖²`` on the samples, as :func:`jaxbsd.decouple` does) or ``"output"``
+#: (the relative output error on held-out calibration tokens, what users measure).
+SELECTIONS = ("objective", "output")
+
+
+def _fit_internal(basis: Basis, u: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(knots (K,), coef (ν,))``: knots placed by ``basis.fit`` on ``u (S,)``, coefficients
+    by least squares of the basis at ``u`` on ``values (S,)`` (float64, minimum norm)."""
+    uj = jnp.asarray(u)
+    knots = basis.fit(uj)
+    B = np.asarray(basis.design(uj, knots)[0], np.float64)
+    coef, *_ = np.linalg.lstsq(B, values, rcond=None)
+    return np.asarray(knots, np.float64), coef
+
+
+def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int | None = None) -> Decoupled:
+    """The decoupled model of a pruned MLP, to warm-start the solver (``jb.decouple(init=...)``).
+
+    For a :class:`~jaxbsd.baselines.PrunedMLP` ``y = h(x K1 + b1) K2 + b2`` with ``k`` units:
+
+    * ``W0[i] = K1[:, i]ᵀ`` for ``i < k`` (the kept rows of the first layer, unscaled);
+    * ``g_i ≈ u ↦ h(u + b1_i) + c_i`` in ``basis``: knots ``basis.fit(u_i)`` and least-squares
+      coefficients at ``u_i = X W0[i]ᵀ``;
+    * ``W1[:, i] = K2[i, :]`` (the refitted output layer);
+    * the output bias ``b2``: with ``rank = k + 1`` the last internal function is the constant 1
+      (fitted the same way; ``W0`` row: the leading right singular vector of ``X``, so its knots
+      span a real range) and ``W1[:, k] = b2`` — exact; with ``rank = k`` (the default),
+      ``c = argmin ‖K2ᵀ c − b2‖`` — exact only when ``b2`` is in the span of ``K2``'s rows.
+
+    So on ``X``, ``model(X) = pruned(X) + Σ_i e_i W1[:, i]ᵀ`` (+ ``(K2ᵀ c − b2)`` at rank ``k``),
+    ``e_i`` the basis's least-squares residual of ``g_i`` at ``u_i``.
+
+    Args:
+      pruned: a :class:`~jaxbsd.baselines.PrunedMLP` with a named activation (or a callable).
+      X: ``(S, m)`` sampling points (the solver's; the knots are placed on their activations).
+      basis: the solver's basis (``config.basis``).
+      rank: ``k`` or ``k + 1`` (None: ``k``).
+
+    Returns:
+      A :class:`~jaxbsd.Decoupled` of rank ``rank`` in ``X``'s dtype, with ``W0 (rank, m)``,
+      ``W1 (n, rank)``, ``coef (rank, ν)``, ``knots (rank, K)``.
+
+    Raises:
+      ValueError: naming the argument: ``pruned`` not a pruned MLP, ``X`` of the wrong shape,
+        non-finite or with fewer rows than ``ν``, ``rank`` not ``k`` or ``k + 1``.
+    """
+    from jaxbsd.baselines import PrunedMLP
+
+    if not isinstance(pruned, PrunedMLP):
+        raise ValueError(f"pruned must be a jaxbsd.baselines.PrunedMLP, got {type(pruned).__name__}")
+    if not isinstance(basis, Basis):
+        raise ValueError(f"basis must be a jaxbsd basis, got {type(basis).__name__}")
+    K1 = np.asarray(pruned.fc1.kernel[...], np.float64)
+    b1 = np.asarray(pruned.fc1.bias[...], np.float64)
+    K2 = np.asarray(pruned.fc2.kernel[...], np.float64)
+    b2 = np.asarray(pruned.fc2.bias[...], np.float64)
+    m, k = K1.shape
+    if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
+        raise ValueError(f"X must have shape (S, {m}), got {getattr(X, 'shape', type(X).__name__)}")
+    if X.shape[0] < basis.num_coef:
+        raise ValueError(f"X: fitting {basis.num_coef} coefficients per unit needs at least that many rows, "
+                         f"got {X.shape[0]}")
+    rank = k if rank is None else rank
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank not in (k, k + 1):
+        raise ValueError(f"rank must be k = {k} or k + 1 = {k + 1} (an extra constant unit for the output bias), "
+                         f"got {rank!r}")
+    Xh = np.asarray(X, np.float64)
+    if not np.all(np.isfinite(Xh)):
+        raise ValueError("X must be finite")
+    h = ACTIVATIONS[pruned.activation] if isinstance(pruned.activation, str) else pruned.activation
+    U = Xh @ K1  # (S, k): the units' activations without their bias
+    hidden = np.asarray(h(jnp.asarray(U + b1[None, :])), np.float64)
+    W0, W1 = K1.T, K2.T
+    if rank == k:
+        # No output bias in a decoupling: constants in the g_i carry its projection on range(W1).
+        c, *_ = np.linalg.lstsq(W1, b2, rcond=None)
+        targets = hidden + c[None, :]
+    else:
+        direction = np.linalg.svd(Xh, full_matrices=False)[2][0]  # a row whose activations spread
+        W0 = np.concatenate([W0, direction[None, :]])
+        W1 = np.concatenate([W1, b2[:, None]], axis=1)
+        U = np.concatenate([U, (Xh @ direction)[:, None]], axis=1)
+        targets = np.concatenate([hidden, np.ones((Xh.shape[0], 1))], axis=1)
+    fits = [_fit_internal(basis, U[:, i], targets[:, i]) for i in range(rank)]
+    knots = np.stack([f[0] for f in fits]).reshape(rank, basis.num_knots)
+    coef = np.stack([f[1] for f in fits])
+    if not all(np.all(np.isfinite(a)) for a in (W0, W1, coef, knots)):
+        raise ValueError("pruned: its decoupled form is not finite (non-finite weights or activations)")
+    dtype = jnp.asarray(X).dtype
+    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    return Decoupled(W0=cast(W0), W1=cast(W1), coef=cast(coef), knots=cast(knots), basis=basis)
+
+
+def restart_output_errors(result: DecouplingResult, X: jax.Array, Y: jax.Array) -> np.ndarray:
+    """Relative output error ``‖Y − f̂_i(X)‖²/‖Y‖²`` of every restart ``i`` of ``result``.
+
+    Args:
+      result: a :class:`~jaxbsd.DecouplingResult` (warm restart included, last).
+      X: ``(N, m)`` tokens; Y: ``(N, n)`` the block's outputs there.
+
+    Returns:
+      ``(restarts,)`` float64 host array; a non-finite error (a restart whose model does not
+      evaluate to finite numbers) is ``inf``, so it is never chosen.
+    """
+    count = int(np.shape(result.restarts.objective)[0])
+    X, Y = jnp.asarray(X), jnp.asarray(Y)
+    errors = np.array([float(_error(result.restart_model(i), X, Y)) for i in range(count)], np.float64)
+    return np.where(np.isfinite(errors), errors, np.inf)
+
+
+@jax.jit
+def _error(model: Decoupled, X: jax.Array, Y: jax.Array) -> jax.Array:
+    X = X.astype(model.W0.dtype)
+    return metrics.relative_error(Y.astype(model.W0.dtype), model(X))
+
+
+def choose_restart(result: DecouplingResult, selection: str, output_errors: np.ndarray) -> int:
+    """The restart kept: ``result.best_restart`` (``"objective"``) or the smallest of
+    ``output_errors`` (``"output"``; ties: the lower index; all infinite: by objective)."""
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    if selection == "objective" or not np.any(np.isfinite(output_errors)):
+        return int(result.best_restart)
+    return int(np.argmin(output_errors))
