@@ -68,9 +68,7 @@ def stale_results(paths: Iterable[pathlib.Path], fingerprint: dict | None = None
     fp = _fingerprint_module()
     current = fingerprint
     problems = []
-    if fingerprint is None and not pathlib.Path(fp.__file__).resolve().is_relative_to(ROOT.resolve()):
-        return [f"the solver fingerprint would come from {fp.__file__}, not from this checkout ({ROOT}): "
-                "run from the checkout's root or put it first on PYTHONPATH"]
+    foreign = not pathlib.Path(fp.__file__).resolve().is_relative_to(ROOT.resolve())
     for path in paths:
         try:
             prov = json.loads(path.read_text()).get("provenance")
@@ -92,6 +90,9 @@ def stale_results(paths: Iterable[pathlib.Path], fingerprint: dict | None = None
                             f"the current cases are version {fp.FINGERPRINT_VERSION}; regenerate: {prov['command']}")
             continue
         if current is None:
+            if foreign:  # checked only when a fingerprint is needed
+                return problems + [f"the solver fingerprint would come from {fp.__file__}, not from this checkout "
+                                   f"({ROOT}): run from the checkout's root or put it first on PYTHONPATH"]
             current = fp.solver_fingerprint()
         moved = fp.compare_fingerprints(recorded, current)
         if moved:
