@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -331,6 +331,23 @@ def _importance(hidden: np.ndarray, K2) -> np.ndarray:
     return column * np.sqrt(np.mean(hidden ** 2, axis=0))
 
 
+def _check_pruning(k: Any, H: int, X: Any, m: int, refitted: str) -> int:
+    """``k`` as an int after checking it (``1 ≤ k ≤ H``) and the tokens ``X (N, m)`` (finite, at
+    least ``k + 1`` of them, to refit ``refitted`` with an intercept). Raises ``ValueError``
+    naming the argument."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= H:
+        raise ValueError(f"k must be an int in [1, {H}], got {k!r}")
+    k = int(k)
+    if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
+        raise ValueError(f"X must have shape (N, {m}), got {getattr(X, 'shape', type(X).__name__)}")
+    if X.shape[0] < k + 1:
+        raise ValueError(f"X: refitting {refitted} of {k} kept units needs at least {k + 1} tokens, "
+                         f"got {X.shape[0]}")
+    if not np.all(np.isfinite(np.asarray(X))):
+        raise ValueError("X must be finite")
+    return k
+
+
 def prune_weights(
     K1: jax.Array,
     b1: jax.Array | None,
@@ -376,16 +393,7 @@ def prune_weights(
         raise ValueError(f"b1 must have shape ({H},), got {b1.shape}")
     if b2 is not None and b2.shape != (n,):
         raise ValueError(f"b2 must have shape ({n},), got {b2.shape}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= H:
-        raise ValueError(f"k must be an int in [1, {H}], got {k!r}")
-    k = int(k)
-    if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
-        raise ValueError(f"X must have shape (N, {m}), got {getattr(X, 'shape', type(X).__name__)}")
-    if X.shape[0] < k + 1:
-        raise ValueError(f"X: refitting the output layer of {k} kept units needs at least {k + 1} tokens, "
-                         f"got {X.shape[0]}")
-    if not np.all(np.isfinite(np.asarray(X))):
-        raise ValueError("X must be finite")
+    k = _check_pruning(k, H, X, m, "the output layer")
     hidden = _hidden(K1, b1, activation, X)
     if Y is None:
         Y = hidden @ np.asarray(K2, np.float64) + (0 if b2 is None else np.asarray(b2, np.float64)[None, :])
@@ -630,16 +638,7 @@ def prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: i
       ValueError: naming the argument, as :func:`prune_weights`.
     """
     m, H, n = _check_gated(Kg, bg, Ku, bu, Kd, bd)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= H:
-        raise ValueError(f"k must be an int in [1, {H}], got {k!r}")
-    k = int(k)
-    if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
-        raise ValueError(f"X must have shape (N, {m}), got {getattr(X, 'shape', type(X).__name__)}")
-    if X.shape[0] < k + 1:
-        raise ValueError(f"X: refitting the down projection of {k} kept units needs at least {k + 1} tokens, "
-                         f"got {X.shape[0]}")
-    if not np.all(np.isfinite(np.asarray(X))):
-        raise ValueError("X must be finite")
+    k = _check_pruning(k, H, X, m, "the down projection")
     hidden = np.asarray(gated_hidden(Kg, bg, Ku, bu, activation, X), np.float64)
     if Y is None:
         Y = hidden @ np.asarray(Kd, np.float64) + (0 if bd is None else np.asarray(bd, np.float64)[None, :])
