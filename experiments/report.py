@@ -293,17 +293,21 @@ def comparison_table() -> str:
             if r["status"] != "ok":
                 rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
                 continue
-            v = d["verdicts"][repr(r["reduction"])].get(r["method"])
-            if v is None:
-                verdict = "(reference)"
-            elif not v["n"]:
-                verdict = "no paired runs"
-            else:
-                verdict = f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
+            verdict = _verdict_cell(d, r)
             rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
                          f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict])
         out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"], rows), ""]
     return "\n".join(out).rstrip()
+
+
+def _verdict_cell(d: dict, row: dict) -> str:
+    """The paired verdict of ``row``'s method against the reference at its ρ, as a table cell."""
+    v = d["verdicts"][repr(row["reduction"])].get(row["method"])
+    if v is None:
+        return "(reference)"
+    if not v["n"]:
+        return "no paired runs"
+    return f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
 
 
 def training_free_table() -> str:
@@ -329,13 +333,7 @@ def training_free_table() -> str:
                 continue
             errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
                     and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
-            v = d["verdicts"][repr(r["reduction"])].get(r["method"])
-            if v is None:
-                verdict = "(reference)"
-            elif not v["n"]:
-                verdict = "no paired runs"
-            else:
-                verdict = f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
+            verdict = _verdict_cell(d, r)
             rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
                          f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %",
                          f"{np.mean(errs):.3g}" if errs else "—", verdict])
