@@ -631,18 +631,26 @@ def begin(key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverS
     """Loop state before the first sweep (the initial state is the fallback best iterate).
 
     ``init``: start from this state (:func:`warm_state`) instead of the random one of ``key``.
+    A warm initial state also competes as an iterate: if no sweep improves on its objective,
+    the restart returns it unchanged.
     """
     config = config.cast(problem.F.dtype)
     norms = _norms(problem, config.lam)
     state0 = init_state(key, problem, config) if init is None else init
     inf = jnp.asarray(jnp.inf, problem.F.dtype)
     errs0 = _errors(state0, problem, config.lam)
+    best_errors = Errors(inf, inf, inf)
+    if init is not None:
+        # A warm start is a model someone chose (e.g. a pruned MLP): it stays the answer unless
+        # a sweep beats it. A random initial state is only the fallback, never a candidate.
+        finite0 = _finite(state0) & jnp.isfinite(errs0.objective)
+        best_errors = jax.tree_util.tree_map(lambda e: jnp.where(finite0, e, inf), errs0)
     return Iteration(
         it=jnp.asarray(0),
         state=state0,
         prev_objective=inf,
         best=state0,
-        best_errors=Errors(inf, inf, inf),
+        best_errors=best_errors,
         history_J=jnp.full((config.max_iter,), errs0.res_J / norms.J),
         history_F=jnp.full((config.max_iter,), errs0.res_F / norms.F),
         status=jnp.asarray(-1),

@@ -61,6 +61,19 @@ def test_a_warm_start_from_the_exact_decoupling_is_exact_and_wins(robust):
     np.testing.assert_allclose(np.asarray(res.model(X)), np.asarray(F), rtol=1e-6, atol=1e-8)
 
 
+def test_a_warm_start_is_kept_when_no_sweep_improves_on_it():
+    """Heavy Tikhonov pulls every sweep away from the planted decoupling, so the warm restart's
+    best iterate must be its initial state: the exact model, with its exact errors."""
+    J, F, X, model, _ = planted()
+    config = jb.CMTFConfig(rank=2, basis=BASIS, robust=True, max_iter=3, mu_w=10.0, mu_c=10.0)
+    res = jb.decouple(J, F, X, config, key=jax.random.key(0), restarts=1, init=model)
+    assert float(res.restarts.history_J[1, 0]) > 1e-3  # the sweeps did move away from it
+    assert int(res.best_restart) == 1
+    assert float(res.error_J) < 1e-12 and float(res.error_F) < 1e-12
+    np.testing.assert_allclose(np.asarray(res.model(X)), np.asarray(F), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.default_compiler  # bit-identity of two compiled programs (2 and 3 restarts)
 @pytest.mark.parametrize("batch", ["vmap", "map"])
 def test_random_restarts_are_unchanged_by_a_warm_start(batch):
     J, F, X, model, _ = planted()
