@@ -158,6 +158,7 @@ def test_dead_ranks_are_counted():
     assert int(res.dead_ranks) == expected
 
 
+@pytest.mark.default_compiler
 def test_bit_identical_across_runs_and_with_the_jitted_single_restart():
     rng = np.random.default_rng(2)
     X = jnp.asarray(rng.uniform(-1, 1, size=(50, 3)))
