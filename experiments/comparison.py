@@ -87,8 +87,54 @@ PAPER = {  # Table deit-usps: method -> (top-1 %, parameters, reduction %)
 }
 
 METHODS = ("bsd", "svd", "drone", "bsd-greedy", "prune")
-NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)", "prune": "Pruning"}
 REFERENCE = "bsd"
+
+#: B-spline variants are named ``bsd-<option>-<option>…`` (see :func:`bsd_variant`).
+_VARIANT_WORDS = {"greedy": "greedy", "warm": "warm start, held-out selection", "nu": "ν = {}", "s": "S = max(128, {}r)",
+                  "it": "{} sweeps"}
+
+
+def bsd_variant(method: str) -> dict:
+    """The ``CompressionConfig`` fields of a B-spline variant that differ from ``"bsd"``.
+
+    ``method`` is ``"bsd"`` followed by any of ``-greedy`` (greedy allocation), ``-warm``
+    (a warm-started restart from the pruned MLP, restart chosen by the output error on held-out
+    calibration tokens), ``-nu<ν>`` (cubic B-splines with ν coefficients), ``-s<k>``
+    (``S = max(128, k·r)``) and ``-it<n>`` (``n`` sweeps), e.g. ``"bsd-warm-nu8"``. A dict with
+    the keys ``allocation``, ``warm_start``/``selection``, ``dof``, ``samples_per_rank`` and
+    ``max_iter`` where given.
+
+    Raises:
+      ValueError: naming ``method`` for an unknown option.
+    """
+    fields: dict = {}
+    for word in method.split("-")[1:]:
+        head = word.rstrip("0123456789")
+        number = word[len(head):]
+        if word == "greedy":
+            fields["allocation"] = "greedy"
+        elif word == "warm":
+            fields.update(warm_start=True, selection="output")
+        elif head in ("nu", "s", "it") and number:
+            fields[{"nu": "dof", "s": "samples_per_rank", "it": "max_iter"}[head]] = int(number)
+        else:
+            raise ValueError(f"method {method!r}: unknown B-spline option {word!r}")
+    return fields
+
+
+def method_name(method: str) -> str:
+    """Display name: ``"B-spline (greedy)"``, ``"B-spline (warm start, held-out selection; ν = 8)"``…"""
+    fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)"}
+    if method in fixed:
+        return fixed[method]
+    words = []
+    for word in method.split("-")[1:]:
+        head = word.rstrip("0123456789")
+        words.append(_VARIANT_WORDS[head].format(word[len(head):]) if head in _VARIANT_WORDS else word)
+    return f"B-spline ({'; '.join(words)})"
+
+
+NAMES = {m: method_name(m) for m in METHODS}
 
 #: Per mode: model, data set, budgets and sizes. ``epochs``/``train_subset``: the fine-tuning
 #: budget after every block, the same for every method (DeiT's full default is the per-block
@@ -111,10 +157,13 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     ``plan["val_fraction"]`` and ``plan["capture_images"]`` (default: ``CompressionConfig``'s,
     which keeps the tags, hence the saved units, of runs configured before they existed).
     """
+    variant = bsd_variant(method) if method.startswith("bsd") else {}
     return CompressionConfig(
-        method="bsd" if method.startswith("bsd") else method, basis=jb.BSpline(args.degree, args.dof),
-        reduction=reduction, allocation="greedy" if method == "bsd-greedy" else "uniform", lam=0.25,
-        max_iter=plan["max_iter"], num_samples=args.samples or 128, samples_per_rank=0 if args.samples else 2,
+        method="bsd" if method.startswith("bsd") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
+        reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=0.25,
+        max_iter=variant.get("max_iter", plan["max_iter"]), num_samples=args.samples or 128,
+        samples_per_rank=0 if args.samples else variant.get("samples_per_rank", 2),
+        warm_start=variant.get("warm_start", False), selection=variant.get("selection", "objective"),
         finetune_epochs=plan["epochs"], seed=seed,
         val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
         capture_images=plan.get("capture_images", CompressionConfig.capture_images),
@@ -178,12 +227,12 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
         for method in plan["methods"]:
             ok = [u for u in by_method[method].values() if u["status"] == "ok"]
             if not ok:
-                rows.append({"method": method, "reduction": reduction, "status": "infeasible", "seeds": 0,
+                rows.append({"method": method, "name": method_name(method), "reduction": reduction, "status": "infeasible", "seeds": 0,
                              "reason": next(iter(by_method[method].values()), {}).get("reason")})
                 continue
             mean, std = common.mean_std([u["accuracy"] for u in ok])
             pmean, pstd = common.mean_std([u["params"] for u in ok])
-            rows.append({"method": method, "reduction": reduction, "status": "ok", "seeds": len(ok),
+            rows.append({"method": method, "name": method_name(method), "reduction": reduction, "status": "ok", "seeds": len(ok),
                          "accuracy_mean": mean, "accuracy_std": std, "params_mean": pmean, "params_std": pstd,
                          "params_max": max(u["params"] for u in ok),
                          "reduction_achieved_mean": float(np.mean([u["reduction_achieved"] for u in ok])),
@@ -200,7 +249,7 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
                                       [by_method[method][s]["accuracy"] for s in seeds],
                                       better="holds", worse="does not hold")
             v["seeds"] = seeds
-            v["claim"] = f"B-spline (uniform) beats {NAMES[method]} at ρ = {reduction}"
+            v["claim"] = f"B-spline (uniform) beats {method_name(method)} at ρ = {reduction}"
             verdicts[repr(reduction)][method] = v
     for row in rows:
         v = verdicts[repr(row["reduction"])].get(row["method"])
@@ -209,14 +258,15 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
 
 
 def format_table(rows: list[dict], acc_original: float, params_original: int) -> str:
+    w = max([20] + [len(method_name(r["method"])) + 2 for r in rows])
     lines = [f"original: {acc_original:.2f} %, {params_original} parameters",
-             f"{'method':<20}{'ρ':>6}{'top-1 % (mean ± std)':>24}{'params':>10}{'reduction':>11}{'seeds':>6}"
+             f"{'method':<{w}}{'ρ':>6}{'top-1 % (mean ± std)':>24}{'params':>10}{'reduction':>11}{'seeds':>6}"
              f"   claim 'B-spline beats it'"]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"{NAMES[r['method']]:<20}{r['reduction']:>6.2f}{'infeasible':>24}")
+            lines.append(f"{method_name(r['method']):<{w}}{r['reduction']:>6.2f}{'infeasible':>24}")
             continue
-        lines.append(f"{NAMES[r['method']]:<20}{r['reduction']:>6.2f}"
+        lines.append(f"{method_name(r['method']):<{w}}{r['reduction']:>6.2f}"
                      f"{r['accuracy_mean']:>15.2f} ± {r['accuracy_std']:<6.2f}{r['params_mean']:>10.0f}"
                      f"{100 * r['reduction_achieved_mean']:>9.2f} %{r['seeds']:>6}   {r['verdict_vs_bsd'] or ''}")
     return "\n".join(lines)
@@ -229,8 +279,12 @@ def plot(rows: list[dict], path: pathlib.Path, acc_original: float, params_origi
     import matplotlib.pyplot as plt
 
     colors = {"svd": "tab:blue", "drone": "tab:orange", "bsd": "tab:green", "bsd-greedy": "tab:olive",
-              "prune": "tab:red"}
-    markers = {"svd": "s", "drone": "^", "bsd": "o", "bsd-greedy": "D", "prune": "v"}
+              "prune": "tab:red", "auto": "tab:purple"}
+    markers = {"svd": "s", "drone": "^", "bsd": "o", "bsd-greedy": "D", "prune": "v", "auto": "*"}
+    spare = iter(["tab:brown", "tab:pink", "tab:gray", "tab:cyan", "k", "tab:olive", "tab:blue", "tab:orange"])
+    for method in dict.fromkeys(r["method"] for r in rows):  # variants (bsd-warm, bsd-nu8, ...): spare colours
+        colors.setdefault(method, next(spare, "k"))
+        markers.setdefault(method, "P")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for method in colors:
         ok = sorted((r for r in rows if r["method"] == method and r["status"] == "ok"), key=lambda r: r["params_mean"])
@@ -238,7 +292,7 @@ def plot(rows: list[dict], path: pathlib.Path, acc_original: float, params_origi
             continue
         ax.errorbar([r["params_mean"] for r in ok], [r["accuracy_mean"] for r in ok],
                     yerr=[r["accuracy_std"] for r in ok], color=colors[method], marker=markers[method], ms=4,
-                    capsize=3, lw=1, label=NAMES[method])
+                    capsize=3, lw=1, label=method_name(method))
     ax.axhline(acc_original, color="k", lw=0.8, ls="--", label=f"original ({params_original:,} params)")
     ax.set_xlabel("parameters of the compressed model")
     ax.set_ylabel("top-1 test accuracy (%)")
@@ -262,6 +316,20 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
                 if r["status"] == "ok" else ["infeasible", "", ""]), r["seeds"], r["verdict_vs_bsd"] or ""])
 
 
+def _method_type(methods: tuple[str, ...]):
+    """argparse type of ``--methods``: one of ``methods`` or a B-spline variant (:func:`bsd_variant`)."""
+    def parse(value: str) -> str:
+        if value in methods:
+            return value
+        try:
+            if value.startswith("bsd-") and bsd_variant(value) is not None:
+                return value
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(f"invalid method {value!r} (choose from {', '.join(methods)} or bsd-<option>…)")
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...], *, quick: str = "vit/fashion-mnist",
                   budgets: str = "0.1 0.2 0.35 0.5 0.7") -> None:
     """The options both studies share (model, data, budgets, methods, seeds, solver, output);
@@ -274,7 +342,9 @@ def add_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...], *, 
     parser.add_argument("--test-subset", type=int, default=None, help="test images (0 = all)")
     parser.add_argument("--budgets", type=float, nargs="+", default=None,
                         help=f"target reductions ρ of the whole model (full: {budgets})")
-    parser.add_argument("--methods", nargs="+", choices=methods, default=None)
+    parser.add_argument("--methods", nargs="+", type=_method_type(methods), default=None,
+                        help=f"any of {' '.join(methods)}, or a B-spline variant bsd-<option>… "
+                             "(options: greedy, warm, nu<ν>, s<k>, it<n>; e.g. bsd-warm-nu8)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, ρ) (full: 3)")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--dof", type=int, default=4, help="ν of the B-splines")

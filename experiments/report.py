@@ -264,6 +264,11 @@ def benchmark_table(name: str = "results.json") -> str:
 _NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)", "prune": "Pruning"}
 
 
+def _name(row: dict) -> str:
+    """A summary row's method as displayed (the study records it; older results: by key)."""
+    return row.get("name") or _NAMES.get(row["method"], row["method"])
+
+
 def _pm(mean, std, digits=2) -> str:
     return "—" if mean is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
@@ -291,10 +296,10 @@ def comparison_table() -> str:
         rows = []
         for r in d["rows"]:
             if r["status"] != "ok":
-                rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
+                rows.append([_name(r), f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
                 continue
             verdict = _verdict_cell(d, r)
-            rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
+            rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
                          f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict])
         out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"], rows), ""]
     return "\n".join(out).rstrip()
@@ -329,12 +334,12 @@ def training_free_table() -> str:
         rows = []
         for r in d["rows"]:
             if r["status"] != "ok":
-                rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", "infeasible", "—", "—", "—", "—"])
+                rows.append([_name(r), f"{r['reduction']:g}", "infeasible", "—", "—", "—", "—"])
                 continue
             errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
                     and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
             verdict = _verdict_cell(d, r)
-            rows.append([_NAMES[r["method"]], f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
+            rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
                          f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %",
                          f"{np.mean(errs):.3g}" if errs else "—", verdict])
         out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "output error", "B-spline beats it"], rows),

@@ -15,7 +15,12 @@ any step. Methods:
 * ``drone``: data-aware low rank of both layers from the layers' real inputs;
 * ``prune``: keep the ``k`` hidden units with the largest ``‖V1[:, j]‖ · RMS(h_j)`` on the
   calibration tokens and refit the output layer (weights and bias) by least squares
-  (``jaxbsd.baselines.prune_weights``): an ordinary narrower MLP with the original activation.
+  (``jaxbsd.baselines.prune_weights``): an ordinary narrower MLP with the original activation;
+* ``auto``: per block, the better (output error on held-out calibration tokens) of a
+  warm-started decoupling and a pruned MLP in the block's share of the budget;
+* ``bsd-warm``: ``bsd`` plus one restart warm-started from the pruned MLP, the restart kept by
+  its output error on held-out calibration tokens; other B-spline variants can be named on the
+  command line (``--methods bsd-nu8 bsd-warm-it100 …``, see ``comparison.bsd_variant``).
 
 A seed sets the calibration sample (256 training images per block, drawn per step) and the
 solver key; runs with one seed are paired across methods. S (the solver's sampling points)
@@ -52,7 +57,7 @@ if str(HERE) not in sys.path:
 
 import comparison  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
 
-METHODS = ("bsd", "svd", "drone", "prune", "bsd-greedy")
+METHODS = ("bsd", "svd", "drone", "prune", "bsd-greedy", "auto", "bsd-warm")
 
 #: Training-free presets: no fine-tuning (``epochs`` 0), no hold-out, no teacher; the whole
 #: training split is the pool the calibration images are drawn from.
@@ -65,16 +70,19 @@ QUICK = dict(FULL, budgets=(0.2,), methods=("bsd", "prune"), seeds=2, test_subse
              capture_images=64)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None, *, presets: dict | None = None, stem: str = "training_free", doc: str | None = None) -> int:
+    """Run the study. ``presets`` (``{"deit"|"vit"|"quick"|"default": plan}``) and ``stem``
+    (the output name ``<stem>_<model>_<dataset>``) let another study reuse it (``knobs.py``)."""
+    presets = presets or {"deit": FULL, "vit": FULL_VIT, "quick": QUICK, "default": FULL}
+    parser = argparse.ArgumentParser(description=(doc or __doc__).split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size (DeiT/USPS, 2 blocks, 1 ρ, 2 seeds, 2 methods)")
     comparison.add_arguments(parser, METHODS, quick="deit/usps", budgets="0.1 0.2 0.35 0.5")
     args = parser.parse_args(argv)
-    plan = dict(QUICK if args.quick else FULL_VIT if args.model == "vit" else FULL)
+    plan = dict(presets["quick"] if args.quick else presets[args.model or "default"])
     plan = comparison.apply_overrides(plan, args, ("model", "dataset", "budgets", "methods", "seeds", "max_iter",
                                                    "test_subset"))
     kind, name = plan["model"], plan["dataset"]
-    prefix = "training_free_quick" if args.quick else f"training_free_{kind}_{name}"
+    prefix = f"{stem}_quick" if args.quick else f"{stem}_{kind}_{name}"
     capture = plan.get("capture_images", 256)
 
     def describe(plan, data, teacher, order):
@@ -86,7 +94,7 @@ def main(argv=None) -> int:
                 + (f"S = {args.samples} per block" if args.samples else "S = max(128, 2r) per block")
                 + "; a seed sets the calibration images and the solver key")
 
-    return comparison.run_study(args, plan, prefix, script="training_free.py", argv=argv,
+    return comparison.run_study(args, plan, prefix, script=f"{stem}.py", argv=argv,
                                 mode="quick" if args.quick else "full", describe=describe,
                                 title=f"{kind} on {name}, training-free")
 

@@ -65,6 +65,7 @@ from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP
 from jaxbsd.train import evaluate, load_checkpoint, read_checkpoint_header, save_checkpoint, train
+from jaxbsd.warm_start import SELECTIONS
 
 __all__ = [
     "METHODS",
@@ -116,6 +117,11 @@ class CompressionConfig:
         replacement (the same images per step as ``"current"``); the function decoupled is still
         the block's current MLP, evaluated at those points.
       capture_images: training images whose tokens the samples are drawn from.
+      warm_start: ``"bsd"`` only: add one restart started from the block's MLP pruned to
+        ``rank − 1`` units plus a constant unit (:func:`jaxbsd.compress_model.warm_init`); ``"auto"``
+        always warm-starts.
+      selection: ``"bsd"`` only: which restart is kept, ``"objective"`` (the solver's) or
+        ``"output"`` (the output error on held-out calibration tokens); ``"auto"`` uses ``"output"``.
       structured: use the structured Jacobian for standard MLP blocks.
       finetune_epochs: epochs of fine-tuning after every replacement (0 = none).
       lr, batch_size, schedule: fine-tuning optimizer settings.
@@ -145,6 +151,8 @@ class CompressionConfig:
     seed: int = 0
     samples_per_rank: int = 0
     capture: str = "current"
+    warm_start: bool = False
+    selection: str = "objective"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -171,6 +179,10 @@ class CompressionConfig:
             raise ValueError(f"samples_per_rank must be an int >= 0, got {self.samples_per_rank!r}")
         if self.capture not in CAPTURES:
             raise ValueError(f"capture must be one of {CAPTURES}, got {self.capture!r}")
+        if not isinstance(self.warm_start, bool):
+            raise ValueError(f"warm_start must be a bool, got {self.warm_start!r}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
 
     def samples_for(self, rank: int) -> int:
         """``S`` for a block compressed at ``rank``: ``max(num_samples, samples_per_rank · rank)``."""
@@ -194,7 +206,7 @@ class CompressionConfig:
 
 
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
-_LATER_FIELDS = {"samples_per_rank": 0, "capture": "current"}
+_LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective"}
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:
@@ -273,7 +285,8 @@ def compress_block(model, block_index: int, images, config: CompressionConfig, k
                                   restarts=config.restarts)
     else:
         module, info = build_replacement(site, config.method, rank, config.solver_config(site.m),
-                                         jax.random.fold_in(key, 1), restarts=config.restarts)
+                                         jax.random.fold_in(key, 1), restarts=config.restarts,
+                                         warm_start=config.warm_start, selection=config.selection)
     info["num_samples"] = S
     info["seconds"] = time.perf_counter() - start
     return module, info
@@ -325,7 +338,8 @@ def plan_ranks(model, indices: Sequence[int], images, config: CompressionConfig,
                     site = dataclasses.replace(big, X=big.X[:S], F=big.F[:S])
                 errs[r] = build_replacement(site, config.method, r, config.solver_config(s.m),
                                             jax.random.fold_in(jax.random.fold_in(key, i), 1),
-                                            restarts=config.restarts)[1]["output_error"]
+                                            restarts=config.restarts, warm_start=config.warm_start,
+                                            selection=config.selection)[1]["output_error"]
             errors.append(errs)
         ranks = greedy_ranks(sites, config.method, dof, budget, errors, ranks)
     return {i: int(r) for i, r in zip(indices, ranks)}

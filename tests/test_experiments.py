@@ -225,6 +225,54 @@ sys.exit(module.main(command[2:] + ["--out", sys.argv[3]]))
 """
 
 
+@pytest.mark.parametrize("method, fields", [
+    ("bsd", {}),
+    ("bsd-greedy", {"allocation": "greedy"}),
+    ("bsd-warm", {"warm_start": True, "selection": "output"}),
+    ("bsd-warm-nu8-s4-it100", {"warm_start": True, "selection": "output", "dof": 8, "samples_per_rank": 4,
+                               "max_iter": 100}),
+])
+def test_bsd_variants_set_only_their_own_fields(method, fields):
+    import argparse
+
+    import comparison
+
+    assert comparison.bsd_variant(method) == fields
+    args = argparse.Namespace(degree=3, dof=4, samples=None)
+    plan = {"max_iter": 300, "epochs": 0, "val_fraction": 0.0}
+    got = comparison.unit_config(method, 0.2, 1, plan, args).to_dict()
+    base = comparison.unit_config("bsd", 0.2, 1, plan, args).to_dict()
+    changed = {k for k in got if got[k] != base.get(k)} | {k for k in base if k not in got}
+    assert changed == {{"dof": "basis"}.get(k, k) for k in fields}
+
+
+def test_the_variant_grammar_keeps_the_tags_of_committed_units():
+    """A unit resumes only while its tag (its configuration) is unchanged: the committed
+    training-free B-spline units must still match what ``unit_config`` builds for them."""
+    import argparse
+
+    import comparison
+
+    state = ROOT / "experiments" / "results" / "state" / "training_free_deit_usps"
+    units = sorted(state.glob("*/bsd*-rho*-seed*/unit.json"))
+    assert units, "no committed training-free B-spline unit"
+    args = argparse.Namespace(degree=3, dof=4, samples=None)
+    plan = {"max_iter": 300, "epochs": 0, "val_fraction": 0.0}
+    for path in units:
+        saved = json.loads(path.read_text())
+        tag, record = json.loads(saved["tag"]), saved["record"]
+        config = comparison.unit_config(record["method"], record["reduction"], record["seed"], plan, args)
+        assert config.to_dict() == tag["config"], path
+
+
+@pytest.mark.parametrize("method", ["bsd-", "bsd-nu", "bsd-fast", "bsd-it10x"])
+def test_unknown_variants_are_refused(method):
+    import comparison
+
+    with pytest.raises(ValueError, match="unknown B-spline option"):
+        comparison.bsd_variant(method)
+
+
 @slow
 @needs_cifar10
 @pytest.mark.parametrize("stem", ["comparison", "full_compression_vit_cifar10",
