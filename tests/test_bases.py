@@ -1,6 +1,7 @@
 """The three bases: shared interface, the paper's Lemmas 2 and 3, polynomial and ReLU oracles."""
 
 import json
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,23 @@ import jaxbsd as jb
 from jaxbsd import bspline
 
 BASES = [jb.BSpline(3, 7), jb.BSpline(1, 4), jb.BSpline(0, 3), jb.Polynomial(4), jb.ReLU(5)]
+
+# The bases run under jit here: un-jitted jnp code compiles one tiny program per primitive and
+# shape, which made this file slow. A basis is hashable (a static argument of jax.jit).
+
+
+@partial(jax.jit, static_argnums=0)
+def _fit_design(basis, u):
+    knots = basis.fit(u)
+    return knots, basis.design(u, knots)
+
+
+@partial(jax.jit, static_argnums=0)
+def _interface(basis, u, v, c):
+    knots = basis.fit(u)
+    Bv, dBv = basis.design(v, knots)
+    grad = jax.vmap(jax.grad(lambda z: basis.evaluate(z, knots, c)))(v)
+    return knots, basis.design(u, knots), Bv, dBv, basis.evaluate(v, knots, c), basis.evaluate(v, knots, c, 1), grad
 
 
 def residual_norm(A, B):
@@ -23,18 +41,15 @@ def residual_norm(A, B):
 def test_interface_shapes_and_fast_evaluation(basis):
     rng = np.random.default_rng(0)
     u = jnp.asarray(rng.normal(size=50))
-    knots = basis.fit(u)
-    assert knots.shape == (basis.num_knots,)
-    B, dB = basis.design(u, knots)
-    assert B.shape == dB.shape == (50, basis.num_coef)
     c = jnp.asarray(rng.normal(size=basis.num_coef))
     # evaluate() never builds the dense matrix but must agree with it, also off the data
     v = jnp.asarray(rng.uniform(-4, 4, size=30))
-    Bv, dBv = basis.design(v, knots)
-    np.testing.assert_allclose(basis.evaluate(v, knots, c), Bv @ c, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(basis.evaluate(v, knots, c, 1), dBv @ c, rtol=1e-10, atol=1e-10)
+    knots, (B, dB), Bv, dBv, values, slopes, grad = _interface(basis, u, v, c)
+    assert knots.shape == (basis.num_knots,)
+    assert B.shape == dB.shape == (50, basis.num_coef)
+    np.testing.assert_allclose(values, Bv @ c, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(slopes, dBv @ c, rtol=1e-10, atol=1e-10)
     # the derivative column is the derivative of the value column (autodiff oracle)
-    grad = jax.vmap(jax.grad(lambda z: basis.evaluate(z, knots, c)))(v)
     np.testing.assert_allclose(grad, dBv @ c, rtol=1e-9, atol=1e-9)
     hash(basis)  # static argument of jax.jit
 
@@ -43,10 +58,12 @@ def test_polynomial_matches_numpy():
     u = jnp.linspace(-2, 3, 17)
     c = np.array([0.5, -1.0, 2.0, 0.25])
     basis = jb.Polynomial(3)
-    np.testing.assert_allclose(basis.evaluate(u, basis.fit(u), jnp.asarray(c)), np.polyval(c[::-1], u), rtol=1e-12)
+    values, slopes, (B, dB) = jax.jit(
+        lambda u, c: (basis.evaluate(u, basis.fit(u), c), basis.evaluate(u, basis.fit(u), c, 1), _fit_design(basis, u)[1])
+    )(u, jnp.asarray(c))
+    np.testing.assert_allclose(values, np.polyval(c[::-1], u), rtol=1e-12)
     dc = np.polyder(c[::-1])
-    np.testing.assert_allclose(basis.evaluate(u, basis.fit(u), jnp.asarray(c), 1), np.polyval(dc, u), rtol=1e-12)
-    B, dB = basis.design(u, basis.fit(u))
+    np.testing.assert_allclose(slopes, np.polyval(dc, u), rtol=1e-12)
     np.testing.assert_allclose(B, np.vander(np.asarray(u), 4, increasing=True), rtol=1e-12)
 
 
@@ -56,13 +73,13 @@ def test_lemma3_spline_without_interior_knots_spans_the_polynomials(degree):
     rng = np.random.default_rng(degree)
     u = jnp.asarray(rng.uniform(-1.0, 1.0, 200))
     spline, poly = jb.BSpline(degree, degree + 1), jb.Polynomial(degree)
-    B_s, dB_s = spline.design(u, spline.fit(u))
-    B_p, dB_p = poly.design(u, poly.fit(u))
+    _, (B_s, dB_s) = _fit_design(spline, u)
+    _, (B_p, dB_p) = _fit_design(poly, u)
     assert residual_norm(np.asarray(B_s), np.asarray(B_p)) < 1e-8  # P_d ⊂ S_d
     assert residual_norm(np.asarray(B_p), np.asarray(B_s)) < 1e-8  # S_d ⊂ P_d
     assert np.linalg.matrix_rank(np.asarray(B_s)) == degree + 1
     # ...and with one interior knot the spline space is strictly larger than P_d
-    B_big, _ = jb.BSpline(degree, degree + 2).design(u, jb.BSpline(degree, degree + 2).fit(u))
+    _, (B_big, _) = _fit_design(jb.BSpline(degree, degree + 2), u)
     assert residual_norm(np.asarray(B_p), np.asarray(B_big)) > 1e-3
 
 
@@ -72,18 +89,17 @@ def test_lemma2_relu_span_is_a_strict_subspace_of_linear_splines(dof):
     rng = np.random.default_rng(dof)
     u = jnp.asarray(rng.uniform(-2.0, 3.0, 300))
     relu = jb.ReLU(dof)
-    breaks = relu.fit(u)
-    B_relu, _ = relu.design(u, breaks)
+    breaks, (B_relu, _) = _fit_design(relu, u)
     lo, hi = float(u.min()), float(u.max())
-    knots = jnp.concatenate([jnp.array([lo, lo]), breaks, jnp.array([hi, hi])])
-    B_lin = bspline.design_matrix(u, knots, 1)  # degree-1 splines on the same breakpoints
+    knots = np.r_[lo, lo, np.asarray(breaks), hi, hi]
+    B_lin = np.asarray(jax.jit(bspline.design_matrix, static_argnums=2)(u, jnp.asarray(knots), 1))  # degree 1
     assert residual_norm(np.asarray(B_lin), np.asarray(B_relu)) < 1e-10  # inclusion
     # strict: the first hat function has a non-zero slope on (t0, t1): not a ReLU combination
     assert residual_norm(np.asarray(B_relu), np.asarray(B_lin[:, :1])) > 1e-2
     # and every ReLU combination is flat left of the first breakpoint
     c = jnp.asarray(rng.normal(size=dof))
-    left = jnp.linspace(lo - 1.0, float(breaks[0]) - 1e-9, 5) if dof > 1 else jnp.array([lo])
-    np.testing.assert_allclose(relu.evaluate(left, breaks, c, 1), 0.0)
+    left = np.linspace(lo - 1.0, float(breaks[0]) - 1e-9, 5) if dof > 1 else np.array([lo])
+    np.testing.assert_allclose(jax.jit(partial(relu.evaluate, derivative=1))(jnp.asarray(left), breaks, c), 0.0)
 
 
 @pytest.mark.parametrize(
@@ -101,17 +117,23 @@ def test_bad_basis_arguments_raise(make, match):
         make()
 
 
+@partial(jax.jit, static_argnums=0)
+def _rescaled(basis, u, coef, alpha):
+    """``g(α v)`` from the rescaled parameters at ``v = u / α``, and ``g(u)``; α traced (one program for both α)."""
+    knots = basis.fit(u)
+    knots2, coef2 = basis.rescale_input(knots, coef, alpha)
+    return basis.evaluate(u / alpha, knots2, coef2), basis.evaluate(u, knots, coef)
+
+
 @pytest.mark.parametrize("basis", [jb.BSpline(3, 7), jb.BSpline(1, 4), jb.Polynomial(3), jb.ReLU(5)], ids=repr)
 @pytest.mark.parametrize("alpha", [3.7, 1e-3])
 def test_rescale_input_gives_g_of_alpha_v(basis, alpha):
     """``rescale_input`` returns the basis parameters of ``v ↦ g(α v)``, checked pointwise."""
     rng = np.random.default_rng(3)
     u = jnp.asarray(rng.normal(size=200) * 2)
-    knots = basis.fit(u)
     coef = jnp.asarray(rng.normal(size=basis.num_coef))
-    knots2, coef2 = basis.rescale_input(knots, coef, jnp.asarray(alpha))
-    v = u / alpha
-    np.testing.assert_allclose(basis.evaluate(v, knots2, coef2), basis.evaluate(u, knots, coef), rtol=1e-9, atol=1e-12)
+    rescaled, original = _rescaled(basis, u, coef, jnp.asarray(alpha))
+    np.testing.assert_allclose(rescaled, original, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("basis", [jb.BSpline(3, 7), jb.Polynomial(3), jb.ReLU(5)], ids=repr)
@@ -119,6 +141,8 @@ def test_balanced_model_is_the_same_function_and_survives_float32(basis):
     """A model with a near-dead rank (W0 row ~1e-16, compensated in W1), as the non-robust
     solver can return: exact in float64, but its raw float32 copy is not. Balancing keeps the
     function (oracle: the unbalanced float64 model) and makes the float32 layer finite."""
+    from flax import nnx
+
     from jaxbsd.models.decoupled_mlp import DecoupledMLP
 
     rng = np.random.default_rng(0)
@@ -127,20 +151,21 @@ def test_balanced_model_is_the_same_function_and_survives_float32(basis):
     W0 = rng.normal(size=(r, m)) * np.array([1.0, 1e-16, 40.0, 1e-3])[:, None]
     W1 = rng.normal(size=(n, r)) * np.array([1.0, 1e5, 1e-9, 2.0])[None, :]
     u = x @ W0.T
-    knots = jax.vmap(basis.fit, in_axes=1)(u)
+    knots = jax.jit(jax.vmap(basis.fit, in_axes=1))(u)
     coef = jnp.asarray(rng.normal(size=(r, basis.num_coef)) * 0.1)
     model = jb.Decoupled(W0=jnp.asarray(W0), W1=jnp.asarray(W1), coef=coef, knots=knots, basis=basis)
-    reference = model(x)
+    apply = jax.jit(lambda model, x: model(x))  # Decoupled is a pytree, its basis static
+    reference = np.asarray(apply(model, x))
 
-    balanced = model.balanced()
+    balanced = jax.jit(lambda model: model.balanced())(model)
     np.testing.assert_allclose(np.linalg.norm(balanced.W0, axis=1), 1.0, rtol=1e-12)
     np.testing.assert_allclose(np.linalg.norm(balanced.W1, axis=0), 1.0, rtol=1e-12)
-    np.testing.assert_allclose(balanced(x), reference, rtol=1e-8, atol=1e-10 * float(jnp.max(jnp.abs(reference))))
+    np.testing.assert_allclose(apply(balanced, x), reference, rtol=1e-8, atol=1e-10 * float(np.max(np.abs(reference))))
 
     layer = DecoupledMLP.from_decoupled(model, dtype=jnp.float32)
-    out = layer(x.astype(jnp.float32))
-    assert bool(jnp.all(jnp.isfinite(out)))
-    np.testing.assert_allclose(out, reference, rtol=0, atol=1e-4 * float(jnp.max(jnp.abs(reference))))
+    out = nnx.jit(lambda layer, x: layer(x))(layer, x.astype(jnp.float32))
+    assert bool(np.all(np.isfinite(np.asarray(out))))
+    np.testing.assert_allclose(out, reference, rtol=0, atol=1e-4 * float(np.max(np.abs(reference))))
 
 
 @pytest.mark.parametrize("basis", [jb.BSpline(2, 7), jb.Polynomial(5), jb.ReLU(6)], ids=str)

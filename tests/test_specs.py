@@ -291,6 +291,7 @@ class Host(nnx.Module):
         return self.head(self.mlp(x))
 
 
+@pytest.mark.slow  # three compress_model runs, mostly eager ops inside the library: 20.6 s on a quiet machine
 def test_without_a_spec_bsd_goes_dense_and_the_baselines_say_why():
     x = tokens(8, N=64).reshape(8, 8, 8)
     model = Host(Residual(8, 16, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
