@@ -70,7 +70,7 @@ def test_rank_for_budget_is_the_largest_that_fits(budget):
 @pytest.mark.parametrize("method", ["svd", "drone"])
 def test_lowrank_replacement_counts_real_parameters(method):
     model = tiny_vit()
-    images = jnp.asarray(tiny_dataset().train_images)
+    images = jnp.asarray(tiny_dataset().train_images[:16])  # 80 tokens: enough for 32 samples
     config = compress.CompressionConfig(method=method, rank=3, num_samples=32)
     module, info = compress.compress_block(model, 0, images, config, jax.random.key(0))
     before = count_params(model)
@@ -207,7 +207,9 @@ def test_cli_takes_a_reduction_and_an_allocation(tmp_path):
 
 def test_capture_original_takes_every_blocks_points_from_the_original_network(monkeypatch):
     ds = tiny_dataset()
-    base = dict(method="svd", rank=2, num_samples=16, capture_images=16, finetune_epochs=1, batch_size=32)
+    # No fine-tuning: replacing block 0 (order fb) already makes the current network's tokens at
+    # blocks 1 and 2 differ from the original's, which is all the claim needs.
+    base = dict(method="svd", rank=2, num_samples=16, capture_images=16, finetune_epochs=0, batch_size=32)
     original = tiny_vit()
     seen = {}
     real = compress.compress_block
