@@ -123,6 +123,9 @@ BSD_RUN = compress.CompressionConfig(basis=jb.BSpline(2, 4), rank=4, num_samples
                                      max_iter=20, finetune_epochs=1, batch_size=32)
 
 
+# Four compress() runs (3 blocks each, fine-tuning, checkpointed state): 43 s on a quiet machine
+# (20 s of it compiling train and solver programs), 137 s on the loaded shared one.
+@pytest.mark.slow
 def test_compress_records_and_resumes_after_interruption(tmp_path, monkeypatch):
     ds = tiny_dataset()
     config = BSD_RUN
