@@ -64,17 +64,17 @@ def test_planted_exact_decoupling_is_recovered(planted, basis):
 def test_structured_jacobian_gives_the_dense_result():
     key = jax.random.key(3)
     k0, k1, k2, k3 = jax.random.split(key, 4)
-    m, H, S = 5, 12, 60
+    m, n, H, S = 4, 3, 12, 120  # the planted problem's shapes: the dense solve reuses SMALL's program
     V0, b0 = jax.random.normal(k0, (H, m)) / np.sqrt(m), jax.random.normal(k1, (H,)) * 0.1
-    V1 = jax.random.normal(k2, (m, H)) / np.sqrt(H)
+    V1 = jax.random.normal(k2, (n, H)) / np.sqrt(H)
     f = lambda x: V1 @ jnp.tanh(V0 @ x + b0)  # noqa: E731
     X = jax.random.normal(k3, (S, m))
     J, F = _sample(f, X)
     structured = jb.tensor.mlp_jacobian(X, V0, b0, V1, lambda z: 1 - jnp.tanh(z) ** 2)
     np.testing.assert_allclose(structured.dense(), J, rtol=1e-12, atol=1e-12)
-    config = jb.CMTFConfig(rank=4, basis=jb.BSpline(3, 6), max_iter=30)
-    dense_res = jb.decouple(J, F, X, config, key=key, restarts=2)
-    struct_res = jb.decouple(structured, F, X, config, key=key, restarts=2)
+    config = SMALL
+    dense_res = jb.decouple(J, F, X, config, key=key, restarts=SMALL_RESTARTS)
+    struct_res = jb.decouple(structured, F, X, config, key=key, restarts=SMALL_RESTARTS)
     for a, b in [(dense_res.model.W0, struct_res.model.W0), (dense_res.model.W1, struct_res.model.W1),
                  (dense_res.model.coef, struct_res.model.coef)]:
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
@@ -131,10 +131,11 @@ def test_decoupled_model_is_jittable_and_differentiable(planted):
     res = jb.decouple(J, F, X, SMALL, key=jax.random.key(0), restarts=SMALL_RESTARTS)
     model = res.model
     np.testing.assert_allclose(_call(model, X), model(X), rtol=1e-12)
-    np.testing.assert_allclose(model.jacobian(X), _jacrev(model, X), rtol=1e-10, atol=1e-12)
+    jacobian = jax.jit(lambda mdl, x: mdl.jacobian(x))  # compiled: eagerly each op compiles on its own
+    np.testing.assert_allclose(jacobian(model, X), _jacrev(model, X), rtol=1e-10, atol=1e-12)
     batch = X.reshape(4, 30, 4)
-    assert model(batch).shape == (4, 30, 3)
-    grads = jax.grad(lambda mdl: jnp.sum(mdl(X) ** 2))(model)
+    assert jax.eval_shape(model, batch).shape == (4, 30, 3)  # traced, not compiled
+    grads = jax.jit(jax.grad(lambda mdl: jnp.sum(mdl(X) ** 2)))(model)
     assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
 
@@ -145,7 +146,7 @@ def test_no_python_loop_over_ranks():
         S, n, m = 40, 3, 5
         problem = jb.Problem(jb.DenseJacobian(jnp.ones((S, n, m))), jnp.ones((S, n)), jnp.ones((S, m)))
         config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 6))
-        state = jb.init_state(jax.random.key(0), problem, config)
+        state = jax.jit(jb.init_state)(jax.random.key(0), problem, config)  # one compile, not one per op
         return len(jax.make_jaxpr(jb.sweep)(state, problem, config).jaxpr.eqns)
 
     assert count(2) == count(9)
@@ -219,7 +220,7 @@ def test_zero_row_of_W0_gives_a_finite_sweep(planted, robust):
     _, X, J, F = planted
     problem = jb.Problem(jb.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), robust=robust)
-    state = jb.init_state(jax.random.key(0), problem, config)
+    state = jax.jit(jb.init_state)(jax.random.key(0), problem, config)  # one compile, not one per op
     state = state._replace(W0=state.W0.at[1].set(0.0), W1=state.W1.at[:, 2].set(0.0))
     new = jax.jit(jb.sweep)(state, problem, config)
     for leaf in new:
