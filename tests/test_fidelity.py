@@ -75,7 +75,8 @@ def test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate(synthetic,
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=200, robust=robust, divergence=1e6,
                            divergence_patience=5)
     monkeypatch.setattr(cmtf, "_sweep", _with_exact_errors(_exploding_sweep))
-    run = jb.solve(jax.random.key(0), problem, config)  # not jitted: traces the patched sweep
+    # a fresh jitted lambda traces the patched sweep (no cache hit), and runs as one program, not op by op
+    run = jax.jit(lambda key: jb.solve(key, problem, config))(jax.random.key(0))
     assert int(run.status) == jb.Status.DIVERGED
     # ×9 per sweep: above 1e6 × best from sweep 8 on, five strikes later it stops.
     assert int(run.iterations) == 12
@@ -101,7 +102,7 @@ def test_isolated_spikes_are_not_divergence(synthetic, monkeypatch):
         return good._replace(W1=jnp.where(spike, 1e6, 1.0) * good.W1)
 
     monkeypatch.setattr(cmtf, "_sweep", _with_exact_errors(spiky_sweep))
-    run = jb.solve(jax.random.key(0), problem, config)
+    run = jax.jit(lambda key: jb.solve(key, problem, config))(jax.random.key(0))  # fresh trace: the patched sweep
     assert int(run.status) == jb.Status.MAX_ITERATIONS
     assert float(np.max(np.asarray(run.history_J))) > 1e6 * float(run.error_J)
 

@@ -44,7 +44,7 @@ def test_warm_state_holds_the_models_internal_functions_at_the_samples():
     evaluation) and against the planted functions themselves."""
     J, F, X, model, g = planted()
     config = jb.CMTFConfig(rank=2, basis=BASIS)
-    state = cmtf.warm_state(jb.problem(J, F, X), config, model)
+    state = jax.jit(cmtf.warm_state)(jb.problem(J, F, X), config, model)  # one compile, not one per op
     U = np.asarray(model.W0) @ np.asarray(X).T
     for i in range(2):
         spline = ScipyBSpline(np.asarray(model.knots[i]), np.asarray(model.coef[i]), 3, extrapolate=True)
