@@ -20,6 +20,11 @@ design_jit = jax.jit(bspline.design_matrix, static_argnums=(2, 3))
 knots_jit = jax.jit(bspline.quantile_knots, static_argnums=(1, 2))
 
 
+def _sample(f, X):
+    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.sample(f, X))(X)
+
+
 @st.composite
 def clamped_knots(draw):
     """Degree, and a clamped knot vector with repeated interior knots and a scale."""
@@ -129,7 +134,7 @@ class NaNBasis(jb.BSpline):
 def test_nonfinite_sweeps_are_reported_and_the_best_finite_iterate_returned():
     rng = np.random.default_rng(0)
     X = jnp.asarray(rng.normal(size=(30, 3)))
-    J, F = jb.sample(lambda x: jnp.stack([jnp.tanh(x[0]), x[1] * x[2]]), X)
+    J, F = _sample(lambda x: jnp.stack([jnp.tanh(x[0]), x[1] * x[2]]), X)
     config = jb.CMTFConfig(rank=3, basis=NaNBasis(3, 5), max_iter=20)
     res = jb.decouple(J, F, X, config, key=jax.random.key(0), restarts=2)
     assert int(res.status) == jb.Status.NONFINITE
@@ -149,7 +154,7 @@ def test_dead_ranks_are_counted():
     """A rank-1 function fitted at rank 3 without robustness: report, don't crash."""
     rng = np.random.default_rng(1)
     X = jnp.asarray(rng.normal(size=(40, 2)))
-    J, F = jb.sample(lambda x: jnp.stack([jnp.sin(x[0])]), X)
+    J, F = _sample(lambda x: jnp.stack([jnp.sin(x[0])]), X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 5), max_iter=50)
     res = jb.decouple(J, F, X, config, key=jax.random.key(0), restarts=2)
     assert res.restarts.dead_ranks.shape == (2,)
@@ -162,7 +167,7 @@ def test_dead_ranks_are_counted():
 def test_bit_identical_across_runs_and_with_the_jitted_single_restart():
     rng = np.random.default_rng(2)
     X = jnp.asarray(rng.uniform(-1, 1, size=(50, 3)))
-    J, F = jb.sample(lambda x: jnp.stack([jnp.sin(x[0] + x[1]), x[2] ** 2]), X)
+    J, F = _sample(lambda x: jnp.stack([jnp.sin(x[0] + x[1]), x[2] ** 2]), X)
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 5), max_iter=30)
     a = jb.decouple(J, F, X, config, key=jax.random.key(3), restarts=1)
     b = jb.decouple(J, F, X, config, key=jax.random.key(3), restarts=1)

@@ -8,6 +8,11 @@ import pytest
 import jaxbsd as jb
 
 
+def _sample(f, X):
+    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.sample(f, X))(X)
+
+
 def khatri_rao(A, B):
     """Column-wise Kronecker product: (I, r), (K, r) -> (I K, r)."""
     return np.einsum("ir,kr->ikr", A, B).reshape(-1, A.shape[1])
@@ -61,9 +66,10 @@ def test_structured_residual_of_an_exact_fit_is_not_negative(operators):
 
 
 def test_mlp_jacobian_matches_autodiff():
-    k = jax.random.split(jax.random.key(0), 4)
-    V0, b0, V1 = jax.random.normal(k[0], (6, 3)), jax.random.normal(k[1], (6,)), jax.random.normal(k[2], (2, 6))
-    X = jax.random.normal(k[3], (9, 3))
-    J, _ = jb.sample(lambda x: V1 @ jax.nn.gelu(V0 @ x + b0, approximate=False), X)
+    rng = np.random.default_rng(0)  # numpy draws: no eager jax.random compiles
+    V0, b0, V1, X = (jnp.asarray(rng.normal(size=shape)) for shape in [(6, 3), (6,), (2, 6), (9, 3)])
+    J, _ = _sample(lambda x: V1 @ jax.nn.gelu(V0 @ x + b0, approximate=False), X)
     dgelu = jax.vmap(jax.vmap(jax.grad(lambda z: jax.nn.gelu(z, approximate=False))))
-    np.testing.assert_allclose(jb.tensor.mlp_jacobian(X, V0, b0, V1, dgelu).dense(), J, rtol=1e-10, atol=1e-12)
+    # one compiled program (eagerly, each jnp op inside would compile on its own)
+    dense = jax.jit(lambda *a: jb.tensor.mlp_jacobian(*a, dgelu).dense())(X, V0, b0, V1)
+    np.testing.assert_allclose(dense, J, rtol=1e-10, atol=1e-12)

@@ -1,5 +1,7 @@
 """Warm starts: a restart that begins from a given decoupled model, beside the random ones."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,17 +12,24 @@ import jaxbsd as jb
 from jaxbsd import bspline, cmtf
 
 BASIS = jb.BSpline(3, 4)  # clamped cubic without interior knots: any cubic polynomial exactly
+_call = jax.jit(lambda mdl, x: mdl(x))  # one compiled model evaluation instead of many eager ops
 
 
-def planted(key=jax.random.key(11), m=4, n=3, S=96):
+def _sample(f, X):
+    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.sample(f, X))(X)
+
+
+@functools.cache  # built once per session: every test reads the same (immutable) planted problem
+def planted(seed=11, m=4, n=3, S=96):
     """f(x) = W1 g(W0 x) with cubic g, and its exact decoupled model (coefficients fitted by
     numpy least squares on the design matrix at the samples: exact for a cubic)."""
-    k0, k1, k2 = jax.random.split(key, 3)
+    k0, k1, k2 = jax.random.split(jax.random.key(seed), 3)
     W0 = np.asarray(jax.random.normal(k0, (2, m))) / np.sqrt(m)
     W1 = np.asarray(jax.random.normal(k1, (n, 2)))
     g = [lambda u: u**3 - u, lambda u: 0.5 * u**2 + 1.0]
     X = np.asarray(jax.random.uniform(k2, (S, m), minval=-1.0, maxval=1.0))
-    J, F = jb.sample(lambda x: jnp.asarray(W1) @ jnp.stack([g[0](jnp.asarray(W0)[0] @ x), g[1](jnp.asarray(W0)[1] @ x)]), X)
+    J, F = _sample(lambda x: jnp.asarray(W1) @ jnp.stack([g[0](jnp.asarray(W0)[0] @ x), g[1](jnp.asarray(W0)[1] @ x)]), X)
     U = W0 @ X.T
     knots = np.stack([np.asarray(bspline.quantile_knots(jnp.asarray(u), BASIS.dof, BASIS.degree)) for u in U])
     coef = np.stack([np.linalg.lstsq(np.asarray(bspline.design_matrix(jnp.asarray(u), jnp.asarray(t), 3)), gi(u),
@@ -35,7 +44,7 @@ def test_warm_state_holds_the_models_internal_functions_at_the_samples():
     evaluation) and against the planted functions themselves."""
     J, F, X, model, g = planted()
     config = jb.CMTFConfig(rank=2, basis=BASIS)
-    state = cmtf.warm_state(jb.problem(J, F, X), config, model)
+    state = jax.jit(cmtf.warm_state)(jb.problem(J, F, X), config, model)  # one compile, not one per op
     U = np.asarray(model.W0) @ np.asarray(X).T
     for i in range(2):
         spline = ScipyBSpline(np.asarray(model.knots[i]), np.asarray(model.coef[i]), 3, extrapolate=True)
@@ -58,7 +67,7 @@ def test_a_warm_start_from_the_exact_decoupling_is_exact_and_wins(robust):
     assert int(res.best_restart) == 2
     assert float(res.restarts.history_J[2, 0]) < 1e-12 and float(res.error_J) < 1e-12
     assert float(res.error_F) < 1e-12
-    np.testing.assert_allclose(np.asarray(res.model(X)), np.asarray(F), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(_call(res.model, X)), np.asarray(F), rtol=1e-6, atol=1e-8)
 
 
 def test_a_warm_start_is_kept_when_no_sweep_improves_on_it():
@@ -70,7 +79,7 @@ def test_a_warm_start_is_kept_when_no_sweep_improves_on_it():
     assert float(res.restarts.history_J[1, 0]) > 1e-3  # the sweeps did move away from it
     assert int(res.best_restart) == 1
     assert float(res.error_J) < 1e-12 and float(res.error_F) < 1e-12
-    np.testing.assert_allclose(np.asarray(res.model(X)), np.asarray(F), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(_call(res.model, X)), np.asarray(F), rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.default_compiler  # bit-identity of two compiled programs (2 and 3 restarts)
