@@ -174,14 +174,29 @@ def _no_dense(*a, **k):
 WITH_SLOW_BSD = ["svd", "drone", "prune", pytest.param("bsd", marks=pytest.mark.slow)]
 
 
+_NO_SPEC = {}
+
+
+def compressed_with_no_spec(variant, method):
+    """(model before, compressed model, report) of ``compress_model`` with no spec at a 0.3 reduction, made
+    once per (variant, method) for the module: the no-spec test asserts on it, and the save/load
+    round trip saves and reloads the same compressed model (each run compiles ~100 programs)."""
+    if (variant, method) not in _NO_SPEC:
+        model, x, paths, _, _, _ = build(variant)
+        before = count_params(model)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cm, "module_jacobians", _no_dense)
+            model, report = jb.compress_model(model, x, mlps=paths, reduction=0.3, method=method, config=FAST,
+                                              num_samples=32, key=jax.random.key(1))
+        _NO_SPEC[variant, method] = (before, model, report)
+    return _NO_SPEC[variant, method]
+
+
 @pytest.mark.parametrize("method", WITH_SLOW_BSD)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec(variant, method, monkeypatch):
-    model, x, paths, names, act, bias = build(variant)
-    before = count_params(model)
-    monkeypatch.setattr(cm, "module_jacobians", _no_dense)
-    model, report = jb.compress_model(model, x, mlps=paths, reduction=0.3, method=method, config=FAST,
-                                      num_samples=32, key=jax.random.key(1))
+def test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec(variant, method):
+    _, x, paths, names, act, bias = build(variant)
+    before, model, report = compressed_with_no_spec(variant, method)
     after = sum(int(a.size) for a in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert report.params_before == before and report.params_after == after
     assert after <= math.floor(0.7 * before) and report.reduction >= 0.3
@@ -219,14 +234,15 @@ def test_bsd_runs_on_a_gated_mlp_with_no_spec(monkeypatch):
 
 def test_the_budget_uses_the_gated_counts_and_spends_what_it_can():
     # The uniform rank is the largest whose total fits: one more unit everywhere would not.
-    model, x, paths, _, _, bias = build("t5-geglu-bias")
+    model, _, _, _, _, bias = build("t5-geglu-bias")
     before = count_params(model)
     mlp_params = 2 * (2 * (D * HID + HID) + HID * D + D)
     assert count_params(model.blocks[0].ffn) == mlp_params // 2
-    budget = math.floor(0.6 * before) - (before - mlp_params)
+    budget = math.floor(0.7 * before) - (before - mlp_params)
     for method in ("svd", "prune"):
-        _, report = jb.compress_model(build("t5-geglu-bias")[0], x, mlps=paths, reduction=0.4, method=method,
-                                      key=jax.random.key(0))
+        # the no-spec test's runs, at reduction 0.3 (the ranks depend on the counts alone)
+        assert compressed_with_no_spec("t5-geglu-bias", method)[0] == before
+        report = compressed_with_no_spec("t5-geglu-bias", method)[2]
         ranks = [r.rank for r in report.mlps]
         assert ranks[0] == ranks[1]
         assert 2 * hand_count(method, ranks[0], bias) <= budget < 2 * hand_count(method, ranks[0] + 1, bias)
@@ -245,7 +261,7 @@ def test_svd_keeps_the_truncated_kernels_of_numpy(variant):
     model, x, paths, names, act, _ = build(variant, jnp.float64)
     original = np_kernels(cm.get_submodule(model, paths[0]), names)
     X = mlp_input(model, x, variant)
-    k = 5
+    k = 4  # the drone test's rank: the same replacement shapes, compiled once
     model, report = _first(model, paths, "svd", k, x)
     truncated = list(original)
     for i in (0, 2, 4):
@@ -344,8 +360,9 @@ def test_the_baselines_error_J_matches_the_dense_jacobians(method):
     module = cm.get_submodule(model, paths[0])
     site = cm.make_site(paths[0], module, jb.GatedMLPSpec(*names, act), X_all, Y_all, 24, jax.random.key(0))
     new, info = cm.build_replacement(site, method, 6, FAST, jax.random.key(0))
-    J = np.asarray(jax.vmap(jax.jacrev(module))(site.X))
-    J_new = np.asarray(jax.vmap(jax.jacrev(new))(site.X))
+    # the dense Jacobians as one jitted program each (eagerly, every primitive of jacrev compiles)
+    J = np.asarray(jax.jit(jax.vmap(jax.jacrev(module)))(site.X))
+    J_new = np.asarray(jax.jit(jax.vmap(jax.jacrev(new)))(site.X))
     assert info["error_J"] == pytest.approx(np.sum((J - J_new) ** 2) / np.sum(J ** 2), rel=1e-8)
 
 
@@ -377,9 +394,8 @@ def test_a_given_gated_spec_is_used_and_a_wrong_one_is_refused():
 @pytest.mark.parametrize("method", ["svd", "prune"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_save_load_round_trip_is_bit_identical(variant, method, tmp_path):
-    model, x, paths, _, _, _ = build(variant)
-    model, _ = jb.compress_model(model, x, mlps=paths, ranks={p: 4 for p in paths}, method=method,
-                                 key=jax.random.key(0))
+    _, x, paths, _, _, _ = build(variant)
+    _, model, _ = compressed_with_no_spec(variant, method)  # the no-spec test's model: no second compression
     jb.save_compressed(tmp_path / "ck", model)
     kinds = {tuple(r["path"]): r["kind"] for r in read_checkpoint_header(tmp_path / "ck")["replaced"]}
     want = "LowRankGatedMLP" if method == "svd" else "PrunedGatedMLP"
