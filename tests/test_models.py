@@ -115,8 +115,9 @@ def test_tiny_forward_and_mlp_inputs(kind):
 def test_mlp_activation_tables():
     u = jnp.linspace(-4.0, 4.0, 101, dtype=jnp.float64)
     for name, h in ACTIVATIONS.items():
-        auto = jax.vmap(jax.grad(lambda t, h=h: h(t)))(u)
-        np.testing.assert_allclose(ACTIVATION_DERIVATIVES[name](u), auto, atol=1e-12)
+        # Jitted: one compile per activation instead of one per eager primitive.
+        auto = jax.jit(jax.vmap(jax.grad(lambda t, h=h: h(t))))(u)
+        np.testing.assert_allclose(jax.jit(ACTIVATION_DERIVATIVES[name])(u), auto, atol=1e-12)
     # Exact (erf) GELU, not the tanh approximation.
     np.testing.assert_allclose(
         ACTIVATIONS["gelu"](u), jax.nn.gelu(u, approximate=False), atol=1e-15
@@ -175,9 +176,10 @@ def test_shift_mask_matches_brute_force():
 
 def _affected(attn, x, position):
     """Boolean (H, W) map of outputs that change when the token at ``position`` changes."""
-    y = attn(x)
-    x2 = x.at[0, position[0], position[1]].add(10.0)
-    return np.asarray(jnp.any(attn(x2)[0] != y[0], axis=-1))
+    y = np.asarray(forward(attn, x))  # jitted: one compile per attention layout, not per primitive
+    x2 = np.array(x)
+    x2[0, position[0], position[1]] += 10.0
+    return np.any(np.asarray(forward(attn, jnp.asarray(x2)))[0] != y[0], axis=-1)
 
 
 def test_window_attention_never_crosses_windows():
@@ -252,6 +254,6 @@ def test_deit_averages_heads():
     model = build_model("deit", config)
     assert isinstance(model, DeiT) and model.distilled
     x = _images(config)
-    a, b = model.heads(x)
+    a, b = nnx.jit(lambda m, x: m.heads(x))(model, x)
     np.testing.assert_allclose(forward(model, x), 0.5 * (a + b), rtol=1e-6)
     assert isinstance(build_model("swin", SwinConfig.tiny()), Swin)

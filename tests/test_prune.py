@@ -189,19 +189,26 @@ def test_prune_keeps_the_output_error_below_dropping_units_without_refit():
     assert refit < no_refit
 
 
-@pytest.mark.parametrize("k, fit", [(20, "held-out"), (30, "check")])
-def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit):
-    """With more calibration tokens than the 8192 check tokens, pruning refits on the others
-    (when there are >= 4 (k + 1) of them), so its reported output error is held out."""
+@pytest.fixture(scope="module")
+def big_site():
+    """An MLP site with 8292 calibration tokens, built once for both cases below."""
     ffn = FFN(16, 64, nnx.Rngs(3))
     X_all = jax.random.normal(jax.random.key(4), (8292, 16), jnp.float64)
     site = make_site("ffn", ffn, SPEC, X_all, ffn(X_all), None, jax.random.key(5))
     assert site.check_X.shape[0] == 8192 and site.fit_X.shape[0] == 100
 
     def rows(A):
-        return {tuple(np.asarray(r).tolist()) for r in A}
+        return {tuple(r) for r in np.asarray(A).tolist()}
 
     assert not rows(site.fit_X) & rows(site.check_X) and len(rows(site.fit_X) | rows(site.check_X)) == 8292
+    return ffn, site
+
+
+@pytest.mark.parametrize("k, fit", [(20, "held-out"), (30, "check")])
+def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit, big_site):
+    """With more calibration tokens than the 8192 check tokens, pruning refits on the others
+    (when there are >= 4 (k + 1) of them), so its reported output error is held out."""
+    ffn, site = big_site
     module, info = build_replacement(site, "prune", k, DEFAULT_CONFIG, jax.random.key(0))
     assert info["fit_tokens"] == fit
     X, Y = (site.fit_X, site.fit_Y) if fit == "held-out" else (site.check_X, site.check_Y)

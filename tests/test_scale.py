@@ -27,14 +27,21 @@ def mlp_problem(S=64, m=6, H=16, seed=0):
 CONFIG = jb.CMTFConfig(rank=4, basis=jb.BSpline(3, 5), max_iter=40, tol=0.0)
 
 
-def test_progress_in_chunks_matches_the_single_compiled_solve():
+@pytest.fixture(scope="module")
+def single():
+    """The one-shot single-device solve both tests compare against (one compile for the file)."""
     jac, F, X = mlp_problem()
-    one = jb.decouple(jac, F, X, CONFIG, key=jax.random.key(0), restarts=3)
+    return jb.decouple(jac, F, X, CONFIG, key=jax.random.key(0), restarts=4)
+
+
+def test_progress_in_chunks_matches_the_single_compiled_solve(single):
+    jac, F, X = mlp_problem()
+    one = single
     calls = []
-    chunked = jb.decouple(jac, F, X, CONFIG, key=jax.random.key(0), restarts=3, progress_every=15,
+    chunked = jb.decouple(jac, F, X, CONFIG, key=jax.random.key(0), restarts=4, progress_every=15,
                           progress=lambda it, eJ, eF: calls.append((it, eJ.shape, eF.shape)))
     assert [c[0] for c in calls] == [15, 30, 40]
-    assert all(c[1] == c[2] == (3,) for c in calls)
+    assert all(c[1] == c[2] == (4,) for c in calls)
     for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(chunked)):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="progress_every"):
@@ -60,10 +67,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_sharding_over_four_devices_matches_one_device():
-    jac, F, X = mlp_problem()
-    single = jb.decouple(jac, F, X, CONFIG, key=jax.random.key(0), restarts=4)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+def test_sharding_over_four_devices_matches_one_device(single):
+    # The subprocess keeps the suite's XLA options (tests/conftest.py) and adds the four host devices.
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     script = SCRIPT.format(tests=os.path.dirname(__file__))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

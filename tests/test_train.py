@@ -167,7 +167,16 @@ def test_regularised_training_runs(data):
 # --- CLI ----------------------------------------------------------------------------------
 
 
-def test_cli_train(tmp_path, capsys):
+def test_cli_train(tmp_path, capsys, monkeypatch):
+    import jaxbsd.models
+
+    real = jaxbsd.models.config_for_dataset
+
+    def tiny_for_dataset(kind, dataset, **overrides):  # the digits config at TINY's width and depth
+        return dataclasses.replace(real(kind, dataset, **overrides), dim=TINY.dim, depth=TINY.depth,
+                                   num_heads=TINY.num_heads, mlp_dim=TINY.mlp_dim)
+
+    monkeypatch.setattr(jaxbsd.models, "config_for_dataset", tiny_for_dataset)
     parser = cli.build_parser()
     assert "train" in parser.subcommands.choices
     out = tmp_path / "vit"
@@ -180,6 +189,7 @@ def test_cli_train(tmp_path, capsys):
     assert "final test accuracy" in text
     model, metadata = load_checkpoint(out)
     assert metadata["dataset"] == "digits" and len(metadata["history"]) == 1
+    assert model.config.dim == TINY.dim and model.config.num_classes == 10  # the real digits, the tiny model
     result = json.loads(report.read_text())
     assert 0.0 <= result["test_acc"] <= 1.0 and result["epochs"] == 1
     with pytest.raises(SystemExit):
