@@ -16,11 +16,19 @@ with one small interface:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from jaxbsd import bspline
+
+
+#: The bases' ``fit``/``design``/``evaluate`` as one compiled program each (the basis itself is
+#: hashable, hence static): called outside ``jax.jit`` they would otherwise dispatch and compile
+#: every primitive separately; inside a traced solve they are inlined.
+_jit_method = functools.partial(jax.jit, static_argnums=0)
+_jit_evaluate = functools.partial(jax.jit, static_argnums=(0, 4), static_argnames=("derivative",))
 
 __all__ = ["Basis", "BSpline", "Polynomial", "ReLU"]
 
@@ -106,12 +114,15 @@ class BSpline(Basis):
     def num_knots(self) -> int:
         return bspline.num_knots(self.dof, self.degree)
 
+    @_jit_method
     def fit(self, u):
         return bspline.quantile_knots(u, self.dof, self.degree)
 
+    @_jit_method
     def design(self, u, knots):
         return bspline.design_matrices(u, knots, self.degree)
 
+    @_jit_evaluate
     def evaluate(self, u, knots, coef, derivative=0):
         return bspline.evaluate(u, knots, coef, self.degree, derivative)
 
@@ -137,6 +148,7 @@ class Polynomial(Basis):
     def num_knots(self) -> int:
         return 0
 
+    @_jit_method
     def fit(self, u):
         return jnp.zeros((0,), jnp.asarray(u).dtype)
 
@@ -158,9 +170,11 @@ class Polynomial(Basis):
         shifted = jnp.concatenate([zeros, powers[..., : d + 1 - derivative]], -1)
         return _trailing(factor, u.ndim) * shifted
 
+    @_jit_method
     def design(self, u, knots):
         return self._powers(u, 0), self._powers(u, 1)
 
+    @_jit_evaluate
     def evaluate(self, u, knots, coef, derivative=0):
         # Horner on the differentiated coefficients: stable and cheap.
         j = jnp.arange(self.degree + 1)
@@ -200,6 +214,7 @@ class ReLU(Basis):
     def num_knots(self) -> int:
         return self.dof - 1
 
+    @_jit_method
     def fit(self, u):
         u = jnp.asarray(u)
         if self.dof == 1:
@@ -217,9 +232,11 @@ class ReLU(Basis):
             return jnp.concatenate([zeros, (shifted > 0).astype(u.dtype)], axis=-1)
         return jnp.zeros(u.shape + (self.dof,), u.dtype)
 
+    @_jit_method
     def design(self, u, knots):
         return self._columns(u, knots, 0), self._columns(u, knots, 1)
 
+    @_jit_evaluate
     def evaluate(self, u, knots, coef, derivative=0):
         return self._columns(u, knots, derivative) @ coef
 

@@ -518,6 +518,7 @@ def sweep(state: SolverState, problem: Problem, config: CMTFConfig) -> SolverSta
     return _sweep(state, problem, config, problem.jac.sq_norm())[0]
 
 
+@jax.jit  # one program when called outside jit (op by op, every primitive would compile)
 def init_state(key: jax.Array, problem: Problem, config: CMTFConfig) -> SolverState:
     """Random initialization (Algorithm 1, line 1): Gaussian factors, scaled by fan-in.
 
@@ -600,6 +601,7 @@ class Iteration(NamedTuple):
         return self.status < 0
 
 
+@jax.jit  # (as init_state)
 def warm_state(problem: Problem, config: CMTFConfig, model: Decoupled) -> SolverState:
     """The solver state of a given decoupled model, to start a restart from it (a warm start).
 

@@ -61,7 +61,7 @@ class Decoupled:
         """``(..., m) -> (..., n)``."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x must have trailing dimension {self.in_features}, got {x.shape}")
-        return self.internal(x @ self.W0.T) @ self.W1.T
+        return _apply(self, x)
 
     def balanced(self) -> "Decoupled":
         """The same function with every ``W0`` row and ``W1`` column at unit norm.
@@ -86,5 +86,17 @@ class Decoupled:
 
     def jacobian(self, x: jax.Array) -> jax.Array:
         """Closed-form Jacobians ``W1 diag(g'(W0 x)) W0``: ``(S, m) -> (S, n, m)``."""
-        G = self.internal(x @ self.W0.T, derivative=1)
-        return jnp.einsum("ai,si,ib->sab", self.W1, G, self.W0)
+        return _jacobian(self, x)
+
+
+# One compiled program per call signature (outside jax.jit, the op-by-op version would compile
+# every primitive separately); inside a traced computation they are inlined.
+@jax.jit
+def _apply(model: Decoupled, x: jax.Array) -> jax.Array:
+    return model.internal(x @ model.W0.T) @ model.W1.T
+
+
+@jax.jit
+def _jacobian(model: Decoupled, x: jax.Array) -> jax.Array:
+    G = model.internal(x @ model.W0.T, derivative=1)
+    return jnp.einsum("ai,si,ib->sab", model.W1, G, model.W0)

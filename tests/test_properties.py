@@ -163,6 +163,7 @@ def test_dead_ranks_are_counted():
     assert int(res.dead_ranks) == expected
 
 
+@pytest.mark.slow  # a pytest subprocess compiling with XLA's default options: ~40 s on 2 cores
 @pytest.mark.default_compiler
 def test_bit_identical_across_runs_and_with_the_jitted_single_restart():
     rng = np.random.default_rng(2)

@@ -159,6 +159,7 @@ def test_the_fingerprint_is_finite_covers_every_case_and_is_cached():
     assert fp.solver_fingerprint() == values
 
 
+@pytest.mark.slow  # computes the 22-entry fingerprint three times: ~25 s on 2 cores
 def test_the_value_cache_is_keyed_by_the_sources_and_survives_a_corrupt_file(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXBSD_CACHE", str(tmp_path))
     compute = fp._fingerprint.__wrapped__  # the uncached-in-memory function

@@ -82,6 +82,7 @@ def test_a_warm_start_is_kept_when_no_sweep_improves_on_it():
     np.testing.assert_allclose(np.asarray(_call(res.model, X)), np.asarray(F), rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.slow  # a pytest subprocess compiling with XLA's default options: ~30 s on 2 cores
 @pytest.mark.default_compiler  # bit-identity of two compiled programs (2 and 3 restarts)
 @pytest.mark.parametrize("batch", ["vmap", "map"])
 def test_random_restarts_are_unchanged_by_a_warm_start(batch):
