@@ -306,12 +306,7 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
                                           config=solver_config(plan), num_samples=ctx["num_samples"][reduction],
                                           key=jax.random.key(seed))
     except ValueError as err:
-        if "cannot be met" not in str(err):
-            raise
-        record.update(status="infeasible", reason=str(err), seconds=timer())
-        log(f"  {name}: infeasible ({err})")
-        common.save_unit(state / "unit.json", tag, record)
-        return record
+        return common.save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)
     free_bpc = evaluate_lm(model, ctx["test_ids"])
     seconds_free = timer()
     tune_timer = common.Timer()
