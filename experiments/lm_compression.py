@@ -446,6 +446,7 @@ def main(argv=None) -> int:
     context = model.config.context
     test_ids, test_starts = test_subset(data.test, plan["test_chars"], plan["test_segments"])
     bpc_original = evaluate_lm(model, test_ids)
+    model_info["plain"]["test_bpc"] = evaluate_lm(load_checkpoint(paths["plain"])[0], test_ids)  # same subset
     params_original = count_params(model)
     order = list(range(model.config.depth))[::-1]
     if plan["blocks"]:
@@ -460,7 +461,8 @@ def main(argv=None) -> int:
             rank = 1  # infeasible: compress_model says so in the unit
         num_samples[rho] = min(max(128, 2 * rank), plan["calib_windows"] * context)
     log(f"lm: {params_original} parameters ({sum(mlp_params)} in the compressed MLPs {mlps}), test "
-        f"{bpc_original:.4f} bpc on {len(test_ids)} characters; S per ρ {num_samples}")
+        f"{bpc_original:.4f} bpc on {len(test_ids)} characters (plain-MLP twin: {model_info['plain']['test_bpc']:.4f}); "
+        f"S per ρ {num_samples}")
     protocol = {"checkpoint": model_info["gated"]["checkpoint"], "plain": model_info["plain"]["checkpoint"],
                 "limit": plan["limit"], "mlps": mlps, "calib_windows": plan["calib_windows"],
                 "test": [plan["test_chars"], plan["test_segments"]], "val_chars": plan["val_chars"]}
