@@ -371,6 +371,8 @@ def lm_compression_table() -> str:
         rows.append([r["setting"], _name(r), f"{r['reduction']:g}", _pm(r["bpc_mean"], r["bpc_std"], 3),
                      f"{r['params_mean']:,.0f}", err, cell])
     out += [_md(["setting", "method", "ρ", "test bpc", "params", "output error", "B-spline lower bpc"], rows), ""]
+    if (RESULTS / "lm_compression.png").exists():  # docs/hooks.py serves experiments/results/*.png as plots/
+        out += ["![Character LM: test bits per character against parameters](plots/lm_compression.png)", ""]
     fit = d["fit"]
     out += [f"**One MLP ({fit['mlp']}) decoupled at fixed ranks, gated (SwiGLU) against a plain GELU MLP of the same "
             f"shape** (mean ± std over {fit['seeds']} seeds; test bpc of the gated LM {d['bpc_original']:.4f}, of "
