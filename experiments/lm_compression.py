@@ -22,8 +22,8 @@ evenly spaced contiguous pieces, ``test_chars`` characters in all (recorded with
 
 **Fit of one gated MLP against a plain one.** A second section decouples ONE MLP (the last
 block's) at fixed ranks with the same solver and reports Error(J), Error(F) and the output error,
-for the gated LM and for a control LM whose MLP is an ordinary two-layer GELU MLP of the same
-shape (``LMConfig(mlp="plain", activation="gelu")``, trained with the same recipe:
+for the gated LM and for a control LM whose MLPs are ordinary two-layer GELU MLPs of the same
+shape (:func:`build_lm`, ``mlp="plain"``), trained with the same recipe:
 ``checkpoints/lm-plain-pystdlib``, trained and cached on first use). A gated product
 ``a(g·x)·(u·x)`` is not a sum of univariate functions of single projections, so the decoupling
 (a sum of r univariate functions of r projections) fits it worse at equal rank; the section
@@ -62,11 +62,13 @@ import comparison  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compress_model import DEFAULT_CONFIG, get_submodule  # noqa: E402
 from jaxbsd.data import load_text_dataset  # noqa: E402
 from jaxbsd.models import LMConfig, build_model, config_for_dataset, count_params  # noqa: E402
+from jaxbsd.models.layers import MLP  # noqa: E402
 from jaxbsd.train import TrainConfig, evaluate_lm, load_checkpoint, save_checkpoint, train_lm  # noqa: E402
 
 METHODS = ("bsd", "svd", "drone", "prune")
@@ -246,20 +248,48 @@ def recipe_of_checkpoint() -> TrainConfig:
     return TrainConfig(**common.read_json(TRAINING_JSON)["train_config"])
 
 
-def load_or_train_lm(path: pathlib.Path, config: LMConfig, recipe: TrainConfig, dataset, log) -> tuple:
-    """The LM at ``path``, else one of ``config`` trained with ``recipe`` (``train_lm``) and saved
-    there. Returns ``(model, info)``."""
+def build_lm(config: LMConfig, mlp: str, seed: int = 0):
+    """An untrained LM of ``config`` whose MLPs are ``"gated"`` (the model's own SwiGLU) or
+    ``"plain"``: every ``blocks.N.mlp`` replaced by a two-layer GELU MLP of the same shape,
+    ``fc2(gelu(fc1(x)))`` with biases (:class:`jaxbsd.models.layers.MLP`, ``dim → mlp_dim → dim``).
+
+    (Surgery rather than a config option: the LM's config and its recorded checkpoints stay as
+    they are; a plain checkpoint loads with ``load_checkpoint(path, model=build_lm(config, "plain"))``.)
+    """
+    if mlp not in ("gated", "plain"):
+        raise ValueError(f"mlp must be 'gated' or 'plain', got {mlp!r}")
+    model = build_model("lm", config, seed=seed)
+    if mlp == "plain":
+        rngs = nnx.Rngs(seed + 2)
+        for block in model.blocks:
+            block.mlp = MLP(config.dim, config.mlp_dim, activation="gelu", rngs=rngs)
+    return model
+
+
+def load_lm(path: pathlib.Path, mlp: str):
+    """The LM saved at ``path`` by :func:`load_or_train_lm` (``mlp`` as there)."""
+    if mlp == "gated":
+        return load_checkpoint(path)[0]
+    from jaxbsd.checkpoint import read_checkpoint_header
+
+    config = LMConfig(**read_checkpoint_header(path)["config"])
+    return load_checkpoint(path, model=build_lm(config, mlp))[0]
+
+
+def load_or_train_lm(path: pathlib.Path, config: LMConfig, mlp: str, recipe: TrainConfig, dataset, log) -> tuple:
+    """The LM at ``path``, else one of ``config`` with ``mlp`` MLPs (:func:`build_lm`) trained
+    with ``recipe`` (``train_lm``) and saved there. Returns ``(model, info)``."""
     if path.exists():
-        model, meta = load_checkpoint(path)
-        return model, {"checkpoint": common.rel_path(path), "trained_now": False, "recipe": meta.get("train")}
-    log(f"training {common.rel_path(path)} ({config.mlp} MLP, {config.activation}): {recipe}")
-    model = build_model("lm", config, seed=recipe.seed)
+        model = load_lm(path, mlp)
+        return model, {"checkpoint": common.rel_path(path), "trained_now": False, "mlp": mlp}
+    log(f"training {common.rel_path(path)} ({mlp} MLPs): {recipe}")
+    model = build_lm(config, mlp, seed=recipe.seed)
     timer = common.Timer()
     history = train_lm(model, dataset, recipe, progress=False)
-    save_checkpoint(path, model, {"dataset": dataset.name, "train": recipe.to_dict(), "history": history,
+    save_checkpoint(path, model, {"dataset": dataset.name, "train": recipe.to_dict(), "history": history, "mlp": mlp,
                                   "written_by": "experiments/lm_compression.py"})
     log(f"  trained in {timer():.0f} s: validation {history[-1]['val_bpc']:.4f} bpc")
-    return model, {"checkpoint": common.rel_path(path), "trained_now": True, "recipe": recipe.to_dict(),
+    return model, {"checkpoint": common.rel_path(path), "trained_now": True, "mlp": mlp, "recipe": recipe.to_dict(),
                    "validation_bpc": history[-1]["val_bpc"], "seconds": timer()}
 
 
@@ -273,8 +303,7 @@ def models_for(plan: dict, dataset, out: pathlib.Path, log) -> tuple[dict, dict]
         recipe = recipe_of_checkpoint()
         base = config_for_dataset("lm", dataset)
         paths = {"gated": common.ROOT / plan["checkpoint"], "plain": common.ROOT / plan["plain_checkpoint"]}
-    configs = {"gated": base, "plain": dataclasses.replace(base, mlp="plain", activation="gelu")}
-    info = {kind: load_or_train_lm(paths[kind], configs[kind], recipe, dataset, log)[1] for kind in paths}
+    info = {kind: load_or_train_lm(paths[kind], base, kind, recipe, dataset, log)[1] for kind in paths}
     return paths, info
 
 
@@ -339,7 +368,7 @@ def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> 
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return done
     timer = common.Timer()
-    model = load_checkpoint(ctx["paths"][kind])[0]
+    model = load_lm(ctx["paths"][kind], kind)
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     params_mlp = count_params(get_submodule(model, ctx["fit_mlp"]))
     _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method="bsd",
@@ -446,7 +475,7 @@ def main(argv=None) -> int:
     context = model.config.context
     test_ids, test_starts = test_subset(data.test, plan["test_chars"], plan["test_segments"])
     bpc_original = evaluate_lm(model, test_ids)
-    model_info["plain"]["test_bpc"] = evaluate_lm(load_checkpoint(paths["plain"])[0], test_ids)  # same subset
+    model_info["plain"]["test_bpc"] = evaluate_lm(load_lm(paths["plain"], "plain"), test_ids)  # same subset
     params_original = count_params(model)
     order = list(range(model.config.depth))[::-1]
     if plan["blocks"]:

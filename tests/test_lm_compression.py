@@ -14,14 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import lm_compression as lc  # noqa: E402
 
-from jaxbsd.models import LM, GatedMLP, LMConfig, config_from_dict, config_to_dict  # noqa: E402
+from jaxbsd.models import GatedMLP, LMConfig  # noqa: E402
 from jaxbsd.models.layers import ACTIVATIONS, MLP  # noqa: E402
 
 
@@ -158,28 +157,33 @@ def test_fit_summary_finding_states_the_ratio_of_gated_to_plain_errors():
     assert "not uniformly harder" in reverse and "0.2x" in reverse
 
 
-# --------------------------------------------------------------------------- the plain-MLP option
+# --------------------------------------------------------------------------- the plain-MLP twin
 
 
-def test_lm_plain_option_builds_a_two_layer_mlp_of_the_same_shape():
-    config = LMConfig.tiny(mlp="plain", activation="gelu")
-    model = LM(config, rngs=nnx.Rngs(0))
+def test_build_lm_plain_has_two_layer_gelu_mlps_of_the_same_shape():
+    config = LMConfig.tiny()
+    model = lc.build_lm(config, "plain")
+    for block in model.blocks:
+        assert isinstance(block.mlp, MLP) and block.mlp.fc1.kernel[...].shape == (config.dim, config.mlp_dim)
     mlp = model.blocks[0].mlp
-    assert isinstance(mlp, MLP) and mlp.fc1.kernel[...].shape == (config.dim, config.mlp_dim)
     x = jax.random.normal(jax.random.key(1), (3, config.dim), jnp.float32)
     h = ACTIVATIONS["gelu"](x @ mlp.fc1.kernel[...] + mlp.fc1.bias[...][None, :])
     expected = h @ mlp.fc2.kernel[...] + mlp.fc2.bias[...][None, :]
     np.testing.assert_allclose(mlp(x), expected, rtol=1e-5, atol=1e-6)
     assert model(jnp.zeros((2, 5), jnp.int32)).shape == (2, 5, config.vocab_size)
-    assert isinstance(LM(LMConfig.tiny(), rngs=nnx.Rngs(0)).blocks[0].mlp, GatedMLP)  # default unchanged
-
-
-def test_lm_mlp_option_is_validated_and_old_configs_still_load():
+    assert isinstance(lc.build_lm(config, "gated").blocks[0].mlp, GatedMLP)
     with pytest.raises(ValueError, match="mlp"):
-        LMConfig.tiny(mlp="moe")
-    old = config_to_dict(LMConfig.tiny())
-    del old["mlp"]  # a checkpoint written before the option existed
-    assert config_from_dict(LMConfig, old).mlp == "gated"
+        lc.build_lm(config, "moe")
+
+
+def test_plain_checkpoint_loads_back_bit_for_bit(tmp_path):
+    config = LMConfig.tiny()
+    model = lc.build_lm(config, "plain", seed=3)
+    lc.save_checkpoint(tmp_path / "plain", model, {"mlp": "plain"})
+    back = lc.load_lm(tmp_path / "plain", "plain")
+    tokens = jnp.arange(10, dtype=jnp.int32).reshape(1, 10) % config.vocab_size
+    np.testing.assert_array_equal(np.asarray(back(tokens)), np.asarray(model(tokens)))
+    assert isinstance(back.blocks[1].mlp, MLP)
 
 
 # --------------------------------------------------------------------------- end to end (slow)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd.models.layers import ACTIVATIONS, EMBED_INIT, MLP, PARAM_DTYPE, check_config_ints
+from jaxbsd.models.layers import ACTIVATIONS, EMBED_INIT, PARAM_DTYPE, check_config_ints
 
 __all__ = ["LMConfig", "LM", "GatedMLP", "CausalSelfAttention", "DecoderBlock", "rotary_embedding"]
 
@@ -56,13 +56,8 @@ class LMConfig:
         depth: number of decoder blocks.
         num_heads: attention heads; must divide ``dim`` into an even head width.
         mlp_dim: hidden width of the gated MLP (≈ 3·dim, as Llama's 8/3·d rounded).
-        activation: the gate's activation, a key of ``ACTIVATIONS`` (``"silu"``: SwiGLU); for
-            ``mlp="plain"``, the MLP's activation.
+        activation: the gate's activation, a key of ``ACTIVATIONS`` (``"silu"``: SwiGLU).
         mlp_bias: biases on ``gate_proj``/``up_proj``/``down_proj`` (Llama: none).
-        mlp: ``"gated"`` (:class:`GatedMLP`, the default) or ``"plain"``: an ordinary two-layer
-            MLP ``fc2(act(fc1(x)))`` with biases (:class:`jaxbsd.models.layers.MLP`), the same
-            shape ``dim → mlp_dim → dim``; a control for what the gated product costs the
-            decoupling (``experiments/lm_compression.py``). ``mlp_bias`` applies to gated only.
         tie_embeddings: logits through the transposed token embedding (else a separate head).
         rope_base: base of the rotary frequencies.
         norm_eps: RMSNorm epsilon.
@@ -79,7 +74,6 @@ class LMConfig:
     tie_embeddings: bool = True
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
-    mlp: str = "gated"
 
     def __post_init__(self):
         check_config_ints(self, "vocab_size", "context", "dim", "depth", "num_heads", "mlp_dim")
@@ -90,8 +84,6 @@ class LMConfig:
             )
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
-        if self.mlp not in ("gated", "plain"):
-            raise ValueError(f"mlp must be 'gated' or 'plain', got {self.mlp!r}")
         for name in ("mlp_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -204,10 +196,7 @@ class DecoderBlock(nnx.Module):
         self.norm1 = nnx.RMSNorm(c.dim, epsilon=c.norm_eps, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.attn = CausalSelfAttention(c.dim, c.num_heads, rope_base=c.rope_base, rngs=rngs)
         self.norm2 = nnx.RMSNorm(c.dim, epsilon=c.norm_eps, param_dtype=PARAM_DTYPE, rngs=rngs)
-        if c.mlp == "plain":
-            self.mlp = MLP(c.dim, c.mlp_dim, activation=c.activation, rngs=rngs)
-        else:
-            self.mlp = GatedMLP(c.dim, c.mlp_dim, activation=c.activation, use_bias=c.mlp_bias, rngs=rngs)
+        self.mlp = GatedMLP(c.dim, c.mlp_dim, activation=c.activation, use_bias=c.mlp_bias, rngs=rngs)
 
     def attention_residual(self, x: jax.Array) -> jax.Array:
         """The state after the attention branch, ``x + attn(norm1(x))``."""
