@@ -59,6 +59,7 @@ __all__ = [
     "unit_done",
     "resume_unit",
     "save_unit",
+    "save_infeasible",
     "Timer",
 ]
 
@@ -427,6 +428,19 @@ def save_unit(path: str | os.PathLike, tag: str, record: dict) -> None:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, jsonable({"tag": tag, "record": record}))
+
+
+def save_infeasible(err: ValueError, record: dict, path: str | os.PathLike, tag: str, label: str, seconds: float,
+                    log: Callable[[str], None]) -> dict:
+    """The finished record of a unit whose budget cannot be met (``jb.compress_model`` /
+    ``jaxbsd.compress`` refused it): ``record`` with ``status="infeasible"``, the reason and the
+    seconds, saved as :func:`save_unit` does and logged. Any other ``ValueError`` is re-raised."""
+    if "cannot be met" not in str(err):
+        raise err
+    record.update(status="infeasible", reason=str(err), seconds=seconds)
+    log(f"  {label}: infeasible ({err})")
+    save_unit(path, tag, record)
+    return record
 
 
 def machine() -> str:

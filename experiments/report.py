@@ -347,6 +347,44 @@ def training_free_table() -> str:
     return "\n".join(out).rstrip()
 
 
+def lm_compression_table() -> str:
+    """Issue 23: the character LM's gated MLPs compressed (test bpc per setting × method × ρ,
+    paired verdicts against B-spline), and the fit of one gated MLP against a plain one."""
+    d = _load("lm_compression.json")
+    if d is None:
+        return "_No result committed._ (`python experiments/lm_compression.py`)"
+    out = [f"Character LM on pystdlib (original {d['bpc_original']:.4f} bits per character on "
+           f"{d['test_subset']['characters']:,} test characters, {d['params_original']:,} parameters); every gated "
+           f"MLP compressed back to front; mean ± std over {d['plan']['seeds']} seeds (calibration windows and "
+           f"solver key); fine-tuned = {d['plan']['finetune']['steps']} steps of train_lm (lr "
+           f"{d['plan']['finetune']['lr']:g}) after the last replacement. Verdict = \"B-spline has lower test bpc\", "
+           "paired over seeds (t-test, p < 0.05; Δ = method − B-spline, bits per character).", "", _source_line(d), ""]
+    rows = []
+    for r in d["rows"]:
+        if r["status"] != "ok":
+            rows.append([r["setting"], _name(r), f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
+            continue
+        v = d["verdicts"][f"{r['setting']} {r['reduction']!r}"].get(r["method"])
+        cell = ("(reference)" if v is None else "no paired runs" if not v["n"]
+                else f"{v['verdict']} (Δ {v['mean_diff']:+.3f}, p = {_pval(v['p_ttest'])})")
+        err = "—" if r.get("output_error_mean") is None else f"{r['output_error_mean']:.3g}"
+        rows.append([r["setting"], _name(r), f"{r['reduction']:g}", _pm(r["bpc_mean"], r["bpc_std"], 3),
+                     f"{r['params_mean']:,.0f}", err, cell])
+    out += [_md(["setting", "method", "ρ", "test bpc", "params", "output error", "B-spline lower bpc"], rows), ""]
+    if (RESULTS / "lm_compression.png").exists():  # docs/hooks.py serves experiments/results/*.png as plots/
+        out += ["![Character LM: test bits per character against parameters](plots/lm_compression.png)", ""]
+    fit = d["fit"]
+    out += [f"**One MLP ({fit['mlp']}) decoupled at fixed ranks, gated (SwiGLU) against a plain GELU MLP of the same "
+            f"shape** (mean ± std over {fit['seeds']} seeds; test bpc of the gated LM {d['bpc_original']:.4f}, of "
+            f"its plain twin {d['plain_model'].get('test_bpc', float('nan')):.4f}):", ""]
+    out += [_md(["MLP", "rank", "Error(J)", "Error(F)", "output error", "params (MLP → decoupled)"],
+                [[r["kind"], str(r["rank"]), _pm(r["error_J_mean"], r["error_J_std"], 4),
+                  _pm(r["error_F_mean"], r["error_F_std"], 4), _pm(r["output_error_mean"], r["output_error_std"], 4),
+                  f"{r['params_mlp']:,} → {r['params_decoupled']:,}"] for r in fit["rows"]]), "",
+            f"Finding: {fit['finding']}."]
+    return "\n".join(out).rstrip()
+
+
 def fb_bf_table() -> str:
     """Claim (2): BF against FB under both capture protocols (final accuracy, per-step means in the JSON)."""
     d = _load("full_compression_vit_fashion-mnist.json")
@@ -544,6 +582,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "benchmarks-gpu": lambda: benchmark_table("results_gpu.json"),
     "comparison": comparison_table,
     "training-free": training_free_table,
+    "lm-compression": lm_compression_table,
     "fb-bf": fb_bf_table,
     "vit-cifar10": vit_cifar10_table,
     "budget-study": budget_study_table,
