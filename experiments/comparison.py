@@ -192,12 +192,7 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
                                                f"compression" + (f", {100 * s['acc_ft']:.2f} % after FT"
                                                                  if plan["epochs"] else "")))
     except ValueError as err:
-        if "cannot be met" not in str(err):
-            raise
-        record.update(status="infeasible", reason=str(err), seconds=t0())
-        log(f"  {name}: infeasible ({err})")
-        common.save_unit(state / "unit.json", tag, record)
-        return record
+        return common.save_infeasible(err, record, state / "unit.json", tag, name, t0(), log)
     params = count_params(model)
     record.update(
         status="ok", accuracy=100 * steps[-1]["acc_ft"], accuracy_compressed=100 * steps[-1]["acc_cmtf"],
