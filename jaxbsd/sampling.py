@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -25,17 +24,7 @@ def sample(f: Callable[[jax.Array], jax.Array], X: jax.Array) -> tuple[jax.Array
     X = jnp.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"X must have shape (S, m), got {X.shape}")
-    F = jax.eval_shape(jax.vmap(f), X)
+    F = jax.vmap(f)(X)
     if F.ndim != 2:
         raise ValueError(f"f must map (m,) to (n,); it returned shape {F.shape[1:]} per sample")
-    try:
-        hash(f)
-    except TypeError:  # not usable as a static argument: trace it op by op
-        return _sample.__wrapped__(f, X)
-    return _sample(f, X)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _sample(f: Callable[[jax.Array], jax.Array], X: jax.Array) -> tuple[jax.Array, jax.Array]:
-    # One compiled program (outside jax.jit, vmap(jacfwd(f)) would compile every primitive).
-    return jax.vmap(jax.jacfwd(f))(X), jax.vmap(f)(X)
+    return jax.vmap(jax.jacfwd(f))(X), F
