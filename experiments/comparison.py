@@ -94,6 +94,13 @@ _VARIANT_WORDS = {"greedy": "greedy", "warm": "warm start, held-out selection", 
                   "it": "{} sweeps"}
 
 
+def _options(method: str):
+    """``(word, name, number)`` for each ``-``-separated option of ``bsd-…``: ``"nu8"`` → ``("nu8", "nu", "8")``."""
+    for word in method.split("-")[1:]:
+        head = word.rstrip("0123456789")
+        yield word, head, word[len(head):]
+
+
 def bsd_variant(method: str) -> dict:
     """The ``CompressionConfig`` fields of a B-spline variant that differ from ``"bsd"``.
 
@@ -108,9 +115,7 @@ def bsd_variant(method: str) -> dict:
       ValueError: naming ``method`` for an unknown option.
     """
     fields: dict = {}
-    for word in method.split("-")[1:]:
-        head = word.rstrip("0123456789")
-        number = word[len(head):]
+    for word, head, number in _options(method):
         if word == "greedy":
             fields["allocation"] = "greedy"
         elif word == "warm":
@@ -127,10 +132,8 @@ def method_name(method: str) -> str:
     fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)"}
     if method in fixed:
         return fixed[method]
-    words = []
-    for word in method.split("-")[1:]:
-        head = word.rstrip("0123456789")
-        words.append(_VARIANT_WORDS[head].format(word[len(head):]) if head in _VARIANT_WORDS else word)
+    words = [_VARIANT_WORDS[head].format(number) if head in _VARIANT_WORDS else word
+             for word, head, number in _options(method)]
     return f"B-spline ({'; '.join(words)})"
 
 
@@ -316,11 +319,12 @@ def _method_type(methods: tuple[str, ...]):
     def parse(value: str) -> str:
         if value in methods:
             return value
-        try:
-            if value.startswith("bsd-") and bsd_variant(value) is not None:
-                return value
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+        if value.startswith("bsd-"):
+            try:
+                bsd_variant(value)
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+            return value
         raise argparse.ArgumentTypeError(f"invalid method {value!r} (choose from {', '.join(methods)} or bsd-<option>…)")
     return parse
 
