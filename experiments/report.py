@@ -344,6 +344,9 @@ def training_free_table() -> str:
                          f"{np.mean(errs):.3g}" if errs else "—", verdict])
         out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "output error", "B-spline beats it"], rows),
                 ""]
+        plot = pathlib.Path(name).with_suffix(".png").name
+        if (RESULTS / plot).exists():
+            out += [f"![{title}, no fine-tuning: accuracy against parameters](plots/{plot})", ""]
     return "\n".join(out).rstrip()
 
 
