@@ -22,6 +22,8 @@ of the modules actually placed in the model (no dense weights are kept).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -120,6 +122,11 @@ class LowRankMLP(nnx.Module):
 def truncated_svd_factors(K: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Best rank-``k`` factors ``A (in, k)``, ``B (k, out)`` of ``K (in, out)``."""
     _check_rank(k, K)
+    return _truncated_svd_factors(K, k)
+
+
+@functools.partial(jax.jit, static_argnames="k")  # one program per shape and rank, not a dispatch per op
+def _truncated_svd_factors(K: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     U, s, Vt = jnp.linalg.svd(K, full_matrices=False)
     root = jnp.sqrt(s[:k])
     return U[:, :k] * root[None, :], root[:, None] * Vt[:k]
@@ -134,6 +141,11 @@ def drone_factors(X: jax.Array, K: jax.Array, k: int) -> tuple[jax.Array, jax.Ar
     _check_rank(k, K)
     if X.ndim != 2 or X.shape[1] != K.shape[0]:
         raise ValueError(f"X must have shape (S, {K.shape[0]}), got {X.shape}")
+    return _drone_factors(X, K, k)
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def _drone_factors(X: jax.Array, K: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     _, sx, Vxt = jnp.linalg.svd(X, full_matrices=False)  # X = U diag(sx) Vxt
     keep = sx > jnp.sqrt(jnp.finfo(X.dtype).eps) * sx[0]
     inv = jnp.where(keep, 1 / jnp.where(keep, sx, 1), 0)

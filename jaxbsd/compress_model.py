@@ -140,9 +140,10 @@ class _Sink:
 
     def __init__(self, path: str, order: list[str]):
         self.path, self.order, self.calls = path, order, []
+        self.tracing = False  # inside capture's own compiled forward pass: tracers are expected
 
     def record(self, x, y, extra: bool) -> None:
-        if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
+        if not self.tracing and (isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer)):
             raise ValueError(f"calibration: {self.path!r} was called under a JAX transformation; "
                              "capture needs the model's forward pass to run eagerly")
         if self.path not in self.order:
@@ -163,6 +164,36 @@ class _Recorder(nnx.Module):
 
 
 _MODE_FLAGS = ("deterministic", "use_running_average")
+
+
+def _recording_forward(model: nnx.Module, calibration, sinks: dict[str, _Sink], order: list[str]) -> None:
+    """``model(calibration)`` (or ``calibration(model)``) with the recorders in place, as one
+    compiled program: run op by op, a forward pass compiles every primitive of the model on its
+    own. The recorded ``(x, y)`` are the program's outputs. A forward pass that cannot be traced
+    (Python control flow on values, a transformation inside ``calibration``) runs eagerly."""
+
+    def forward(model, batch):
+        calibration(model) if callable(calibration) else model(batch)
+        return {p: [(x, y) for x, y, _ in sink.calls] for p, sink in sinks.items()}
+
+    batch = None if callable(calibration) else calibration
+    for sink in sinks.values():
+        sink.tracing = True
+    try:
+        recorded = nnx.jit(forward)(model, batch)
+    except Exception:  # noqa: BLE001 — not traceable: the eager pass below reports real errors
+        recorded = None
+    finally:
+        for sink in sinks.values():
+            sink.tracing = False
+    if recorded is None:
+        order.clear()
+        for sink in sinks.values():
+            sink.calls = []
+        forward(model, batch)
+        return
+    for p, sink in sinks.items():
+        sink.calls = [(x, y, extra) for (x, y), (_, _, extra) in zip(recorded[p], sink.calls)]
 
 
 def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple[dict[str, tuple[jax.Array, jax.Array]], list[str]]:
@@ -190,7 +221,7 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple
         for p in paths:
             set_submodule(model, p, _Recorder(originals[p], sinks[p]))
         model.eval()
-        calibration(model) if callable(calibration) else model(calibration)
+        _recording_forward(model, calibration, sinks, order)
     finally:
         for p in paths:
             set_submodule(model, p, originals[p])
@@ -460,6 +491,26 @@ class Site:
         return max(1, min(cap, fit))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _draw_tokens(key: jax.Array, N: int, S: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Indices into ``N`` calibration tokens: ``S`` sampling points; ``C = min(N, 8192)``
+    check tokens; up to ``C`` other tokens, none of them check tokens (``(N - C)`` or fewer)."""
+    k_sample, k_check = jax.random.split(key)
+    sample = jax.random.choice(k_sample, N, (S,), replace=False)
+    check = jax.random.choice(k_check, N, (min(N, _CHECK_TOKENS),), replace=False)
+    # The tokens outside the check set (drawn without changing the check draw), for fits whose
+    # output error must be measured on tokens they did not see: in increasing order, as
+    # ``setdiff1d`` gives them.
+    outside_count = N - check.shape[0]
+    take = min(outside_count, _CHECK_TOKENS)
+    if not take:
+        return sample, check, jnp.zeros((0,), check.dtype)
+    is_check = jnp.zeros((N,), bool).at[check].set(True)
+    outside = jnp.nonzero(~is_check, size=outside_count)[0]
+    pick = jax.random.choice(jax.random.fold_in(k_check, 1), outside_count, (take,), replace=False)
+    return sample, check, outside[pick]
+
+
 def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Array, Y_all: jax.Array,
               num_samples: int | None, key: jax.Array, *, validate: bool = True) -> Site:
     """The :class:`Site` of the MLP ``module`` at ``path`` from its captured calls.
@@ -486,22 +537,15 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     S = min(N, 256) if num_samples is None else num_samples
     if S > N:
         raise ValueError(f"num_samples: {S} exceeds the {N} calibration tokens of {path!r}")
-    k_sample, k_check = jax.random.split(key)
-    X = X_all[jax.random.choice(k_sample, N, (S,), replace=False)]
-    check = jax.random.choice(k_check, N, (min(N, _CHECK_TOKENS),), replace=False)
+    sample, check, rest = (np.asarray(i) for i in _draw_tokens(key, N, S))
+    X = X_all[sample]
     check_X, check_Y = X_all[check], Y_all[check]
-    # The tokens outside the check set (drawn without changing the check draw), for fits whose
-    # output error must be measured on tokens they did not see.
-    outside = np.setdiff1d(np.arange(N), np.asarray(check))
-    take = min(outside.shape[0], _CHECK_TOKENS)
-    rest = outside[np.asarray(jax.random.choice(jax.random.fold_in(k_check, 1), outside.shape[0], (take,),
-                                                replace=False))] if take else outside
     if validate:
         # Token by token: the module must reproduce what it computed inside the model (this
         # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
         probe = check[: min(64, check.shape[0])]
         try:
-            out = module(X_all[probe])
+            out = _apply_module(module, X_all[probe])
         except Exception as err:  # noqa: BLE001 — any failure means the contract does not hold
             raise ValueError(f"mlps: {path!r} cannot be applied to (S, {m}) token vectors: {err}") from err
         if out.shape != (probe.shape[0], n) or not _close(out, Y_all[probe]):
@@ -509,13 +553,24 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
                              "(applied to its own inputs alone it gives other outputs)")
         if spec is not None:
             spec.kernels(module, path)
-            if not _close(spec.apply(module, X_all[probe]), Y_all[probe]):
+            if not _close(_apply_spec(spec, module, X_all[probe]), Y_all[probe]):
                 raise ValueError(f"mlp_specs: {path!r} does not compute {spec.describe()} on the calibration tokens")
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
     biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
-                params=count_params(module), X=X, F=module(X), check_X=check_X, check_Y=check_Y,
+                params=count_params(module), X=X, F=_apply_module(module, X), check_X=check_X, check_Y=check_Y,
                 fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases)
+
+
+@nnx.jit
+def _apply_module(module: nnx.Module, X: jax.Array) -> jax.Array:
+    # One compiled program per module structure and shape, not a dispatch (and a compile) per op.
+    return module(X)
+
+
+@nnx.jit(static_argnums=0)
+def _apply_spec(spec: AnySpec, module: nnx.Module, X: jax.Array) -> jax.Array:
+    return spec.apply(module, X)
 
 
 def _param_dtype(module: nnx.Module, default) -> Any:
@@ -638,7 +693,7 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
             info.update(extra)
             jac, kind = _jacobian(site) if jacobian is None else jacobian
             error_J = _gated_error_J(jac, module, site.X, site.spec) if isinstance(jac, GatedJacobian) else None
-            info.update(error_J=error_J, error_F=float(metrics.error_F(site.F, module(site.X))), jacobian=kind)
+            info.update(error_J=error_J, error_F=float(metrics.error_F(site.F, _apply_module(module, site.X))), jacobian=kind)
             info["output_error"] = float(_output_error(module, site.check_X, site.check_Y))
             info["seconds"] = time.perf_counter() - start
             return module, info
@@ -655,7 +710,7 @@ def build_replacement(site: Site, method: str, rank: int, config: CMTFConfig, ke
                                            X=site.check_X if method == "drone" else None)
         jac, kind = _jacobian(site) if jacobian is None else jacobian
         info.update(error_J=_lowrank_error_J(jac, module, site.X, site.spec.h_prime),
-                    error_F=float(metrics.error_F(site.F, module(site.X))), jacobian=kind)
+                    error_F=float(metrics.error_F(site.F, _apply_module(module, site.X))), jacobian=kind)
     info["output_error"] = float(_output_error(module, site.check_X, site.check_Y))
     info["seconds"] = time.perf_counter() - start
     return module, info

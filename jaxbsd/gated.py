@@ -45,6 +45,7 @@ gate_bias=gate.bias[...], up_bias=up.bias[...])``.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -166,6 +167,7 @@ class GatedJacobian(NamedTuple):
         return self._replace(Dg=fn(self.Dg), Du=fn(self.Du))
 
 
+@functools.partial(jax.jit, static_argnames="block")  # one program, not a dispatch per Gram product
 def _gated_sq_norm(V1, Vg, Vu, Dg, Du, block: int) -> jax.Array:
     """``Σ V1ᵀV1 ∘ (DgᵀDg ∘ VgVgᵀ + 2 DgᵀDu ∘ VgVuᵀ + DuᵀDu ∘ VuVuᵀ)``, ``block`` rows at a time."""
 
@@ -177,6 +179,7 @@ def _gated_sq_norm(V1, Vg, Vu, Dg, Du, block: int) -> jax.Array:
     return _sum_over_row_blocks(rows, V1, Vg, Vu, Dg, Du, block)
 
 
+@functools.partial(jax.jit, static_argnames="block")
 def _gated_inner(a: GatedJacobian, b: GatedJacobian, block: int) -> jax.Array:
     """``⟨𝒥_a, 𝒥_b⟩``: four CPD inner products, ``block`` hidden units of ``a`` at a time."""
 
@@ -221,9 +224,18 @@ def _matrix(name: str, x: Any, ndim: int, doc: str) -> jax.Array:
     return jnp.asarray(x)
 
 
+@jax.jit
+def _all_finite(arrays: list[jax.Array]) -> jax.Array:
+    """``(len(arrays),)`` booleans, one reduction per array in one program."""
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays])
+
+
 def _check_finite(named: dict[str, jax.Array], what: str = "contains NaN or inf") -> None:
-    for name, x in named.items():
-        if _is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+    concrete = {name: x for name, x in named.items() if _is_concrete(x)}
+    if not concrete:
+        return
+    for name, finite in zip(concrete, np.asarray(_all_finite(list(concrete.values())))):
+        if not finite:
             raise ValueError(f"{name} {what}")
 
 

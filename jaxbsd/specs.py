@@ -134,6 +134,20 @@ def _matmul_rounding(linear: nnx.Linear, X: jax.Array) -> float:
     return _rel(linear(X), ref)
 
 
+@nnx.jit
+def _every_reading(layers: tuple[nnx.Linear, ...], X: jax.Array) -> jax.Array:
+    """``(len(ACTIVATION_NAMES), N, n)``: the MLP ``layers`` reads as, one slice per known
+    activation: ``second(h(first(X)))`` for two Linears, ``down(h(gate(X)) * up(X))`` for three.
+    One program per layer structure and shape (not one dispatch per activation and op)."""
+    if len(layers) == 2:
+        first, second = layers
+        pre = first(X)
+        return jnp.stack([second(ACTIVATIONS[act](pre)) for act in ACTIVATION_NAMES])
+    gate, up, down = layers
+    pre, other = gate(X), up(X)
+    return jnp.stack([down(ACTIVATIONS[act](pre) * other) for act in ACTIVATION_NAMES])
+
+
 def _spread(n: int, k: int) -> np.ndarray:
     """``min(n, k)`` indices spread evenly over ``range(n)``."""
     return np.unique(np.linspace(0, n - 1, min(n, k)).round().astype(int))
@@ -193,23 +207,21 @@ def find_spec(module: nnx.Module, X: jax.Array, Y: jax.Array) -> Detection:
     narrow = [Y.dtype] + [lin.dtype for _, lin in linears if lin.dtype is not None]
     tol = match_tolerance(min(narrow, key=lambda d: jnp.finfo(d).bits), rounding)
 
-    def evaluate(order, act, Xs):
-        if len(order) == 2:
-            (_, first), (_, second) = order
-            return second(ACTIVATIONS[act](first(Xs)))
-        (_, gate), (_, up), (_, down) = order
-        return down(ACTIVATIONS[act](gate(Xs)) * up(Xs))
-
     def label(order, act):
         return f"{act}: " + " -> ".join(p for p, _ in order)
 
     errors: dict[str, float] = {}
     matches = []
     for order in orders:
-        for act in ACTIVATION_NAMES:
-            err = _rel(evaluate(order, act, Xc[screen]), Yc[screen])
+        layers = tuple(lin for _, lin in order)
+        screened = _every_reading(layers, Xc[screen])
+        confirmed = None
+        for i, act in enumerate(ACTIVATION_NAMES):
+            err = _rel(screened[i], Yc[screen])
             if err <= tol and screen.shape[0] < Xc.shape[0]:
-                err = _rel(evaluate(order, act, Xc), Yc)  # confirm on more tokens
+                # Confirm on more tokens.
+                confirmed = _every_reading(layers, Xc) if confirmed is None else confirmed
+                err = _rel(confirmed[i], Yc)
             errors[label(order, act)] = err
             if err <= tol:
                 matches.append((order, act))

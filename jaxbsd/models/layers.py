@@ -44,11 +44,15 @@ PARAM_DTYPE = jnp.float32
 EMBED_INIT = nnx.initializers.normal(stddev=0.02)
 
 
+@jax.jit
 def _gelu(x: jax.Array) -> jax.Array:
-    # Exact (erf) GELU, as in PyTorch's default nn.GELU used by ViT/Swin/DeiT.
+    # Exact (erf) GELU, as in PyTorch's default nn.GELU used by ViT/Swin/DeiT. Each activation
+    # here is one jitted program: called outside jit (a model run eagerly, a spec checked on
+    # tokens), jax.nn.gelu would dispatch and compile its five primitives one by one.
     return jax.nn.gelu(x, approximate=False)
 
 
+@jax.jit
 def _gelu_derivative(x: jax.Array) -> jax.Array:
     # d/dx [x Φ(x)] = Φ(x) + x φ(x).
     cdf = 0.5 * (1.0 + jax.lax.erf(x / math.sqrt(2.0)))
@@ -56,11 +60,13 @@ def _gelu_derivative(x: jax.Array) -> jax.Array:
     return cdf + x * pdf
 
 
+@jax.jit
 def _relu_derivative(x: jax.Array) -> jax.Array:
     # Subgradient 0 at the kink, matching jax.grad(jax.nn.relu)(0.0) == 0.
     return (x > 0).astype(x.dtype)
 
 
+@jax.jit
 def _gelu_tanh(x: jax.Array) -> jax.Array:
     # The tanh approximation (jax.nn.gelu's default, GPT-2/BERT style).
     return jax.nn.gelu(x, approximate=True)
@@ -68,9 +74,10 @@ def _gelu_tanh(x: jax.Array) -> jax.Array:
 
 def _elementwise_derivative(h: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
     # For an elementwise h the JVP along ones is h' entrywise: one pass, any shape.
-    return lambda x: jax.jvp(h, (x,), (jnp.ones_like(x),))[1]
+    return jax.jit(lambda x: jax.jvp(h, (x,), (jnp.ones_like(x),))[1])
 
 
+@jax.jit
 def _silu_derivative(x: jax.Array) -> jax.Array:
     s = jax.nn.sigmoid(x)
     return s * (1 + x * (1 - s))
@@ -92,8 +99,8 @@ ACTIVATION_DERIVATIVES: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": _elementwise_derivative(_gelu_tanh),
     "relu": _relu_derivative,
     "silu": _silu_derivative,
-    "tanh": lambda x: 1 - jnp.tanh(x) ** 2,
-    "sigmoid": lambda x: jax.nn.sigmoid(x) * (1 - jax.nn.sigmoid(x)),
+    "tanh": jax.jit(lambda x: 1 - jnp.tanh(x) ** 2),
+    "sigmoid": jax.jit(lambda x: jax.nn.sigmoid(x) * (1 - jax.nn.sigmoid(x))),
 }
 
 
