@@ -69,6 +69,8 @@ def test_numpy_baseline_pieces_match_jaxbsd():
     np.testing.assert_allclose(numpy_baseline.khatri_rao(A, C), np.einsum("ir,kr->ikr", A, C).reshape(12, 2))
 
 
+# Slow step: a smoke test of the benchmark script (the solver's claims are tested in the fast suite).
+@pytest.mark.slow
 def test_benchmark_functions_run_at_tiny_sizes():
     rows = []
     rows += run.bench_sweep_vs_numpy(S=24, n=3, m=3, r=2, dof=5, repeats=1, float32_variant=False)

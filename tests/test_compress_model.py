@@ -151,6 +151,8 @@ def test_explicit_ranks(method):
     assert report.target_reduction is None and report.allocation == "explicit"
 
 
+# Slow step: greedy allocation's budget is also asserted in the fast suite (test_compress.py).
+@pytest.mark.slow
 def test_greedy_respects_the_budget_and_beats_uniform(monkeypatch):
     # The module (jb.compress_model is the function); fewer candidate ranks, fewer compiles.
     monkeypatch.setattr(importlib.import_module("jaxbsd.compress_model"), "GREEDY_SCALES", (0.5, 1.0, 1.5))

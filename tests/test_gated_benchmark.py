@@ -6,11 +6,13 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is not installed
 from benchmarks import gated as bench  # noqa: E402
 
 
+@pytest.mark.slow  # a smoke test of the benchmark script's rows
 def test_gated_rows_run_at_a_tiny_size():
     rows = bench.bench_gated(ds=(6,), hidden_factor=3, S=16, r=3, repeats=1)
     assert [r.name for r in rows] == ["gated sweep vs dense, d=6", "gated sweep memory vs dense, d=6"]

@@ -179,6 +179,9 @@ def test_the_value_cache_is_keyed_by_the_sources_and_survives_a_corrupt_file(tmp
     assert fp._cache_file() != path
 
 
+# Slow step: every fingerprint case solved twice more (the fast suite checks the committed
+# results against the fingerprint itself).
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1e-15, 1e-14])
 def test_rounding_level_perturbations_stay_within_tolerance(scale):
     """Robustness: the fingerprint must not move across machines, BLAS builds or fusion

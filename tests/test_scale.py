@@ -67,6 +67,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess with four host devices
 def test_sharding_over_four_devices_matches_one_device(single):
     # The subprocess keeps the suite's XLA options (tests/conftest.py) and adds the four host devices.
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()

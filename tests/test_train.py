@@ -167,6 +167,7 @@ def test_regularised_training_runs(data):
 # --- CLI ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the CLI end to end; training itself is tested in the fast suite
 def test_cli_train(tmp_path, capsys, monkeypatch):
     import jaxbsd.models
 
