@@ -250,6 +250,31 @@ def test_surgery_and_capture_leave_the_model_as_it_was():
     assert model.encoder.layers[0].ffn is ffn
 
 
+class ValueBranchNet(Net):
+    """The same network, but its forward pass branches in Python on a value: it cannot be traced."""
+
+    def __call__(self, x):
+        if float(jnp.sum(x)) > 1e30:  # never true; forces a concrete value
+            x = -x
+        return super().__call__(x)
+
+
+def test_capture_compiles_the_forward_pass_and_falls_back_to_eager_when_it_cannot():
+    """The tokens are the MLP's true inputs and outputs (the MLP applied to the recorded inputs
+    gives the recorded outputs) in both the compiled capture and the eager fallback, and they agree."""
+    x = calibration()
+    compiled, _ = capture_calls(Net(), x, PATHS)
+    eager, _ = capture_calls(ValueBranchNet(), x, PATHS)  # same parameters (same seed)
+    net = Net()
+    for path in PATHS:
+        (Xc, Yc), (Xe, Ye) = compiled[path], eager[path]
+        assert Xc.shape == Xe.shape == (64, 8) and not isinstance(Xc, jax.core.Tracer)
+        mlp = get_submodule(net, path)
+        np.testing.assert_allclose(np.asarray(Yc), np.asarray(run(mlp, Xc)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(Ye), np.asarray(run(mlp, Xe)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(Xc), np.asarray(Xe), rtol=1e-5, atol=1e-6)
+
+
 def _site(model, path, spec, S=None):
     tokens, _ = capture_calls(model, calibration(), [path])
     return make_site(path, get_submodule(model, path), spec, *tokens[path], S, jax.random.key(1))
