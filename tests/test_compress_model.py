@@ -129,7 +129,7 @@ def test_reduction_meets_the_budget_and_the_model_still_runs(compressed):
         assert r.params_after == count_params(get_submodule(model, r.path)) < r.params_before
         assert np.isfinite(r.output_error) and np.isfinite(r.error_F) and r.jacobian == "structured"
     # differentiable through the replacements
-    grads = nnx.grad(lambda m: jnp.sum(m(calibration(2)) ** 2))(model)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(calibration(2)) ** 2)))(model)
     leaves = jax.tree.leaves(nnx.state(grads, nnx.Param))
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
 

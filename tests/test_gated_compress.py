@@ -341,7 +341,7 @@ def test_bsd_with_the_structured_operator_equals_bsd_with_the_dense_jacobian(var
     site = cm.make_site(paths[0], module, spec, X_all, Y_all, 24, jax.random.key(0))
     structured, kind = cm._jacobian(site)
     assert kind == "structured" and isinstance(structured, jb.GatedJacobian)
-    dense = jax.vmap(jax.jacrev(module))(site.X)  # (S, n, m), the oracle
+    dense = jax.jit(jax.vmap(jax.jacrev(module)))(site.X)  # (S, n, m), the oracle
     config = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=15, tol=0.0)
     a, info_a = cm.build_replacement(site, "bsd", 3, config, jax.random.key(4), jacobian=(structured, kind))
     b, info_b = cm.build_replacement(site, "bsd", 3, config, jax.random.key(4), jacobian=(dense, "dense"))
