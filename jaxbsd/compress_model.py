@@ -493,8 +493,8 @@ class Site:
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _draw_tokens(key: jax.Array, N: int, S: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Indices into ``N`` calibration tokens: ``S`` sampling points; ``C = min(N, 8192)``
-    check tokens; up to ``C`` other tokens, none of them check tokens (``(N - C)`` or fewer)."""
+    """Indices into ``N`` calibration tokens: ``S`` sampling points, ``C = min(N, 8192)`` check
+    tokens, and ``min(N - C, C)`` other tokens, none of them check tokens."""
     k_sample, k_check = jax.random.split(key)
     sample = jax.random.choice(k_sample, N, (S,), replace=False)
     check = jax.random.choice(k_check, N, (min(N, _CHECK_TOKENS),), replace=False)
