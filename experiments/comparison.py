@@ -216,9 +216,29 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     return record
 
 
-def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
-    """Rows per (method, ρ) (mean ± std over seeds) and the paired verdicts against bsd per ρ."""
-    rows, verdicts = [], {}
+def _paired_verdicts(by_method: dict, methods, reference: str, reduction: float) -> dict:
+    """``{method: paired verdict of "reference beats method"}`` at one ρ over the seeds both ran."""
+    ref = by_method.get(reference, {})
+    out = {}
+    for method in methods:
+        if method == reference:
+            continue
+        seeds = sorted(s for s in ref if s in by_method[method] and ref[s]["status"] == "ok"
+                       and by_method[method][s]["status"] == "ok")
+        v = common.paired_verdict([ref[s]["accuracy"] for s in seeds],
+                                  [by_method[method][s]["accuracy"] for s in seeds],
+                                  better="holds", worse="does not hold")
+        v["seeds"] = seeds
+        who = "B-spline (uniform)" if reference == "bsd" else method_name(reference)
+        v["claim"] = f"{who} beats {method_name(method)} at ρ = {reduction}"
+        out[method] = v
+    return out
+
+
+def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict, dict]:
+    """Rows per (method, ρ) (mean ± std over seeds), the paired verdicts against bsd per ρ and,
+    where pruning ran, those of pruning against every B-spline variant and ``auto`` per ρ."""
+    rows, verdicts, verdicts_prune = [], {}, {}
     for reduction in plan["budgets"]:
         by_method = {m: {u["seed"]: u for u in units if u["method"] == m and u["reduction"] == reduction}
                      for m in plan["methods"]}
@@ -236,23 +256,14 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict]:
                          "reduction_achieved_mean": float(np.mean([u["reduction_achieved"] for u in ok])),
                          "ranks": sorted({r for u in ok for r in u["ranks"].values()}),
                          "num_samples": sorted({s for u in ok for s in u["num_samples"].values() if s is not None})})
-        ref = by_method.get(REFERENCE, {})
-        verdicts[repr(reduction)] = {}
-        for method in plan["methods"]:
-            if method == REFERENCE:
-                continue
-            seeds = sorted(s for s in ref if s in by_method[method] and ref[s]["status"] == "ok"
-                           and by_method[method][s]["status"] == "ok")
-            v = common.paired_verdict([ref[s]["accuracy"] for s in seeds],
-                                      [by_method[method][s]["accuracy"] for s in seeds],
-                                      better="holds", worse="does not hold")
-            v["seeds"] = seeds
-            v["claim"] = f"B-spline (uniform) beats {method_name(method)} at ρ = {reduction}"
-            verdicts[repr(reduction)][method] = v
+        verdicts[repr(reduction)] = _paired_verdicts(by_method, plan["methods"], REFERENCE, reduction)
+        if "prune" in plan["methods"]:
+            verdicts_prune[repr(reduction)] = _paired_verdicts(
+                by_method, [m for m in plan["methods"] if m == "auto" or m.startswith("bsd")], "prune", reduction)
     for row in rows:
         v = verdicts[repr(row["reduction"])].get(row["method"])
         row["verdict_vs_bsd"] = v["verdict"] if v and v["n"] else None  # no paired bsd runs: no verdict
-    return rows, verdicts
+    return rows, verdicts, verdicts_prune
 
 
 def format_table(rows: list[dict], acc_original: float, params_original: int) -> str:
@@ -424,7 +435,7 @@ def run_study(args, plan: dict, prefix: str, *, script: str, argv, mode: str, de
             for seed in range(args.seed, args.seed + plan["seeds"]):
                 units.append(run_unit(method, reduction, seed, model_path=model_path, data=data, order=order,
                                       plan=plan, args=args, teacher=teacher, protocol_dir=protocol_dir, log=log))
-    rows, verdicts = summarize(units, plan)
+    rows, verdicts, verdicts_prune = summarize(units, plan)
     table = format_table(rows, acc_original, params_original)
     print(table)
     payload = {
@@ -441,6 +452,7 @@ def run_study(args, plan: dict, prefix: str, *, script: str, argv, mode: str, de
         "accuracy_original": acc_original, "params_original": params_original,
         "test_images": int(data.test_images.shape[0]), "train_images": int(data.train_images.shape[0]),
         "blocks": order, "rows": rows, "verdicts": verdicts,
+        "verdicts_vs_prune": verdicts_prune or None,
         "paper": ({k: dict(zip(("accuracy", "params", "reduction"), v)) for k, v in paper.items()}
                   if paper else None),
         "machines": sorted({u["machine"] for u in units if u.get("machine")}),

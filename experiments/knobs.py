@@ -14,7 +14,7 @@ random restart chosen by the solver's objective), next to pruning, the baseline 
 * ``bsd-it100``: 100 sweeps instead of 300;
 * ``bsd-warm``: one more restart, warm-started from the pruned MLP written as a decoupling, and
   the restart kept by its output error on held-out calibration tokens;
-* ``bsd-warm-nu8``: both;
+* ``bsd-warm-nu8``, ``bsd-warm-s4``: the warm start with ν = 8, or with ``S = max(128, 4r)``;
 * ``prune``: the pruned MLP with its output layer refitted by least squares.
 
 Paired verdicts are against ``bsd`` (the defaults), seed by seed.
@@ -40,7 +40,7 @@ if str(HERE) not in sys.path:
 
 import training_free  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
 
-VARIANTS = ("bsd", "bsd-nu8", "bsd-nu12", "bsd-s4", "bsd-it100", "bsd-warm", "bsd-warm-nu8", "prune")
+VARIANTS = ("bsd", "bsd-nu8", "bsd-nu12", "bsd-s4", "bsd-it100", "bsd-warm", "bsd-warm-nu8", "bsd-warm-s4", "prune")
 
 FULL_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.5), methods=VARIANTS)
 FULL_DEIT = dict(training_free.FULL, budgets=(0.2, 0.5), methods=VARIANTS)

@@ -315,9 +315,59 @@ def _verdict_cell(d: dict, row: dict) -> str:
     return f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
 
 
+def _vs_prune_cell(d: dict, row: dict) -> str:
+    """The paired verdict "pruning beats this method" at the row's ρ (B-spline variants, auto)."""
+    v = (d.get("verdicts_vs_prune") or {}).get(repr(row["reduction"]), {}).get(row["method"])
+    if row["method"] == "prune":
+        return "(reference)"
+    if v is None:
+        return "—"
+    return f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})" if v["n"] else "no paired runs"
+
+
+def _study_rows(d: dict) -> str:
+    """One table of a training-free study: method × ρ with output error and paired verdicts."""
+    vs_prune = bool(d.get("verdicts_vs_prune"))
+    rows = []
+    for r in d["rows"]:
+        if r["status"] != "ok":
+            rows.append([_name(r), f"{r['reduction']:g}", "infeasible"] + ["—"] * (4 + vs_prune))
+            continue
+        errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
+                and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
+        rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
+                     f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %",
+                     f"{np.mean(errs):.3g}" if errs else "—", _verdict_cell(d, r)]
+                    + ([_vs_prune_cell(d, r)] if vs_prune else []))
+    header = ["method", "ρ", "top-1 %", "params", "reduction", "output error", "B-spline beats it"]
+    return _md(header + (["pruning beats it"] if vs_prune else []), rows)
+
+
+#: The B-spline variant that ``compress_model``'s defaults now run (issue 24: warm start from the
+#: pruned MLP, restart kept by its held-out output error); ``bsd`` in the studies is the old defaults.
+NEW_BSD = "bsd-warm"
+
+
+def auto_check(d: dict) -> list[str]:
+    """Issue 24's acceptance, per ρ: ``auto`` against max(pruning, B-spline) (means over seeds)."""
+    means = {(r["method"], r["reduction"]): r["accuracy_mean"] for r in d["rows"] if r["status"] == "ok"}
+    lines = []
+    for rho in d["plan"]["budgets"]:
+        auto = means.get(("auto", rho))
+        others = {m: means.get((m, rho)) for m in ("prune", "bsd", NEW_BSD)}
+        if auto is None or None in others.values():
+            continue
+        best = max(others.values())
+        lines.append(f"ρ = {rho:g}: auto {auto:.2f} against max(pruning {others['prune']:.2f}, B-spline "
+                     f"{others['bsd']:.2f}, new defaults {others[NEW_BSD]:.2f}) = {best:.2f}: Δ {auto - best:+.2f} "
+                     + ("(above all)" if auto > best else "(within 0.1)" if auto >= best - 0.1 else "(**more than 0.1 below**)"))
+    return lines
+
+
 def training_free_table() -> str:
-    """Issue 21: method × ρ without fine-tuning (mean ± std over seeds, parameters, mean
-    per-block output error, verdict against B-spline), one table per model/data set."""
+    """Issues 21 and 24: method × ρ without fine-tuning (mean ± std over seeds, parameters, mean
+    per-block output error, verdicts against B-spline and pruning), one table per model/data set,
+    and ``auto`` against the best of the others per ρ."""
     out = []
     for name, title in (("training_free_deit_usps.json", "DeiT / USPS"),
                         ("training_free_vit_fashion-mnist.json", "ViT / Fashion-MNIST")):
@@ -329,24 +379,29 @@ def training_free_table() -> str:
         out += [f"**{title}**, no fine-tuning at any step (original {d['accuracy_original']:.2f} %, "
                 f"{d['params_original']:,} parameters; mean ± std over {d['plan']['seeds']} seeds of the calibration "
                 "images and solver key). Output error = relative squared error of a block's output on its "
-                "calibration tokens, averaged over blocks and seeds. Verdict = \"B-spline (uniform) beats this "
-                "method\", paired over seeds (t-test, p < 0.05).", "", _source_line(d), ""]
-        rows = []
-        for r in d["rows"]:
-            if r["status"] != "ok":
-                rows.append([_name(r), f"{r['reduction']:g}", "infeasible", "—", "—", "—", "—"])
-                continue
-            errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
-                    and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
-            verdict = _verdict_cell(d, r)
-            rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
-                         f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %",
-                         f"{np.mean(errs):.3g}" if errs else "—", verdict])
-        out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "output error", "B-spline beats it"], rows),
-                ""]
+                "calibration tokens, averaged over blocks and seeds. Verdicts = \"B-spline (old defaults) beats "
+                "this method\" and, where pruning ran beside them, \"pruning beats this method\", paired over seeds "
+                "(t-test, p < 0.05).", "", _source_line(d), "", _study_rows(d), ""]
+        if check := auto_check(d):
+            out += ["`auto` against the best of the others (means over seeds):", ""] + [f"- {c}" for c in check] + [""]
         plot = pathlib.Path(name).with_suffix(".png").name
         if (RESULTS / plot).exists():
             out += [f"![{title}, no fine-tuning: accuracy against parameters](plots/{plot})", ""]
+    return "\n".join(out).rstrip()
+
+
+def knobs_table() -> str:
+    """Issue 24: the knob ablation of a training-free B-spline decoupling (ViT/Fashion-MNIST)."""
+    d = _load("knobs_vit_fashion-mnist.json")
+    if d is None:
+        return "No current result committed (`python experiments/knobs.py`)."
+    out = [f"ViT / Fashion-MNIST, no fine-tuning (original {d['accuracy_original']:.2f} %; mean ± std over "
+           f"{d['plan']['seeds']} seeds). One knob of the old defaults changed per row. Verdicts as above: "
+           "\"B-spline (old defaults) beats this variant\" and \"pruning beats it\", paired over seeds.",
+           "", _source_line(d), "", _study_rows(d), ""]
+    if (RESULTS / "knobs_vit_fashion-mnist.png").exists():
+        out += ["![Knobs of the B-spline decoupling, ViT/Fashion-MNIST, no fine-tuning]"
+                "(plots/knobs_vit_fashion-mnist.png)", ""]
     return "\n".join(out).rstrip()
 
 
@@ -585,6 +640,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "benchmarks-gpu": lambda: benchmark_table("results_gpu.json"),
     "comparison": comparison_table,
     "training-free": training_free_table,
+    "knobs": knobs_table,
     "lm-compression": lm_compression_table,
     "fb-bf": fb_bf_table,
     "vit-cifar10": vit_cifar10_table,

@@ -162,13 +162,14 @@ def test_warm_start_passes_the_pruned_mlp_as_init(monkeypatch):
     np.testing.assert_allclose(np.asarray(init.W1[:, r - 1]), coef[-1], rtol=1e-7, atol=1e-9)
     for rep in report.mlps:
         assert rep.restart_by_objective in (0, 1, 2) and rep.restart_warm == (rep.restart == 2)
-        assert len(rep.auto or ()) == 0 and rep.selection == "objective"
+        assert len(rep.auto or ()) == 0 and rep.selection == "output"  # the default
 
 
 @pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
-    """warm_start=False (the default): no init reaches the solver, and each MLP's replacement is
-    the best-objective model of jb.decouple on the same samples and keys (the old code path)."""
+    """warm_start=False, selection="objective" (the defaults before issue 24): no init reaches
+    the solver, and each MLP's replacement is the best-objective model of jb.decouple on the
+    same samples and keys (the old code path)."""
     seen = []
     real = cm.decouple
 
@@ -179,7 +180,8 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
     monkeypatch.setattr(cm, "decouple", spy)
     model = Net(nnx.Rngs(0))
     _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs=SPEC,
-                                  key=jax.random.key(0), config=CONFIG, restarts=3)
+                                  key=jax.random.key(0), config=CONFIG, restarts=3, warm_start=False,
+                                  selection="objective")
     assert all(kw.get("init") is None for _, kw in seen) and len(seen) == 2
     for (args, kwargs), rep in zip(seen, report.mlps):
         res = real(*args, **{**kwargs, "init": None})
@@ -190,6 +192,38 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
         assert rep.error_J == float(res.error_J) and rep.error_F == float(res.error_F)
         assert rep.restart == rep.restart_by_objective == int(res.best_restart)
         assert rep.restart_warm is False and rep.selection == "objective" and rep.method == "bsd"
+
+
+def test_by_default_bsd_warm_starts_every_prunable_mlp_and_says_why_not_elsewhere(monkeypatch):
+    """compress_model(method="bsd") with no warm_start/selection: an MLP with a spec gets the
+    pruned-MLP init (one restart more, kept by held-out output error); a module that cannot be
+    pruned (no nnx.Linear children: dense Jacobian, no spec) runs its random restarts alone and
+    the report gives the reason."""
+    seen = {}
+    real = cm.decouple
+
+    def spy(*args, **kwargs):
+        seen[len(seen)] = kwargs.get("init")
+        return real(*args, **kwargs)
+
+    class Opaque(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.eye(6, dtype=jnp.float64) * 0.5)
+
+        def __call__(self, x):
+            return jnp.tanh(x @ self.w[...])
+
+    monkeypatch.setattr(cm, "decouple", spy)
+    model = Net(nnx.Rngs(0))
+    model.layers[0] = Opaque()
+    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs={"layers.1": SPEC},
+                                  key=jax.random.key(0), config=CONFIG, restarts=2)
+    by_path = {r.path: r for r in report.mlps}
+    assert [r.path for r in report.mlps] == ["layers.1", "layers.0"] and all(r.selection == "output" for r in report.mlps)
+    assert isinstance(seen[0], jb.Decoupled) and seen[0].rank == 3 and by_path["layers.1"].warm_start_skipped is None
+    assert by_path["layers.1"].restart in (0, 1, 2) and by_path["layers.1"].restart_warm == (by_path["layers.1"].restart == 2)
+    assert seen[1] is None and by_path["layers.0"].restart in (0, 1) and by_path["layers.0"].restart_warm is False
+    assert "MLPSpec" in by_path["layers.0"].warm_start_skipped
 
 
 @pytest.mark.slow  # solves on the shared CPU: 40-60 s
