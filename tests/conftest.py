@@ -33,6 +33,16 @@ os.environ.setdefault("JAXBSD_DATA", str(SHARED_DATA))
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+# --- A compilation cache on disk, shared by the xdist workers of a run (a program one worker
+# compiled, the other loads) and kept between runs (a contributor's second run compiles only what
+# changed). JAX keys it by the program, the compile options, the XLA flags and the jaxlib
+# version, so the fast-compile and default-compiler programs never mix. JAX_COMPILATION_CACHE_DIR
+# set outside wins; JAXBSD_TEST_COMPILATION_CACHE=0 switches it off.
+if os.environ.get("JAXBSD_TEST_COMPILATION_CACHE", "1") != "0" and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    jax.config.update("jax_compilation_cache_dir",
+                      str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compilation"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 
 @pytest.fixture
 def key():
@@ -52,7 +62,7 @@ def pytest_pyfunc_call(pyfuncitem):
         return None
     env = dict(os.environ, JAXBSD_TEST_XLA="default",
                XLA_FLAGS=os.environ["XLA_FLAGS"].replace(FAST_COMPILE_FLAGS, "").strip())
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
                            "-m", "", pyfuncitem.nodeid], cwd=pyfuncitem.config.rootpath, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
