@@ -293,15 +293,18 @@ def comparison_table() -> str:
                 f"{d['train_images']} images after every block, the same for every method). "
                 "Verdict = \"B-spline (uniform) beats this method\", paired over seeds "
                 "(t-test, p < 0.05).", "", _source_line(d), ""]
+        vs_prune = bool(d.get("verdicts_vs_prune"))
         rows = []
         for r in d["rows"]:
             if r["status"] != "ok":
-                rows.append([_name(r), f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
+                rows.append([_name(r), f"{r['reduction']:g}", "infeasible"] + ["—"] * (3 + vs_prune))
                 continue
             verdict = _verdict_cell(d, r)
             rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
-                         f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict])
-        out += [_md(["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"], rows), ""]
+                         f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict]
+                        + ([_vs_prune_cell(d, r)] if vs_prune else []))
+        header = ["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"]
+        out += [_md(header + (["pruning beats it"] if vs_prune else []), rows), ""]
     return "\n".join(out).rstrip()
 
 
