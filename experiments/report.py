@@ -293,57 +293,49 @@ def comparison_table() -> str:
                 f"{d['train_images']} images after every block, the same for every method). "
                 "Verdict = \"B-spline (uniform) beats this method\", paired over seeds "
                 "(t-test, p < 0.05).", "", _source_line(d), ""]
-        vs_prune = bool(d.get("verdicts_vs_prune"))
-        rows = []
-        for r in d["rows"]:
-            if r["status"] != "ok":
-                rows.append([_name(r), f"{r['reduction']:g}", "infeasible"] + ["—"] * (3 + vs_prune))
-                continue
-            verdict = _verdict_cell(d, r)
-            rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
-                         f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %", verdict]
-                        + ([_vs_prune_cell(d, r)] if vs_prune else []))
-        header = ["method", "ρ", "top-1 %", "params", "reduction", "claim (1) at this ρ"]
-        out += [_md(header + (["pruning beats it"] if vs_prune else []), rows), ""]
+        out += [_study_rows(d, output_error=False, verdict_header="claim (1) at this ρ"), ""]
     return "\n".join(out).rstrip()
+
+
+def _verdict_text(v: dict) -> str:
+    """A paired verdict as a table cell."""
+    return f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})" if v["n"] else "no paired runs"
 
 
 def _verdict_cell(d: dict, row: dict) -> str:
     """The paired verdict of ``row``'s method against the reference at its ρ, as a table cell."""
     v = d["verdicts"][repr(row["reduction"])].get(row["method"])
-    if v is None:
-        return "(reference)"
-    if not v["n"]:
-        return "no paired runs"
-    return f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})"
+    return "(reference)" if v is None else _verdict_text(v)
 
 
 def _vs_prune_cell(d: dict, row: dict) -> str:
     """The paired verdict "pruning beats this method" at the row's ρ (B-spline variants, auto)."""
-    v = (d.get("verdicts_vs_prune") or {}).get(repr(row["reduction"]), {}).get(row["method"])
     if row["method"] == "prune":
         return "(reference)"
-    if v is None:
-        return "—"
-    return f"{v['verdict']} (Δ {v['mean_diff']:+.2f}, p = {_pval(v['p_ttest'])})" if v["n"] else "no paired runs"
+    v = (d.get("verdicts_vs_prune") or {}).get(repr(row["reduction"]), {}).get(row["method"])
+    return "—" if v is None else _verdict_text(v)
 
 
-def _study_rows(d: dict) -> str:
-    """One table of a training-free study: method × ρ with output error and paired verdicts."""
+def _study_rows(d: dict, *, output_error: bool = True, verdict_header: str = "B-spline beats it") -> str:
+    """One table of a study: method × ρ (mean ± std, parameters, reduction), the mean per-block
+    output error (``output_error``), the paired verdict against B-spline and, where pruning ran,
+    against pruning."""
     vs_prune = bool(d.get("verdicts_vs_prune"))
     rows = []
     for r in d["rows"]:
         if r["status"] != "ok":
-            rows.append([_name(r), f"{r['reduction']:g}", "infeasible"] + ["—"] * (4 + vs_prune))
+            rows.append([_name(r), f"{r['reduction']:g}", "infeasible"] + ["—"] * (3 + output_error + vs_prune))
             continue
-        errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
-                and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
-        rows.append([_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
-                     f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %",
-                     f"{np.mean(errs):.3g}" if errs else "—", _verdict_cell(d, r)]
-                    + ([_vs_prune_cell(d, r)] if vs_prune else []))
-    header = ["method", "ρ", "top-1 %", "params", "reduction", "output error", "B-spline beats it"]
-    return _md(header + (["pruning beats it"] if vs_prune else []), rows)
+        cells = [_name(r), f"{r['reduction']:g}", _pm(r["accuracy_mean"], r["accuracy_std"]),
+                 f"{r['params_mean']:,.0f}", f"{100 * r['reduction_achieved_mean']:.2f} %"]
+        if output_error:
+            errs = [e for u in d["runs"] if u["method"] == r["method"] and u["reduction"] == r["reduction"]
+                    and u.get("status") == "ok" for e in u.get("output_errors", {}).values() if e is not None]
+            cells.append(f"{np.mean(errs):.3g}" if errs else "—")
+        rows.append(cells + [_verdict_cell(d, r)] + ([_vs_prune_cell(d, r)] if vs_prune else []))
+    header = (["method", "ρ", "top-1 %", "params", "reduction"] + (["output error"] if output_error else [])
+              + [verdict_header] + (["pruning beats it"] if vs_prune else []))
+    return _md(header, rows)
 
 
 #: The B-spline variant that ``compress_model``'s defaults now run (issue 24: warm start from the
