@@ -46,11 +46,14 @@ from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compress_model import (
     ALLOCATIONS,
+    AUTO_JUDGES,
     _check_auto_budget,
     auto_prune_rank,
     auto_ranks,
     build_auto,
     check_budget,
+    model_outputs,
+    output_judge,
     make_site,
     build_replacement,
     greedy_candidates,
@@ -122,6 +125,12 @@ class CompressionConfig:
         always warm-starts.
       selection: ``"bsd"`` only: which restart is kept, ``"objective"`` (the solver's) or
         ``"output"`` (the output error on held-out calibration tokens); ``"auto"`` uses ``"output"``.
+      auto_judge: ``"auto"`` only: how each block's two candidates are compared. ``"model"``
+        (default): the whole model's outputs (logits) with the candidate in place, on
+        ``capture_images`` held-out training images (drawn apart from the block's calibration
+        images), against the original model's outputs on them
+        (:func:`jaxbsd.compress_model.output_judge`). ``"block"``: the MLP's output error on its
+        held-out check tokens (the rule before the end-to-end judge).
       structured: use the structured Jacobian for standard MLP blocks.
       finetune_epochs: epochs of fine-tuning after every replacement (0 = none).
       lr, batch_size, schedule: fine-tuning optimizer settings.
@@ -153,6 +162,7 @@ class CompressionConfig:
     capture: str = "current"
     warm_start: bool = False
     selection: str = "objective"
+    auto_judge: str = "model"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -183,6 +193,8 @@ class CompressionConfig:
             raise ValueError(f"warm_start must be a bool, got {self.warm_start!r}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if self.auto_judge not in AUTO_JUDGES:
+            raise ValueError(f"auto_judge must be one of {AUTO_JUDGES}, got {self.auto_judge!r}")
 
     def samples_for(self, rank: int) -> int:
         """``S`` for a block compressed at ``rank``: ``max(num_samples, samples_per_rank · rank)``."""
@@ -202,11 +214,14 @@ class CompressionConfig:
         for name, default in _LATER_FIELDS.items():
             if d[name] == default:
                 del d[name]
+        if self.method != "auto":
+            d.pop("auto_judge", None)  # only "auto" has candidates to judge
         return d
 
 
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
-_LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective"}
+_LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
+                 "auto_judge": "block"}
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:
@@ -259,13 +274,15 @@ def _block_site(model, block_index: int, images, config: CompressionConfig, key:
 
 
 def compress_block(model, block_index: int, images, config: CompressionConfig, key: jax.Array, *,
-                   tokens: jax.Array | None = None, prune_rank: int | None = None):
+                   tokens: jax.Array | None = None, prune_rank: int | None = None,
+                   judge: Callable[[nnx.Module], float] | None = None):
     """Build the replacement of ``model.blocks[block_index].mlp`` (the model is not changed).
 
     ``tokens``: the block's input tokens captured beforehand (``capture="original"``); by
     default they are captured from ``model`` on ``images``. ``prune_rank``: for ``"auto"``, the
     pruned candidate's units (default :func:`~jaxbsd.compress_model.auto_prune_rank` of the
-    decoupling's rank ``config.rank``).
+    decoupling's rank ``config.rank``). ``judge``: for ``"auto"``, how a candidate is scored
+    (:func:`~jaxbsd.compress_model.build_auto`; None: the block's output error).
 
     Returns:
       ``(module, info)``: the new MLP module and a dict with ``error_J``, ``error_F``,
@@ -282,7 +299,7 @@ def compress_block(model, block_index: int, images, config: CompressionConfig, k
     if config.method == "auto":
         k = auto_prune_rank(site, rank, config.basis.num_coef) if prune_rank is None else int(prune_rank)
         module, info = build_auto(site, rank, k, config.solver_config(site.m), jax.random.fold_in(key, 1),
-                                  restarts=config.restarts)
+                                  restarts=config.restarts, judge=judge)
     else:
         module, info = build_replacement(site, config.method, rank, config.solver_config(site.m),
                                          jax.random.fold_in(key, 1), restarts=config.restarts,
@@ -290,6 +307,23 @@ def compress_block(model, block_index: int, images, config: CompressionConfig, k
     info["num_samples"] = S
     info["seconds"] = time.perf_counter() - start
     return module, info
+
+
+def _capture_indices(num_images: int, n: int, seed: int, step: int) -> np.ndarray:
+    """The ``n`` training images (indices) whose tokens step ``step`` is compressed from
+    (step 0: the ones the ranks are planned on)."""
+    return np.random.default_rng([seed, step]).choice(num_images, n, replace=False)
+
+
+def _judge_indices(num_images: int, n: int, seed: int, step: int) -> np.ndarray:
+    """Up to ``n`` training images (indices) outside step ``step``'s capture images, on which
+    ``auto_judge="model"`` compares the candidates (the capture images themselves when every
+    image is one of them)."""
+    capture = _capture_indices(num_images, n, seed, step)
+    rest = np.setdiff1d(np.arange(num_images), capture)
+    if rest.size == 0:
+        return capture
+    return np.random.default_rng([seed, step, 1]).choice(rest, min(n, rest.size), replace=False)
 
 
 def mlp_width(module: nnx.Module) -> int:
@@ -490,22 +524,31 @@ def compress(
     run_id = _run_id(config, indices, original_params)
     key = jax.random.key(config.seed)
     n_capture = min(config.capture_images, fit.train_images.shape[0])
+
+    def step_images(step: int) -> jax.Array:
+        # Per-step streams, so a resumed run draws exactly what an uninterrupted one would.
+        return jnp.asarray(fit.train_images[_capture_indices(fit.train_images.shape[0], n_capture, config.seed, step)])
+
     planned = None
     if config.reduction is not None:
         # Planned on the original model, before any resumed state is loaded: a resumed run
         # plans exactly what the uninterrupted one did.
-        rng = np.random.default_rng([config.seed, 0])
-        images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
-        planned = plan_ranks(model, indices, images, config, jax.random.fold_in(key, 0))
+        planned = plan_ranks(model, indices, step_images(0), config, jax.random.fold_in(key, 0))
     original_tokens: dict[int, jax.Array] = {}
     if config.capture == "original":
         # Every block's sampling points from the original network, before any replacement (and
         # before a resumed state is loaded), on the images each step would use.
         for step, block in enumerate(indices, start=1):
-            rng = np.random.default_rng([config.seed, step])
-            images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
-            tokens = mlp_inputs(model, images, block)
+            tokens = mlp_inputs(model, step_images(step), block)
             original_tokens[block] = tokens.reshape(-1, tokens.shape[-1])
+    judged: dict[int, tuple[jax.Array, jax.Array]] = {}
+    if config.method == "auto" and config.auto_judge == "model":
+        # Per step, images held out from that step's calibration images and the original
+        # model's outputs on them (before a resumed state is loaded).
+        for step in range(1, len(indices) + 1):
+            held_out = jnp.asarray(fit.train_images[_judge_indices(fit.train_images.shape[0], n_capture,
+                                                                   config.seed, step)])
+            judged[step] = (held_out, model_outputs(model, held_out))
     steps: list[dict] = []
     if state_dir is not None:
         state_dir = pathlib.Path(state_dir)
@@ -516,15 +559,15 @@ def compress(
     for step, block in enumerate(indices, start=1):
         if step <= len(steps):
             continue
-        # Per-step streams, so a resumed run draws exactly what an uninterrupted one would.
-        rng = np.random.default_rng([config.seed, step])
-        images = jnp.asarray(fit.train_images[rng.choice(fit.train_images.shape[0], n_capture, replace=False)])
+        images = step_images(step)
         old = model.blocks[block].mlp
         old_params = mlp_params(old)
         plan = None if planned is None else planned[block]
         given = {"tokens": original_tokens[block]} if block in original_tokens else {}
         if isinstance(plan, tuple):  # method "auto": (decoupling rank, pruned units)
             plan, given["prune_rank"] = plan
+        if step in judged:
+            given["judge"] = output_judge(model, f"blocks.{block}.mlp", *judged[step])
         step_config = config if plan is None else dataclasses.replace(config, rank=plan, reduction=None)
         module, info = compress_block(model, block, images, step_config, jax.random.fold_in(key, step), **given)
         model.blocks[block].mlp = module

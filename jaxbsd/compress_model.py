@@ -71,6 +71,9 @@ __all__ = [
     "auto_ranks",
     "auto_prune_rank",
     "build_auto",
+    "AUTO_JUDGES",
+    "model_outputs",
+    "output_judge",
     "DEFAULT_CONFIG",
     "GREEDY_SCALES",
 ]
@@ -166,6 +169,17 @@ class _Recorder(nnx.Module):
 _MODE_FLAGS = ("deterministic", "use_running_average")
 
 
+def _mode_flags(model: nnx.Module) -> list[tuple[nnx.Module, str, Any]]:
+    """The train/eval flags of every submodule, to be put back by :func:`_restore_mode_flags`."""
+    return [(mod, name, getattr(mod, name)) for _, mod in nnx.iter_modules(model)
+            for name in _MODE_FLAGS if hasattr(mod, name)]
+
+
+def _restore_mode_flags(flags: list[tuple[nnx.Module, str, Any]]) -> None:
+    for mod, name, value in flags:
+        setattr(mod, name, value)
+
+
 def _recording_forward(model: nnx.Module, calibration, sinks: dict[str, _Sink], order: list[str]) -> None:
     """``model(calibration)`` (or ``calibration(model)``) with the recorders in place, as one
     compiled program: run op by op, a forward pass compiles every primitive of the model on its
@@ -213,8 +227,7 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple
         extra arguments, or whose output does not keep the input's leading axes.
     """
     originals = {p: get_submodule(model, p) for p in paths}
-    flags = [(mod, name, getattr(mod, name)) for _, mod in nnx.iter_modules(model)
-             for name in _MODE_FLAGS if hasattr(mod, name)]
+    flags = _mode_flags(model)
     order: list[str] = []
     sinks = {p: _Sink(p, order) for p in paths}
     try:
@@ -225,8 +238,7 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple
     finally:
         for p in paths:
             set_submodule(model, p, originals[p])
-        for mod, name, value in flags:
-            setattr(mod, name, value)
+        _restore_mode_flags(flags)
     tokens = {}
     for p in paths:
         calls = sinks[p].calls
@@ -832,6 +844,56 @@ def _chosen_restart(res, site: Site, selection: str, *, warm: bool, info: dict):
     return res.restart_model(chosen), chosen
 
 
+#: How ``method="auto"`` judges its two candidates (:func:`build_auto`): ``"model"``, the whole
+#: model's outputs with each candidate in place; ``"block"``, the MLP's own output on check tokens.
+AUTO_JUDGES = ("model", "block")
+
+
+@nnx.jit
+def _forward(model: nnx.Module, inputs):
+    return model(inputs)
+
+
+def model_outputs(model: nnx.Module, inputs) -> jax.Array:
+    """``(K,)``: the floating-point leaves of the eval-mode output of ``model(inputs)`` (or of
+    ``inputs(model)`` if ``inputs`` is callable), flattened and concatenated. The model's
+    train/eval flags are restored afterwards.
+
+    Raises:
+      ValueError: naming ``calibration`` if the output has no floating-point array.
+    """
+    flags = _mode_flags(model)
+    try:
+        model.eval()
+        out = inputs(model) if callable(inputs) else _forward(model, inputs)
+    finally:
+        _restore_mode_flags(flags)
+    leaves = [jnp.ravel(x) for x in jax.tree.leaves(out)
+              if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)]
+    if not leaves:
+        raise ValueError("calibration: method 'auto' judges its candidates by the model's outputs, but the "
+                         "forward pass returned no floating-point array (use auto_judge='block')")
+    return jnp.concatenate(leaves)
+
+
+def output_judge(model: nnx.Module, path: str, inputs, reference: jax.Array) -> Callable[[nnx.Module], float]:
+    """``judge(module) -> float``: the relative squared error ``‖o − o_ref‖² / ‖o_ref‖²`` (as the
+    MLPs' ``output_error``) of the whole
+    model's outputs on ``inputs`` (:func:`model_outputs`) with ``module`` put at ``path``, against
+    ``reference`` (``(K,)``, the original model's outputs on ``inputs``). The submodule at
+    ``path`` is put back afterwards. For :func:`build_auto`'s ``judge``."""
+    def judge(module: nnx.Module) -> float:
+        old = get_submodule(model, path)
+        set_submodule(model, path, module)
+        try:
+            out = model_outputs(model, inputs)
+        finally:
+            set_submodule(model, path, old)
+        return float(metrics.relative_error(reference, out))
+
+    return judge
+
+
 def auto_prune_rank(site: Site, bsd_rank: int, dof: int) -> int:
     """Hidden units of the pruned candidate beside a rank-``bsd_rank`` decoupling: the most
     whose :class:`~jaxbsd.baselines.PrunedMLP` has no more parameters than the decoupling
@@ -874,37 +936,54 @@ def _check_auto_budget(sites: Sequence[Site], dof: int, budget: int, reduction: 
 
 
 def build_auto(site: Site, bsd_rank: int, prune_rank: int, config: CMTFConfig, key: jax.Array, *,
-               restarts: int = 1, selection: str = "output") -> tuple[nnx.Module, dict[str, Any]]:
+               restarts: int = 1, selection: str = "output",
+               judge: Callable[[nnx.Module], float] | None = None) -> tuple[nnx.Module, dict[str, Any]]:
     """``method="auto"`` for one MLP: the better of a warm-started decoupling and a pruned MLP.
 
     Builds the rank-``bsd_rank`` decoupling (random restarts plus the warm start from the pruned
     MLP, :func:`warm_init`; restart chosen by ``selection``) and the pruned MLP with
-    ``prune_rank`` units, and keeps the one with the lower relative output error on the check
-    tokens — held out from both fits: the decoupling is fitted on the ``S`` samples and its
-    restart chosen on ``fit_X``; the pruned MLP is fitted on ``fit_X`` when there are
-    ``4 (k + 1)`` of them (else on the check tokens: ``info["auto"]["prune"]["fit_tokens"]``
-    says ``"check"`` and its error is in-sample). Ties go to pruning (no solver needed).
+    ``prune_rank`` units, and keeps the one with the lower error:
+
+    * ``judge`` given (``auto_judge="model"``, e.g. :func:`output_judge`): ``judge(candidate)``,
+      the whole model's output error with the candidate in place;
+    * ``judge=None`` (``auto_judge="block"``): the MLP's relative output error on the check
+      tokens — held out from both fits: the decoupling is fitted on the ``S`` samples and its
+      restart chosen on ``fit_X``; the pruned MLP is fitted on ``fit_X`` when there are
+      ``4 (k + 1)`` of them (else on the check tokens: ``info["auto"]["prune"]["fit_tokens"]``
+      says ``"check"`` and its error is in-sample).
+
+    Ties go to pruning (no solver needed), and so does a decoupling whose error is not finite.
 
     Returns:
       ``(module, info)``: the kept candidate's :func:`build_replacement` info with
       ``method`` (``"bsd"`` or ``"prune"``), ``rank``, and ``auto``: ``{"kept", "reason",
-      "bsd": {...}, "prune": {...}}`` with each candidate's rank, parameters and output error.
+      "judge", "bsd": {...}, "prune": {...}}`` with each candidate's rank, parameters, output
+      error and (with ``judge``) ``model_output_error``.
     """
     start = time.perf_counter()
     jacobian = _jacobian(site)
     bsd, bsd_info = build_replacement(site, "bsd", bsd_rank, config, key, restarts=restarts, jacobian=jacobian,
                                       warm_start=True, selection=selection)
     pruned, prune_info = build_replacement(site, "prune", prune_rank, config, key, jacobian=jacobian)
-    e_bsd, e_prune = bsd_info["output_error"], prune_info["output_error"]
-    kept = "bsd" if e_bsd < e_prune else "prune"
+    if judge is None:
+        what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
+    else:
+        what, e_bsd, e_prune = "model output error", judge(bsd), judge(pruned)
+    better = bool(np.isfinite(e_bsd) and (e_bsd < e_prune or not np.isfinite(e_prune)))
+    kept = "bsd" if better else "prune"
     module, info = (bsd, dict(bsd_info)) if kept == "bsd" else (pruned, dict(prune_info))
-    relation = "<" if e_bsd < e_prune else ">="
-    summary = lambda rank, mod, i: dict(rank=int(rank), params=count_params(mod), output_error=i["output_error"],  # noqa: E731
-                                        **{k: i[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
-                                                              "selection_tokens") if k in i})
+    relation = "<" if better else ">="
+
+    def summary(rank, mod, i, e_model):
+        return dict(rank=int(rank), params=count_params(mod), output_error=i["output_error"],
+                    **({} if judge is None else {"model_output_error": e_model}),
+                    **{k: i[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
+                                         "selection_tokens") if k in i})
+
     info.update(method=kept, rank=int(bsd_rank if kept == "bsd" else prune_rank), auto=dict(
-        kept=kept, reason=f"held-out output error: bsd {e_bsd:.4g} {relation} prune {e_prune:.4g}",
-        bsd=summary(bsd_rank, bsd, bsd_info), prune=summary(prune_rank, pruned, prune_info)))
+        kept=kept, judge="block" if judge is None else "model",
+        reason=f"{what}: bsd {e_bsd:.4g} {relation} prune {e_prune:.4g}",
+        bsd=summary(bsd_rank, bsd, bsd_info, e_bsd), prune=summary(prune_rank, pruned, prune_info, e_prune)))
     info["seconds"] = time.perf_counter() - start
     return module, info
 
@@ -1102,7 +1181,7 @@ class CompressionReport:
 
 
 def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts,
-              warm_start=None, selection=None):
+              warm_start=None, selection=None, auto_judge="model"):
     if not isinstance(model, nnx.Module):
         raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
     if isinstance(mlps, str) or not isinstance(mlps, Sequence) or not mlps:
@@ -1151,6 +1230,8 @@ def _validate(model, mlps, reduction, ranks, method, allocation, order, num_samp
         raise ValueError("warm_start=False: method 'auto' always warm-starts its decoupling from the pruned MLP")
     if selection is not None and selection not in ("objective", "output"):
         raise ValueError(f"selection must be 'objective', 'output' or None, got {selection!r}")
+    if auto_judge not in AUTO_JUDGES:
+        raise ValueError(f"auto_judge must be one of {AUTO_JUDGES}, got {auto_judge!r}")
     if method == "auto" and allocation != "uniform":
         raise ValueError(f"allocation={allocation!r}: method 'auto' shares the budget uniformly "
                          "(each MLP's two candidates within one share); use allocation='uniform'")
@@ -1182,6 +1263,7 @@ def compress_model(
     restarts: int = 1,
     warm_start: bool | None = None,
     selection: str | None = None,
+    auto_judge: str = "model",
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -1259,12 +1341,19 @@ def compress_model(
         fine-tuning, 3 seeds; ``experiments/knobs.py``) chose these defaults: the warm start with
         held-out selection raised accuracy by 0.31 points at ρ = 0.2 and 0.62 at ρ = 0.5, winning
         on all 6 paired seeds; ν = 8, ``S = max(128, 4r)`` and fewer sweeps did not pay on top.
+      auto_judge: ``method="auto"`` only: ``"model"`` (default) or ``"block"``, how the two
+        candidates of each MLP are compared (see below).
 
     ``method="auto"``: each MLP gets one parameter share (:func:`auto_ranks`; with ``ranks``,
     the rank is the decoupling's and the pruned candidate keeps the most units that fit in the
     decoupling's parameters, :func:`auto_prune_rank`); within it a warm-started decoupling and a
-    pruned MLP are built and the one with the lower output error on the check tokens is kept
-    (:func:`build_auto`; ``report.mlps[i].method`` says which and ``.auto`` why).
+    pruned MLP are built and the one judged better is kept (:func:`build_auto`;
+    ``report.mlps[i].method`` says which and ``.auto`` why). ``auto_judge="model"`` (the
+    default) judges them by what users measure: the whole model's outputs on ``calibration``
+    with the candidate in place (the MLPs compressed before it included), against the original
+    model's outputs (:func:`output_judge`; the fits use tokens of these inputs, both
+    candidates alike). ``auto_judge="block"``: the MLP's own output error on its check tokens,
+    held out from both fits (the rule before the end-to-end judge).
 
     Returns:
       ``(model, report)``: the same model with the submodules replaced (``DecoupledMLP``,
@@ -1284,7 +1373,7 @@ def compress_model(
       True
     """
     mlps = _validate(model, mlps, reduction, ranks, method, allocation, order, num_samples, mlp_specs, restarts,
-                     warm_start, selection)
+                     warm_start, selection, auto_judge)
     warm = True if method == "auto" else warm_start  # None: warm-start each MLP that can be pruned
     selection = "output" if selection is None else selection
     build = functools.partial(build_replacement, restarts=restarts, warm_start=warm, selection=selection)
@@ -1311,6 +1400,8 @@ def compress_model(
     params_before = count_params(model)
     tokens, first_calls = capture_calls(model, calibration, mlps)
     sites = [site_at(p, tokens) for p in mlps]  # validates every path before any work
+    # "auto" judged by the model: the original model's outputs, before any replacement.
+    reference = model_outputs(model, calibration) if method == "auto" and auto_judge == "model" else None
     if method != "bsd":
         for s in sites:
             if s.spec is None:
@@ -1368,7 +1459,9 @@ def compress_model(
             module, info = hit[1], hit[2]  # greedy already built exactly this replacement
         elif method == "auto":
             module, info = build_auto(site, *rank, config, jax.random.fold_in(site_keys[path], 1),
-                                      restarts=restarts, selection=selection)
+                                      restarts=restarts, selection=selection,
+                                      judge=None if reference is None else output_judge(model, path, calibration,
+                                                                                         reference))
         else:
             module, info = build(site, method, rank, config, jax.random.fold_in(site_keys[path], 1))
         set_submodule(model, path, module)

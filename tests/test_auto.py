@@ -294,6 +294,46 @@ def test_auto_keeps_the_pruned_mlp_when_only_k_units_are_alive():
     np.testing.assert_allclose(np.asarray(model(x)), ref, rtol=1e-9, atol=1e-9)  # exact, end to end
 
 
+@pytest.mark.slow  # solves on the shared CPU: ~40 s
+def test_auto_judged_by_the_model_records_the_end_to_end_error_of_what_it_kept():
+    """``auto_judge="model"`` (the default): each candidate's recorded ``model_output_error`` is
+    the model's relative squared output error on the calibration batch with it in place; so the one
+    kept at the last step gives the compressed model's error, recomputed here from its outputs."""
+    model = Net(nnx.Rngs(0))
+    x = calib()
+    ref = np.asarray(model(x))
+    model, report = jb.compress_model(model, x, mlps=PATHS, reduction=0.3, method="auto", mlp_specs=SPEC,
+                                      key=jax.random.key(0), config=CONFIG)
+    for rep in report.mlps:
+        errs = rep.auto["bsd"]["model_output_error"], rep.auto["prune"]["model_output_error"]
+        assert rep.auto["judge"] == "model" and "model output error" in rep.auto["reason"]
+        assert rep.method == ("bsd" if errs[0] < errs[1] else "prune")
+    last = report.mlps[-1]
+    end_to_end = np.sum((np.asarray(model(x)) - ref) ** 2) / np.sum(ref ** 2)
+    np.testing.assert_allclose(last.auto[last.method]["model_output_error"], end_to_end, rtol=1e-9)
+
+
+def test_auto_keeps_the_candidate_its_judge_prefers_over_the_block_error():
+    """Only k = 3 units alive: the pruned MLP is exact on the block, but a judge that scores the
+    decoupling lower decides (``build_auto``'s ``judge``); without a judge the block error does."""
+    model = Net(nnx.Rngs(0))
+    ffn = model.layers[0]
+    ffn.up.kernel[...] = ffn.up.kernel[...].at[:, 3:].set(0.0)
+    ffn.up.bias[...] = ffn.up.bias[...].at[3:].set(0.0)
+    X = calib().reshape(-1, 6)
+    site = cm.make_site("layers.0", ffn, SPEC, X, ffn(X), 16, jax.random.key(0))
+    config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=5)
+    by_block = cm.build_auto(site, 2, 3, config, jax.random.key(1))[1]
+    judged = cm.build_auto(site, 2, 3, config, jax.random.key(1),
+                           judge=lambda m: 0.0 if isinstance(m, DecoupledMLP) else 1.0)[1]
+    assert by_block["auto"]["kept"] == "prune" and by_block["auto"]["judge"] == "block"
+    assert judged["auto"]["kept"] == judged["method"] == "bsd" and judged["auto"]["judge"] == "model"
+    assert judged["auto"]["bsd"]["model_output_error"] == 0.0 == judged["auto"]["prune"]["model_output_error"] - 1
+    nan_judge = cm.build_auto(site, 2, 3, config, jax.random.key(1),
+                              judge=lambda m: float("nan") if isinstance(m, DecoupledMLP) else 1.0)[1]
+    assert nan_judge["auto"]["kept"] == "prune"
+
+
 @pytest.mark.slow  # solves on the shared CPU: 40-60 s
 def test_auto_keeps_the_decoupling_when_the_block_is_an_exact_rank_2_decoupling():
     """A cubic-activation MLP whose 8 units share 2 input directions (and, per direction, one
@@ -352,6 +392,7 @@ def test_auto_meets_the_budget_with_both_candidates_in_one_share():
     "kwargs, match",
     [(dict(allocation="greedy"), "allocation"), (dict(warm_start=False), "warm_start"),
      (dict(method="svd", warm_start=True), "warm_start"), (dict(selection="best"), "selection"),
+     (dict(auto_judge="logits"), "auto_judge"),
      (dict(mlp_specs=None, mlps=["layers.0"]), "mlp_specs"), (dict(reduction=0.99), "reduction")],
 )
 def test_auto_bad_arguments_raise(kwargs, match):
@@ -401,10 +442,16 @@ def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_
     steps = compress.compress(model, ds, order="bf", config=config, state_dir=tmp_path / "s", progress=False)
     assert count_params(model) == steps[-1]["params_model"] <= 0.8 * P
     for s in steps:
-        assert s["method"] == s["auto"]["kept"] in ("bsd", "prune")
+        assert s["method"] == s["auto"]["kept"] in ("bsd", "prune") and s["auto"]["judge"] == "model"
         assert s["params_mlp_new"] == s["auto"][s["method"]]["params"]
-        errs = s["auto"]["bsd"]["output_error"], s["auto"]["prune"]["output_error"]
-        assert s["output_error"] == (min(errs) if errs[0] < errs[1] else errs[1])
+        errs = s["auto"]["bsd"]["model_output_error"], s["auto"]["prune"]["model_output_error"]
+        assert s["method"] == ("bsd" if errs[0] < errs[1] else "prune")
+        assert s["output_error"] == s["auto"][s["method"]]["output_error"]
+    # The judge's images are held out from the step's calibration images.
+    pool = compress.validation_split(ds, config.val_fraction, config.seed)[0].train_images.shape[0]
+    for step in (1, 2):
+        judge = compress._judge_indices(pool, 16, 0, step)
+        assert not set(judge) & set(compress._capture_indices(pool, 16, 0, step)) and len(judge) == 16
     again = vit()
     steps2 = compress.compress(again, ds, order="bf", config=config, state_dir=tmp_path / "s", progress=False)
     assert [s["method"] for s in steps2] == [s["method"] for s in steps]
