@@ -16,8 +16,9 @@ any step. Methods:
 * ``prune``: keep the ``k`` hidden units with the largest ``‖V1[:, j]‖ · RMS(h_j)`` on the
   calibration tokens and refit the output layer (weights and bias) by least squares
   (``jaxbsd.baselines.prune_weights``): an ordinary narrower MLP with the original activation;
-* ``auto``: per block, the better (output error on held-out calibration tokens) of a
-  warm-started decoupling and a pruned MLP in the block's share of the budget;
+* ``auto``: per block, the better of a warm-started decoupling and a pruned MLP in the block's
+  share of the budget, judged by the whole model's outputs (against the original model's) on
+  256 training images held out from the block's calibration images (``auto_judge="model"``);
 * ``bsd-warm``: ``bsd`` plus one restart warm-started from the pruned MLP, the restart kept by
   its output error on held-out calibration tokens; other B-spline variants can be named on the
   command line (``--methods bsd-nu8 bsd-warm-it100 …``, see ``comparison.bsd_variant``).
