@@ -421,6 +421,13 @@ def test_the_cli_and_compress_accept_auto():
     assert compress.CompressionConfig(method="auto").method == "auto"
     with pytest.raises(ValueError, match="allocation"):
         compress.CompressionConfig(method="auto", reduction=0.3, allocation="greedy")
+    with pytest.raises(ValueError, match="auto_judge"):
+        compress.CompressionConfig(method="auto", auto_judge="logits")
+    # Run ids (and resumable states) of runs saved before auto_judge existed stay valid: only
+    # "auto" records it, and only when it differs from the old rule ("block").
+    assert "auto_judge" not in compress.CompressionConfig(method="bsd").to_dict()
+    assert "auto_judge" not in compress.CompressionConfig(method="auto", auto_judge="block").to_dict()
+    assert compress.CompressionConfig(method="auto").to_dict()["auto_judge"] == "model"
 
 
 @pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU
