@@ -129,7 +129,8 @@ def bsd_variant(method: str) -> dict:
 
 def method_name(method: str) -> str:
     """Display name: ``"B-spline (greedy)"``, ``"B-spline (warm start, held-out selection; ν = 8)"``…"""
-    fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)"}
+    fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)",
+             "auto-block": "Auto, judged by the block's output error"}
     if method in fixed:
         return fixed[method]
     words = [_VARIANT_WORDS[head].format(number) if head in _VARIANT_WORDS else word
@@ -161,13 +162,16 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     which keeps the tags, hence the saved units, of runs configured before they existed).
     """
     variant = bsd_variant(method) if method.startswith("bsd") else {}
+    # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
+    # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
+    judge = {"auto-block": "block"}.get(method, "model")
     return CompressionConfig(
-        method="bsd" if method.startswith("bsd") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
+        method="bsd" if method.startswith("bsd") else "auto" if method.startswith("auto") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
         reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=0.25,
         max_iter=variant.get("max_iter", plan["max_iter"]), num_samples=args.samples or 128,
         samples_per_rank=0 if args.samples else variant.get("samples_per_rank", 2),
         warm_start=variant.get("warm_start", False), selection=variant.get("selection", "objective"),
-        finetune_epochs=plan["epochs"], seed=seed,
+        finetune_epochs=plan["epochs"], seed=seed, auto_judge=judge,
         val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
         capture_images=plan.get("capture_images", CompressionConfig.capture_images),
     )
@@ -182,7 +186,7 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order)}, sort_keys=True)
     if (done := common.resume_unit(state, tag, name, log)) is not None:
-        return done
+        return {**done, "method": method}  # the tag fixes the configuration; the plan names it
     t0 = common.Timer()
     model = load_checkpoint(model_path)[0]
     params_original = count_params(model)
@@ -259,7 +263,7 @@ def summarize(units: list[dict], plan: dict) -> tuple[list[dict], dict, dict]:
         verdicts[repr(reduction)] = _paired_verdicts(by_method, plan["methods"], REFERENCE, reduction)
         if "prune" in plan["methods"]:
             verdicts_prune[repr(reduction)] = _paired_verdicts(
-                by_method, [m for m in plan["methods"] if m == "auto" or m.startswith("bsd")], "prune", reduction)
+                by_method, [m for m in plan["methods"] if m.startswith(("auto", "bsd"))], "prune", reduction)
     for row in rows:
         v = verdicts[repr(row["reduction"])].get(row["method"])
         row["verdict_vs_bsd"] = v["verdict"] if v and v["n"] else None  # no paired bsd runs: no verdict
@@ -328,7 +332,7 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
 def _method_type(methods: tuple[str, ...]):
     """argparse type of ``--methods``: one of ``methods`` or a B-spline variant (:func:`bsd_variant`)."""
     def parse(value: str) -> str:
-        if value in methods:
+        if value in methods or value == "auto-block":
             return value
         if value.startswith("bsd-"):
             try:

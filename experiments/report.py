@@ -347,15 +347,17 @@ def auto_check(d: dict) -> list[str]:
     """Issue 24's acceptance, per ρ: ``auto`` against max(pruning, B-spline) (means over seeds)."""
     means = {(r["method"], r["reduction"]): r["accuracy_mean"] for r in d["rows"] if r["status"] == "ok"}
     lines = []
-    for rho in d["plan"]["budgets"]:
-        auto = means.get(("auto", rho))
-        others = {m: means.get((m, rho)) for m in ("prune", "bsd", NEW_BSD)}
-        if auto is None or None in others.values():
-            continue
-        best = max(others.values())
-        lines.append(f"ρ = {rho:g}: auto {auto:.2f} against max(pruning {others['prune']:.2f}, B-spline "
-                     f"{others['bsd']:.2f}, new defaults {others[NEW_BSD]:.2f}) = {best:.2f}: Δ {auto - best:+.2f} "
-                     + ("(above all)" if auto > best else "(within 0.1)" if auto >= best - 0.1 else "(**more than 0.1 below**)"))
+    for label in ("auto", "auto-block"):
+        for rho in d["plan"]["budgets"]:
+            auto = means.get((label, rho))
+            others = {m: means.get((m, rho)) for m in ("prune", "bsd", NEW_BSD)}
+            if auto is None or None in others.values():
+                continue
+            best = max(others.values())
+            lines.append(f"ρ = {rho:g}: {label} {auto:.2f} against max(pruning {others['prune']:.2f}, B-spline "
+                         f"{others['bsd']:.2f}, new defaults {others[NEW_BSD]:.2f}) = {best:.2f}: Δ {auto - best:+.2f} "
+                         + ("(above all)" if auto > best else "(within 0.1)" if auto >= best - 0.1
+                            else "(**more than 0.1 below**)"))
     return lines
 
 

@@ -19,6 +19,8 @@ any step. Methods:
 * ``auto``: per block, the better of a warm-started decoupling and a pruned MLP in the block's
   share of the budget, judged by the whole model's outputs (against the original model's) on
   256 training images held out from the block's calibration images (``auto_judge="model"``);
+* ``auto-block``: the same, judged by the block's output error on held-out calibration tokens
+  (``auto_judge="block"``, the rule before);
 * ``bsd-warm``: ``bsd`` plus one restart warm-started from the pruned MLP, the restart kept by
   its output error on held-out calibration tokens; other B-spline variants can be named on the
   command line (``--methods bsd-nu8 bsd-warm-it100 …``, see ``comparison.bsd_variant``).
@@ -58,7 +60,7 @@ if str(HERE) not in sys.path:
 
 import comparison  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
 
-METHODS = ("bsd", "svd", "drone", "prune", "bsd-greedy", "auto", "bsd-warm")
+METHODS = ("bsd", "svd", "drone", "prune", "bsd-greedy", "auto", "bsd-warm", "auto-block")
 
 #: Training-free presets: no fine-tuning (``epochs`` 0), no hold-out, no teacher; the whole
 #: training split is the pool the calibration images are drawn from.
