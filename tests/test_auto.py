@@ -313,25 +313,28 @@ def test_auto_judged_by_the_model_records_the_end_to_end_error_of_what_it_kept()
     np.testing.assert_allclose(last.auto[last.method]["model_output_error"], end_to_end, rtol=1e-9)
 
 
-def test_auto_keeps_the_candidate_its_judge_prefers_over_the_block_error():
-    """Only k = 3 units alive: the pruned MLP is exact on the block, but a judge that scores the
-    decoupling lower decides (``build_auto``'s ``judge``); without a judge the block error does."""
-    model = Net(nnx.Rngs(0))
-    ffn = model.layers[0]
-    ffn.up.kernel[...] = ffn.up.kernel[...].at[:, 3:].set(0.0)
-    ffn.up.bias[...] = ffn.up.bias[...].at[3:].set(0.0)
-    X = calib().reshape(-1, 6)
-    site = cm.make_site("layers.0", ffn, SPEC, X, ffn(X), 16, jax.random.key(0))
+def test_auto_keeps_the_candidate_its_judge_prefers_over_the_block_error(monkeypatch):
+    """The decision rule of ``build_auto``: with a ``judge`` its scores decide (here against the
+    block error, which prefers pruning), a non-finite decoupling score loses, and without a judge
+    the block error decides. The candidates are stand-ins, so no solve runs."""
+    bsd, pruned = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+
+    def fake_build(site, method, rank, config, key, **kw):
+        return (bsd, {"output_error": 0.5}) if method == "bsd" else (pruned, {"output_error": 0.1})
+
+    monkeypatch.setattr(cm, "build_replacement", fake_build)
+    monkeypatch.setattr(cm, "_jacobian", lambda site: None)
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=5)
-    by_block = cm.build_auto(site, 2, 3, config, jax.random.key(1))[1]
-    judged = cm.build_auto(site, 2, 3, config, jax.random.key(1),
-                           judge=lambda m: 0.0 if isinstance(m, DecoupledMLP) else 1.0)[1]
-    assert by_block["auto"]["kept"] == "prune" and by_block["auto"]["judge"] == "block"
+    by_block = cm.build_auto(None, 2, 3, config, jax.random.key(1))[1]
+    assert by_block["auto"]["kept"] == by_block["method"] == "prune" and by_block["auto"]["judge"] == "block"
+    judged = cm.build_auto(None, 2, 3, config, jax.random.key(1), judge=lambda m: 0.0 if m is bsd else 1.0)[1]
     assert judged["auto"]["kept"] == judged["method"] == "bsd" and judged["auto"]["judge"] == "model"
-    assert judged["auto"]["bsd"]["model_output_error"] == 0.0 == judged["auto"]["prune"]["model_output_error"] - 1
-    nan_judge = cm.build_auto(site, 2, 3, config, jax.random.key(1),
-                              judge=lambda m: float("nan") if isinstance(m, DecoupledMLP) else 1.0)[1]
-    assert nan_judge["auto"]["kept"] == "prune"
+    assert (judged["auto"]["bsd"]["model_output_error"], judged["auto"]["prune"]["model_output_error"]) == (0.0, 1.0)
+    assert judged["auto"]["bsd"]["params"] == 6 and judged["auto"]["prune"]["params"] == 9
+    for nan_bsd, nan_prune, kept in [(True, False, "prune"), (False, True, "bsd"), (True, True, "prune")]:
+        scores = {id(bsd): float("nan") if nan_bsd else 2.0, id(pruned): float("nan") if nan_prune else 1.0}
+        info = cm.build_auto(None, 2, 3, config, jax.random.key(1), judge=lambda m: scores[id(m)])[1]
+        assert info["auto"]["kept"] == kept, (nan_bsd, nan_prune)
 
 
 @pytest.mark.slow  # solves on the shared CPU: 40-60 s
