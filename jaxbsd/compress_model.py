@@ -878,10 +878,10 @@ def model_outputs(model: nnx.Module, inputs) -> jax.Array:
 
 def output_judge(model: nnx.Module, path: str, inputs, reference: jax.Array) -> Callable[[nnx.Module], float]:
     """``judge(module) -> float``: the relative squared error ``‖o − o_ref‖² / ‖o_ref‖²`` (as the
-    MLPs' ``output_error``) of the whole
-    model's outputs on ``inputs`` (:func:`model_outputs`) with ``module`` put at ``path``, against
-    ``reference`` (``(K,)``, the original model's outputs on ``inputs``). The submodule at
-    ``path`` is put back afterwards. For :func:`build_auto`'s ``judge``."""
+    MLPs' ``output_error``) of the whole model's outputs on ``inputs`` (:func:`model_outputs`)
+    with ``module`` put at ``path``, against ``reference`` (``(K,)``, the original model's
+    outputs on ``inputs``). The submodule at ``path`` is put back afterwards. For
+    :func:`build_auto`'s ``judge``."""
     def judge(module: nnx.Module) -> float:
         old = get_submodule(model, path)
         set_submodule(model, path, module)
