@@ -18,7 +18,8 @@ any step. Methods:
   (``jaxbsd.baselines.prune_weights``): an ordinary narrower MLP with the original activation;
 * ``auto``: per block, the better of a warm-started decoupling and a pruned MLP in the block's
   share of the budget, judged by the whole model's outputs (against the original model's) on
-  256 training images held out from the block's calibration images (``auto_judge="model"``);
+  2048 training images held out from the block's calibration images (``auto_judge="model"``,
+  ``judge_images=2048``; units run with 256 judge images before keep their own run ids);
 * ``auto-block``: the same, judged by the block's output error on held-out calibration tokens
   (``auto_judge="block"``, the rule before);
 * ``bsd-warm``: ``bsd`` plus one restart warm-started from the pruned MLP, the restart kept by
