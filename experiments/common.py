@@ -27,6 +27,7 @@ import math  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable, Sequence  # noqa: E402
@@ -414,10 +415,15 @@ def unit_done(path: str | os.PathLike, tag: str) -> dict | None:
 def resume_unit(state_dir: pathlib.Path, tag: str, label: str, log: Callable[[str], None]) -> dict | None:
     """Where a resumable unit stands: its record if it finished before under the same ``tag``
     (``state_dir/unit.json``, logged as kept), else None, after logging the step an unfinished one
-    resumes after (``compress(state_dir=...)``'s ``steps.json``), if any."""
+    resumes after (``compress(state_dir=...)``'s ``steps.json``), if any. A unit that finished
+    under another tag (its configuration changed since) starts over: its run state is removed."""
     if (kept := unit_done(state_dir / "unit.json", tag)) is not None:
         log(f"  {label}: finished before, kept from {rel_path(state_dir / 'unit.json')}")
         return kept
+    if (state_dir / "unit.json").exists():
+        log(f"  {label}: finished before under another configuration; starting over")
+        for path in state_dir.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     if done := finished_steps(state_dir):
         log(f"  {label}: resuming after step {done} from {rel_path(state_dir)}")
     return None

@@ -151,6 +151,21 @@ def test_paired_verdict_on_constructed_data():
         common.paired_verdict([1.0, 2.0], [1.0], **kw)
 
 
+def test_a_unit_whose_configuration_changed_starts_over(tmp_path):
+    import common
+
+    unit = tmp_path / "auto-rho0500-seed0"
+    (unit / "model" / "3").mkdir(parents=True)
+    (unit / "steps.json").write_text("[]")
+    common.save_unit(unit / "unit.json", "tag-a", {"accuracy": 1.0})
+    logged = []
+    assert common.resume_unit(unit, "tag-a", "u", logged.append) == {"accuracy": 1.0}
+    assert sorted(p.name for p in unit.iterdir()) == ["model", "steps.json", "unit.json"]  # kept as it is
+    assert common.resume_unit(unit, "tag-b", "u", logged.append) is None
+    assert unit.is_dir() and not list(unit.iterdir())  # another run's state would be refused by compress()
+    assert "starting over" in logged[-1]
+
+
 def test_order_verdict_pairs_by_basis_and_seed():
     import full_compression
 
