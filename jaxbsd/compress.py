@@ -133,9 +133,9 @@ class CompressionConfig:
         held-out check tokens (the rule before the end-to-end judge).
       judge_images: ``auto_judge="model"`` only: how many training images the candidates are
         judged on (fewer if the training split has fewer outside the calibration images). Two
-        candidates often differ by a few tenths of a point of accuracy; on 256 images the judge
-        picked the one that was worse on 6,000 other held-out images (and on the test split) in
-        2 of 12 runs of ViT/Fashion-MNIST at ρ ≥ 0.35, hence 2048 (forward passes only).
+        candidates often differ by a few tenths of a point of accuracy; on 256 images the judge's
+        last choice was the worse one on 6,000 other held-out images (and on the test split) in
+        4 of the 6 ViT/Fashion-MNIST runs at ρ ≥ 0.35, hence 2048 (forward passes only).
       structured: use the structured Jacobian for standard MLP blocks.
       finetune_epochs: epochs of fine-tuning after every replacement (0 = none).
       lr, batch_size, schedule: fine-tuning optimizer settings.
