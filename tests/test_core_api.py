@@ -65,7 +65,9 @@ def test_vmap_over_lambda_is_one_program_and_matches_separate_solves(mlp):
     for i, lam in enumerate(lams):
         single = solve(key, problem, CONFIG.replace(lam=lam))
         assert float(single.objective) > 0
-        chex.assert_trees_all_close(jax.tree_util.tree_map(lambda x: x[i], rows), single, rtol=1e-8, atol=1e-12)
+        # Two programs (batched and single) round differently over 40 sweeps: 1e-8 relative, and
+        # 1e-9 absolute for the entries near zero of leaves of order one.
+        chex.assert_trees_all_close(jax.tree_util.tree_map(lambda x: x[i], rows), single, rtol=1e-8, atol=1e-9)
     # A different λ changes the result (the leaf really is used).
     assert not np.allclose(rows.objective[0], rows.objective[2])
 
