@@ -858,8 +858,9 @@ def model_outputs(model: nnx.Module, inputs, *, batch_size: int | None = None) -
     """``(K,)``: the floating-point leaves of the eval-mode output of ``model(inputs)`` (or of
     ``inputs(model)`` if ``inputs`` is callable), flattened and concatenated. With
     ``batch_size``, an array ``inputs`` is run in chunks of that many rows along its first
-    axis (the outputs are those of one pass, in the same order; it bounds the memory). The
-    model's train/eval flags are restored afterwards.
+    axis, which bounds the memory: the values are those of one pass, grouped by chunk (for a
+    single output array, such as logits, in the same order). The model's train/eval flags are
+    restored afterwards.
 
     Raises:
       ValueError: naming ``calibration`` if the output has no floating-point array.
