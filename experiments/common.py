@@ -422,8 +422,8 @@ def resume_unit(state_dir: pathlib.Path, tag: str, label: str, log: Callable[[st
         return kept
     if (state_dir / "unit.json").exists():
         log(f"  {label}: finished before under another configuration; starting over")
-        for path in state_dir.iterdir():
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        shutil.rmtree(state_dir)
+        state_dir.mkdir()
     if done := finished_steps(state_dir):
         log(f"  {label}: resuming after step {done} from {rel_path(state_dir)}")
     return None

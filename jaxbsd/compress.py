@@ -67,7 +67,7 @@ from jaxbsd.models import count_params
 from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP
-from jaxbsd.train import evaluate, load_checkpoint, read_checkpoint_header, save_checkpoint, train
+from jaxbsd.train import evaluate, load_checkpoint, predict, read_checkpoint_header, save_checkpoint, train
 from jaxbsd.warm_start import SELECTIONS
 
 __all__ = [
@@ -549,14 +549,16 @@ def compress(
         for step, block in enumerate(indices, start=1):
             tokens = mlp_inputs(model, step_images(step), block)
             original_tokens[block] = tokens.reshape(-1, tokens.shape[-1])
-    judged: dict[int, tuple[jax.Array, jax.Array]] = {}
+    judged: dict[int, tuple[Callable[[nnx.Module], jax.Array], jax.Array]] = {}
     if config.method == "auto" and config.auto_judge == "model":
         # Per step, images held out from that step's calibration images and the original
         # model's outputs on them (before a resumed state is loaded).
         for step in range(1, len(indices) + 1):
-            held_out = jnp.asarray(fit.train_images[_judge_indices(fit.train_images.shape[0], n_capture,
-                                                                   config.judge_images, config.seed, step)])
-            judged[step] = (held_out, model_outputs(model, held_out, batch_size=eval_bs))
+            held_out = fit.train_images[_judge_indices(fit.train_images.shape[0], n_capture,
+                                                       config.judge_images, config.seed, step)]
+            # predict() runs the images in padded batches of eval_bs (one compiled shape).
+            logits = lambda m, images=held_out: jnp.asarray(predict(m, images, eval_bs))  # noqa: E731
+            judged[step] = (logits, model_outputs(model, logits))
     steps: list[dict] = []
     if state_dir is not None:
         state_dir = pathlib.Path(state_dir)
@@ -575,7 +577,7 @@ def compress(
         if isinstance(plan, tuple):  # method "auto": (decoupling rank, pruned units)
             plan, given["prune_rank"] = plan
         if step in judged:
-            given["judge"] = output_judge(model, f"blocks.{block}.mlp", *judged[step], batch_size=eval_bs)
+            given["judge"] = output_judge(model, f"blocks.{block}.mlp", *judged[step])
         step_config = config if plan is None else dataclasses.replace(config, rank=plan, reduction=None)
         module, info = compress_block(model, block, images, step_config, jax.random.fold_in(key, step), **given)
         model.blocks[block].mlp = module

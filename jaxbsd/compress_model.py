@@ -854,21 +854,14 @@ def _forward(model: nnx.Module, inputs):
     return model(inputs)
 
 
-def model_outputs(model: nnx.Module, inputs, *, batch_size: int | None = None) -> jax.Array:
+def model_outputs(model: nnx.Module, inputs) -> jax.Array:
     """``(K,)``: the floating-point leaves of the eval-mode output of ``model(inputs)`` (or of
-    ``inputs(model)`` if ``inputs`` is callable), flattened and concatenated. With
-    ``batch_size``, an array ``inputs`` is run in chunks of that many rows along its first
-    axis, which bounds the memory: the values are those of one pass, grouped by chunk (for a
-    single output array, such as logits, in the same order). The model's train/eval flags are
-    restored afterwards.
+    ``inputs(model)`` if ``inputs`` is callable), flattened and concatenated. The model's
+    train/eval flags are restored afterwards.
 
     Raises:
       ValueError: naming ``calibration`` if the output has no floating-point array.
     """
-    if batch_size is not None and not callable(inputs):
-        batch = inputs
-        inputs = lambda m: [_forward(m, batch[i:i + batch_size])  # noqa: E731
-                            for i in range(0, batch.shape[0], batch_size)]
     flags = _mode_flags(model)
     try:
         model.eval()
@@ -883,18 +876,17 @@ def model_outputs(model: nnx.Module, inputs, *, batch_size: int | None = None) -
     return jnp.concatenate(leaves)
 
 
-def output_judge(model: nnx.Module, path: str, inputs, reference: jax.Array, *,
-                 batch_size: int | None = None) -> Callable[[nnx.Module], float]:
+def output_judge(model: nnx.Module, path: str, inputs, reference: jax.Array) -> Callable[[nnx.Module], float]:
     """``judge(module) -> float``: the relative squared error ``‖o − o_ref‖² / ‖o_ref‖²`` (as the
-    MLPs' ``output_error``) of the whole model's outputs on ``inputs`` (:func:`model_outputs`,
-    with ``batch_size``) with ``module`` put at ``path``, against ``reference`` (``(K,)``, the
-    original model's outputs on ``inputs``). The submodule at ``path`` is put back afterwards.
-    For :func:`build_auto`'s ``judge``."""
+    MLPs' ``output_error``) of the whole model's outputs on ``inputs`` (:func:`model_outputs`)
+    with ``module`` put at ``path``, against ``reference`` (``(K,)``, the original model's
+    outputs on ``inputs``). The submodule at ``path`` is put back afterwards. For
+    :func:`build_auto`'s ``judge``."""
     def judge(module: nnx.Module) -> float:
         old = get_submodule(model, path)
         set_submodule(model, path, module)
         try:
-            out = model_outputs(model, inputs, batch_size=batch_size)
+            out = model_outputs(model, inputs)
         finally:
             set_submodule(model, path, old)
         return float(metrics.relative_error(reference, out))

@@ -469,20 +469,3 @@ def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_
     x = jnp.asarray(ds.test_images[:8])
     np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(model(x)))
 
-
-def test_model_outputs_in_chunks_are_the_one_pass_outputs():
-    from jaxbsd.compress_model import model_outputs
-
-    class Net(nnx.Module):
-        def __init__(self):
-            self.fc = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
-
-        def __call__(self, x):
-            return jnp.tanh(self.fc(x))
-
-    net = Net()
-    x = jax.random.normal(jax.random.key(1), (10, 4))
-    whole = np.tanh(np.asarray(x) @ np.asarray(net.fc.kernel[...]) + np.asarray(net.fc.bias[...]))  # numpy oracle
-    for batch_size in (None, 4, 10, 32):  # uneven last chunk, one chunk, larger than the batch
-        np.testing.assert_allclose(np.asarray(model_outputs(net, x, batch_size=batch_size)), whole.ravel(),
-                                   rtol=1e-12, atol=1e-12)
