@@ -460,17 +460,21 @@ def fb_bf_table() -> str:
     return "\n".join(out)
 
 
-def vit_cifar10_table() -> str:
-    """ViT / CIFAR-10 per step, ours beside the paper's appendix table."""
-    d = _load("full_compression_vit_cifar10.json")
+_MODEL_TITLES = {"vit": "ViT", "swin": "Swin"}
+
+
+def cifar10_table(model: str) -> str:
+    """``model`` / CIFAR-10 per step, ours beside the paper's appendix table (and, where it was run,
+    the same at the paper's fine-tuning budget)."""
+    d = _load(f"full_compression_{model}_cifar10.json")
     if d is None:
-        return ("No current result committed (`python experiments/full_compression.py --model vit --dataset cifar10 "
-                "--capture current --basis \"R-CMTF-PD d=3\" --basis \"R-CMTF-BSD nu=4 d=1\" "
+        return (f"No current result committed (`python experiments/full_compression.py --model {model} --dataset "
+                "cifar10 --capture current --basis \"R-CMTF-PD d=3\" --basis \"R-CMTF-BSD nu=4 d=1\" "
                 "--basis \"R-CMTF-BSD nu=4 d=2\" --basis \"R-CMTF-BSD nu=4 d=3\"`).")
     paper = d.get("paper") or {}
     capture = "current" if "current" in d["tables"] else next(iter(d["tables"]))
     bases = list(d["verdicts"][capture])
-    out = [f"ViT / CIFAR-10, {capture} capture: ours (original {d['accuracy_original']:.2f} %; {d['plan']['runs']} "
+    out = [f"{_MODEL_TITLES.get(model, model)} / CIFAR-10, {capture} capture: ours (original {d['accuracy_original']:.2f} %; {d['plan']['runs']} "
            f"seeds; fine-tuning {d['plan']['epochs']} epoch(s) on {d['train_images']:,} images per step), and in "
            f"brackets the paper (original {paper.get('original', float('nan')):.2f} %; 5 epochs on 50,000 "
            "images), mean ± std over runs.", "", _source_line(d), ""]
@@ -495,7 +499,7 @@ def vit_cifar10_table() -> str:
         rows.append([f"all bases ({v['pairs']} pairs)", f"{v['mean_diff']:+.2f}", _pval(v["p_ttest"]),
                      _pval(v["p_sign"]), v["verdict"]])
     out.append(_md(["basis", "BF − FB", "t-test p", "sign p", "verdict"], rows))
-    budget = _load("full_compression_paper_budget_vit_cifar10.json")
+    budget = _load(f"full_compression_paper_budget_{model}_cifar10.json")
     if budget is not None:
         cap = capture if capture in budget["tables"] else next(iter(budget["tables"]))
         rows = []
@@ -590,7 +594,8 @@ def headline_compression() -> str:
     """Claim (2): final accuracy of back-to-front minus front-to-back, cubic B-splines, ours and the paper's."""
     rows = []
     for name, title in (("full_compression_vit_fashion-mnist.json", "ViT / Fashion-MNIST"),
-                        ("full_compression_vit_cifar10.json", "ViT / CIFAR-10")):
+                        ("full_compression_vit_cifar10.json", "ViT / CIFAR-10"),
+                        ("full_compression_swin_cifar10.json", "Swin / CIFAR-10")):
         d = _load(name)
         if d is None:
             continue
@@ -640,7 +645,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "knobs": knobs_table,
     "lm-compression": lm_compression_table,
     "fb-bf": fb_bf_table,
-    "vit-cifar10": vit_cifar10_table,
+    "vit-cifar10": lambda: cifar10_table("vit"),
+    "swin-cifar10": lambda: cifar10_table("swin"),
     "budget-study": budget_study_table,
     "headline-synthetic": headline_synthetic,
     "headline-comparison": headline_comparison,
