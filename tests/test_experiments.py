@@ -200,7 +200,7 @@ def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path
     import report
 
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    for name in ("comparison", "fb-bf", "vit-cifar10", "budget-study", "training-free"):
+    for name in ("comparison", "fb-bf", "vit-cifar10", "swin-cifar10", "budget-study", "training-free"):
         assert "No current result committed" in report.TABLES[name]()
 
 
