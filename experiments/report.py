@@ -518,6 +518,32 @@ def cifar10_table(model: str) -> str:
     return "\n".join(out)
 
 
+def cifar10_verdicts(model: str) -> str:
+    """Final accuracy per basis, FB and BF, ours beside the paper's appendix values, and the
+    paired BF − FB verdict per basis and pooled (the README's short form of :func:`cifar10_table`)."""
+    d = _load(f"full_compression_{model}_cifar10.json")
+    if d is None:
+        return f"_No {_MODEL_TITLES.get(model, model)} / CIFAR-10 result committed._"
+    paper = d.get("paper") or {}
+    capture = "current" if "current" in d["verdicts"] else next(iter(d["verdicts"]))
+    last = list(d["tables"][capture]["FB"])[-1]
+    bracket = lambda p: "" if p is None else f" ({p:.2f})"  # noqa: E731
+    rows = []
+    for basis, v in d["verdicts"][capture].items():
+        p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+        fb, bf = (d["tables"][capture][o][last][basis]["mean"] for o in ("FB", "BF"))
+        rows.append([basis.replace("nu=", "ν="), f"{fb:.2f}" + bracket(p_fb and p_fb[0]),
+                     f"{bf:.2f}" + bracket(p_bf and p_bf[0]),
+                     f"{v['mean_diff']:+.2f}" + ("" if p_fb is None or p_bf is None else f" ({p_bf[0] - p_fb[0]:+.2f})"),
+                     f"{v['verdict']} (p = {_pval(v['p_ttest'])})"])
+    if (v := d.get("pooled_verdicts", {}).get(capture)) and len(rows) > 1:
+        rows.append([f"all bases ({v['pairs']} pairs)", "", "", f"{v['mean_diff']:+.2f}",
+                     f"{v['verdict']} (p = {_pval(v['p_ttest'])})"])
+    title = (f"{_MODEL_TITLES.get(model, model)} / CIFAR-10, final (original {d['accuracy_original']:.2f} %, "
+             f"paper {paper.get('original', float('nan')):.2f} %)")
+    return _md([title, "FB % (paper)", "BF % (paper)", "BF − FB (paper)", "verdict (3 seeds)"], rows)
+
+
 def budget_study_table() -> str:
     """Our fine-tuning budget against the paper's (ViT/Fashion-MNIST, BF, cubic)."""
     d = _load("full_compression_budget_study.json")
@@ -647,6 +673,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "fb-bf": fb_bf_table,
     "vit-cifar10": lambda: cifar10_table("vit"),
     "swin-cifar10": lambda: cifar10_table("swin"),
+    "headline-swin-cifar10": lambda: cifar10_verdicts("swin"),
     "budget-study": budget_study_table,
     "headline-synthetic": headline_synthetic,
     "headline-comparison": headline_comparison,

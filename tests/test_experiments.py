@@ -202,6 +202,7 @@ def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     for name in ("comparison", "fb-bf", "vit-cifar10", "swin-cifar10", "budget-study", "training-free"):
         assert "No current result committed" in report.TABLES[name]()
+    assert "No Swin / CIFAR-10 result committed" in report.TABLES["headline-swin-cifar10"]()
 
 
 def test_renamed_checkpoints_keep_the_keys_of_committed_studies():
