@@ -527,13 +527,12 @@ def cifar10_verdicts(model: str) -> str:
     paper = d.get("paper") or {}
     capture = "current" if "current" in d["verdicts"] else next(iter(d["verdicts"]))
     last = list(d["tables"][capture]["FB"])[-1]
-    bracket = lambda p: "" if p is None else f" ({p:.2f})"  # noqa: E731
+    bracket = lambda cell: "" if cell is None else f" ({cell[0]:.2f})"  # noqa: E731  (mean, std) or None
     rows = []
     for basis, v in d["verdicts"][capture].items():
         p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
         fb, bf = (d["tables"][capture][o][last][basis]["mean"] for o in ("FB", "BF"))
-        rows.append([basis.replace("nu=", "ν="), f"{fb:.2f}" + bracket(p_fb and p_fb[0]),
-                     f"{bf:.2f}" + bracket(p_bf and p_bf[0]),
+        rows.append([basis.replace("nu=", "ν="), f"{fb:.2f}" + bracket(p_fb), f"{bf:.2f}" + bracket(p_bf),
                      f"{v['mean_diff']:+.2f}" + ("" if p_fb is None or p_bf is None else f" ({p_bf[0] - p_fb[0]:+.2f})"),
                      f"{v['verdict']} (p = {_pval(v['p_ttest'])})"])
     if (v := d.get("pooled_verdicts", {}).get(capture)) and len(rows) > 1:
