@@ -463,6 +463,19 @@ def fb_bf_table() -> str:
 _MODEL_TITLES = {"vit": "ViT", "swin": "Swin"}
 
 
+def _main_capture(d: dict) -> str:
+    """The capture protocol a full-compression result is shown under: ``current`` if it ran."""
+    return "current" if "current" in d["verdicts"] else next(iter(d["verdicts"]))
+
+
+def _paper_final(d: dict, capture: str, basis: str) -> tuple:
+    """The paper's last-step ``(mean, std)`` cells for ``basis``, FB and BF (``None`` where the
+    paper has none), and its BF − FB difference (``None`` unless it has both)."""
+    paper, last = d.get("paper") or {}, list(d["tables"][capture]["FB"])[-1]
+    p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+    return p_fb, p_bf, (None if p_fb is None or p_bf is None else p_bf[0] - p_fb[0])
+
+
 def cifar10_table(model: str) -> str:
     """``model`` / CIFAR-10 per step, ours beside the paper's appendix table (and, where it was run,
     the same at the paper's fine-tuning budget)."""
@@ -472,10 +485,10 @@ def cifar10_table(model: str) -> str:
                 "cifar10 --capture current --basis \"R-CMTF-PD d=3\" --basis \"R-CMTF-BSD nu=4 d=1\" "
                 "--basis \"R-CMTF-BSD nu=4 d=2\" --basis \"R-CMTF-BSD nu=4 d=3\"`).")
     paper = d.get("paper") or {}
-    capture = "current" if "current" in d["tables"] else next(iter(d["tables"]))
+    capture = _main_capture(d)
     bases = list(d["verdicts"][capture])
-    out = [f"{_MODEL_TITLES.get(model, model)} / CIFAR-10, {capture} capture: ours (original {d['accuracy_original']:.2f} %; {d['plan']['runs']} "
-           f"seeds; fine-tuning {d['plan']['epochs']} epoch(s) on {d['train_images']:,} images per step), and in "
+    out = [f"{_MODEL_TITLES.get(model, model)} / CIFAR-10, {capture} capture: ours (original "
+           f"{d['accuracy_original']:.2f} %; {d['plan']['runs']} seeds; fine-tuning {d['plan']['epochs']} epoch(s) on {d['train_images']:,} images per step), and in "
            f"brackets the paper (original {paper.get('original', float('nan')):.2f} %; 5 epochs on 50,000 "
            "images), mean ± std over runs.", "", _source_line(d), ""]
     rows = []
@@ -491,9 +504,9 @@ def cifar10_table(model: str) -> str:
     rows = []
     last = list(d["tables"][capture]["FB"])[-1]
     for basis, v in d["verdicts"][capture].items():
-        p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+        paper_diff = _paper_final(d, capture, basis)[2]
         rows.append([basis.replace("nu=", "ν="), f"{v['mean_diff']:+.2f}"
-                     + ("" if p_fb is None or p_bf is None else f" ({p_bf[0] - p_fb[0]:+.2f})"),
+                     + ("" if paper_diff is None else f" ({paper_diff:+.2f})"),
                      _pval(v["p_ttest"]), _pval(v["p_sign"]), v["verdict"]])
     if (v := d.get("pooled_verdicts", {}).get(capture)) and len(bases) > 1:
         rows.append([f"all bases ({v['pairs']} pairs)", f"{v['mean_diff']:+.2f}", _pval(v["p_ttest"]),
@@ -525,15 +538,15 @@ def cifar10_verdicts(model: str) -> str:
     if d is None:
         return f"_No {_MODEL_TITLES.get(model, model)} / CIFAR-10 result committed._"
     paper = d.get("paper") or {}
-    capture = "current" if "current" in d["verdicts"] else next(iter(d["verdicts"]))
+    capture = _main_capture(d)
     last = list(d["tables"][capture]["FB"])[-1]
     bracket = lambda cell: "" if cell is None else f" ({cell[0]:.2f})"  # noqa: E731  (mean, std) or None
     rows = []
     for basis, v in d["verdicts"][capture].items():
-        p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+        p_fb, p_bf, paper_diff = _paper_final(d, capture, basis)
         fb, bf = (d["tables"][capture][o][last][basis]["mean"] for o in ("FB", "BF"))
         rows.append([basis.replace("nu=", "ν="), f"{fb:.2f}" + bracket(p_fb), f"{bf:.2f}" + bracket(p_bf),
-                     f"{v['mean_diff']:+.2f}" + ("" if p_fb is None or p_bf is None else f" ({p_bf[0] - p_fb[0]:+.2f})"),
+                     f"{v['mean_diff']:+.2f}" + ("" if paper_diff is None else f" ({paper_diff:+.2f})"),
                      f"{v['verdict']} (p = {_pval(v['p_ttest'])})"])
     if (v := d.get("pooled_verdicts", {}).get(capture)) and len(rows) > 1:
         rows.append([f"all bases ({v['pairs']} pairs)", "", "", f"{v['mean_diff']:+.2f}",
@@ -624,14 +637,12 @@ def headline_compression() -> str:
         d = _load(name)
         if d is None:
             continue
-        capture = "current" if "current" in d["verdicts"] else next(iter(d["verdicts"]))
+        capture = _main_capture(d)
         basis = next((b for b in d["verdicts"][capture] if "d=3" in b and "BSD" in b), next(iter(d["verdicts"][capture])))
         v = d["verdicts"][capture][basis]
-        paper = d.get("paper") or {}
-        last = list(d["tables"][capture]["FB"])[-1]
-        p_fb, p_bf = (paper.get(o, {}).get(last, {}).get(basis) for o in ("FB", "BF"))
+        paper_diff = _paper_final(d, capture, basis)[2]
         rows.append([title, basis.replace("nu=", "ν="), f"{v['mean_diff']:+.2f} (p = {_pval(v['p_ttest'])})",
-                     v["verdict"], "—" if p_fb is None or p_bf is None else f"{p_bf[0] - p_fb[0]:+.2f}"])
+                     v["verdict"], "—" if paper_diff is None else f"{paper_diff:+.2f}"])
     if not rows:
         return "_No full-compression result committed._"
     return _md(["model / data", "basis", "BF − FB final, points", "verdict (3 seeds)", "paper"], rows)

@@ -468,4 +468,3 @@ def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_
     assert [s["method"] for s in steps2] == [s["method"] for s in steps]
     x = jnp.asarray(ds.test_images[:8])
     np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(model(x)))
-
