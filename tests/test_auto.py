@@ -194,6 +194,7 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
         assert rep.restart_warm is False and rep.selection == "objective" and rep.method == "bsd"
 
 
+@pytest.mark.slow  # prunes and warm-started solves for every block of a model: 10-12 s
 def test_by_default_bsd_warm_starts_every_prunable_mlp_and_says_why_not_elsewhere(monkeypatch):
     """compress_model(method="bsd") with no warm_start/selection: an MLP with a spec gets the
     pruned-MLP init (one restart more, kept by held-out output error); a module that cannot be

@@ -131,6 +131,7 @@ def test_result_contents(planted):
     assert res.model.num_params() == jb.metrics.params_bsd(4, 3, 2, 5)
 
 
+@pytest.mark.slow  # jit, grad and vmap programs of the model: 5-8 s
 def test_decoupled_model_is_jittable_and_differentiable(planted):
     _, X, J, F = planted
     res = jb.decouple(J, F, X, SMALL, key=jax.random.key(0), restarts=SMALL_RESTARTS)

@@ -84,6 +84,7 @@ def test_lowrank_replacement_counts_real_parameters(method):
     assert np.isfinite(info["error_F"])
 
 
+@pytest.mark.slow  # 600 sweeps x 4 restarts and an epoch of fine-tuning: 13 s
 def test_exact_decoupling_leaves_logits_unchanged_and_finetuning_keeps_knots():
     model = tiny_vit(seed=3)
     ds = tiny_dataset()
@@ -245,6 +246,7 @@ def test_capture_original_takes_every_blocks_points_from_the_original_network(mo
         compress.CompressionConfig(capture="later")
 
 
+@pytest.mark.slow  # compress() at two ranks: 5-7 s
 def test_samples_grow_with_the_rank_and_old_run_ids_stay_valid():
     ds = tiny_dataset()
     # BSD_RUN's solver shapes (rank 4, S = 40), reached through samples_per_rank instead.

@@ -134,7 +134,7 @@ def test_reduction_meets_the_budget_and_the_model_still_runs(compressed):
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
 
 
-@pytest.mark.parametrize("method", ["bsd", "svd"])
+@pytest.mark.parametrize("method", [pytest.param("bsd", marks=pytest.mark.slow), "svd"])  # bsd: 6-7 s
 def test_explicit_ranks(method):
     model = Net()
     ranks = {PATHS[0]: RANK // 2, PATHS[1]: RANK} if method == "bsd" else {PATHS[0]: 2, PATHS[1]: 3}

@@ -181,6 +181,7 @@ def test_map_samples_restricts_to_those_samples():
 CONFIG = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 5), max_iter=6, tol=0.0)
 
 
+@pytest.mark.slow  # restarts of both: 8 s (the single-solve equality below stays in the fast suite)
 def test_decouple_on_the_operator_equals_the_dense_decouple():
     op, J, F, X = case(40, 4, 5, 12, "silu", False)
     key = jax.random.key(3)

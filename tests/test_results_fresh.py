@@ -31,10 +31,10 @@ from jaxbsd.io import provenance  # noqa: E402
 #: The one place to update when the solver's code is rewritten; the test asserts the old text
 #: occurs exactly once, so a rewrite that removes it fails loudly instead of testing nothing.
 CUTOFF_PATCHES = {
-    # _pinv_solve: eigenvalues at or below r · eps · max|λ| are dropped (the same relative cutoff
+    # _pinv_relative_cutoff: eigenvalues at or below r · eps · max|λ| are dropped (the same relative cutoff
     # bounds the condition number under which the Cholesky path is taken).
-    "pinv": ("relative_cutoff = r * jnp.finfo(A.dtype).eps",
-             "relative_cutoff = 1e6 * r * jnp.finfo(A.dtype).eps"),
+    "pinv": ("return A.shape[-1] * jnp.finfo(A.dtype).eps",
+             "return 1e6 * A.shape[-1] * jnp.finfo(A.dtype).eps"),
     # _lstsq: singular values below max(k, ν) · eps · σ_max are dropped (rcond=None).
     "lstsq": ("jnp.linalg.lstsq(A, b, rcond=None)",
               "jnp.linalg.lstsq(A, b, rcond=1e6 * max(A.shape) * float(jnp.finfo(A.dtype).eps))"),
@@ -48,6 +48,7 @@ def _solver_results() -> list[pathlib.Path]:
             if any(k in (json.loads(p.read_text()).get("provenance") or {}) for k in report.SOLVER_KEYS)]
 
 
+@pytest.mark.slow  # recomputes the fingerprint (12 s cold); CI runs report.py --check right after the fast suite
 def test_every_committed_result_is_current():
     files = report.result_files()
     assert files, "no committed results found"
@@ -68,6 +69,7 @@ def _write(path, payload):
     return path
 
 
+@pytest.mark.slow  # computes the fingerprint: 12 s cold
 def test_the_guard_refuses_a_moved_fingerprintless_or_unprovenanced_result(tmp_path):
     current = fp.solver_fingerprint()
     # A result written now passes ...
@@ -152,6 +154,7 @@ def test_malformed_block_is_refused(marker):
         report.render("intro\n" + marker + "\n")
 
 
+@pytest.mark.slow  # computes the fingerprint: 12 s cold
 def test_the_fingerprint_is_finite_covers_every_case_and_is_cached():
     values = fp.solver_fingerprint()
     assert sorted({k.split(".")[0] for k in values}) == sorted(fp.CASES)

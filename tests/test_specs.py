@@ -266,6 +266,7 @@ def _readme_net(dtype):
     return net, x
 
 
+@pytest.mark.slow  # two compressions of a model: 7-9 s
 def test_bsd_uses_the_found_spec_and_matches_the_explicit_one():
     net, x = _readme_net(jnp.float64)
     results = []
