@@ -347,7 +347,7 @@ def _pinv_solve(A: jax.Array, B: jax.Array) -> jax.Array:
     return jax.lax.cond(jnp.all(ok), lambda: by_cholesky, by_eigh)
 
 
-def _pinv_relative_cutoff(A: jax.Array) -> jax.Array:
+def _pinv_relative_cutoff(A: jax.Array) -> float:
     """Eigenvalues of ``A (..., r, r)`` at or below this times ``max|λ|`` are dropped (``r · eps``)."""
     return A.shape[-1] * jnp.finfo(A.dtype).eps
 

@@ -280,21 +280,24 @@ SPECTRA = {
 }
 
 
+@pytest.mark.parametrize("solve", ["_pinv_solve", "_pinv_solve_by_eigh"])
 @pytest.mark.parametrize("spectrum", SPECTRA, ids=str)
-def test_pinv_solve_is_the_minimum_norm_solution(spectrum):
+def test_pinv_solve_is_the_minimum_norm_solution(spectrum, solve):
     """Cholesky where the condition number certifies ``A⁺ = A⁻¹``, the eigendecomposition with
-    pinv's cutoff elsewhere: both equal the exact minimum-norm solution, alone and vmapped."""
+    pinv's cutoff elsewhere (always, for the R update at r >= n): each equals the exact
+    minimum-norm solution, alone and vmapped."""
+    pinv_solve = getattr(cmtf, solve)
     w = SPECTRA[spectrum]
     A, Q = _psd(w)
     B = np.random.default_rng(1).standard_normal((5, len(w)))
     expected = _min_norm_oracle(w, Q, B)
     # Rounding in A is amplified by 1/λ_min of the kept eigenvalues (1e10 at most here).
     rtol = 1e-12 if w[w > 0].min() > 0.5 else 1e-4
-    got = np.asarray(cmtf._pinv_solve(jnp.asarray(A), jnp.asarray(B)))
+    got = np.asarray(pinv_solve(jnp.asarray(A), jnp.asarray(B)))
     np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
     # vmapped over a batch mixing this matrix with a well-conditioned one
     A2, Q2 = _psd(SPECTRA["well conditioned"], seed=3)
-    both = jax.vmap(cmtf._pinv_solve)(jnp.stack([A, A2]), jnp.stack([B, B]))
+    both = jax.vmap(pinv_solve)(jnp.stack([A, A2]), jnp.stack([B, B]))
     np.testing.assert_allclose(np.asarray(both[0]), expected, rtol=rtol, atol=rtol * np.abs(expected).max())
     np.testing.assert_allclose(np.asarray(both[1]), _min_norm_oracle(SPECTRA["well conditioned"], Q2, B), rtol=1e-12)
 
