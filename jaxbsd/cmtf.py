@@ -335,7 +335,8 @@ def _pinv_solve(A: jax.Array, B: jax.Array) -> jax.Array:
     Where no eigenvalue is near the cutoff, ``A⁺ = A⁻¹``: certified by ``κ∞(A) ≤ 1 / (2 r eps)``
     (then ``λ_min / λ_max ≥ 1/κ₂ ≥ 1/κ∞ > r eps``, with a factor 2 for the rounding of the
     computed inverse), and the solve is a Cholesky. Otherwise, and only then, the eigenvalue
-    decomposition applies the cutoff exactly.
+    decomposition applies the cutoff exactly. Where the caller knows the certificate cannot pass
+    (a Gram of rank below its size), :data:`_pinv_solve_by_eigh` skips the Cholesky attempt.
     """
     inverse, kappa = _spd_inverse(A)
     ok = kappa <= 1 / (2 * _pinv_relative_cutoff(A))
