@@ -91,7 +91,7 @@ REFERENCE = "bsd"
 
 #: B-spline variants are named ``bsd-<option>-<option>…`` (see :func:`bsd_variant`).
 _VARIANT_WORDS = {"greedy": "greedy", "warm": "warm start, held-out selection", "nu": "ν = {}", "s": "S = max(128, {}r)",
-                  "it": "{} sweeps"}
+                  "it": "{} sweeps", "lam": "λ = {}"}
 
 
 def _options(method: str):
@@ -107,9 +107,10 @@ def bsd_variant(method: str) -> dict:
     ``method`` is ``"bsd"`` followed by any of ``-greedy`` (greedy allocation), ``-warm``
     (a warm-started restart from the pruned MLP, restart chosen by the output error on held-out
     calibration tokens), ``-nu<ν>`` (cubic B-splines with ν coefficients), ``-s<k>``
-    (``S = max(128, k·r)``) and ``-it<n>`` (``n`` sweeps), e.g. ``"bsd-warm-nu8"``. A dict with
-    the keys ``allocation``, ``warm_start``/``selection``, ``dof``, ``samples_per_rank`` and
-    ``max_iter`` where given.
+    (``S = max(128, k·r)``), ``-it<n>`` (``n`` sweeps) and ``-lam<λ>`` (the weight λ of the
+    outputs in the objective, an integer), e.g. ``"bsd-warm-nu8"``. A dict with the keys
+    ``allocation``, ``warm_start``/``selection``, ``dof``, ``samples_per_rank``, ``max_iter`` and
+    ``lam`` where given.
 
     Raises:
       ValueError: naming ``method`` for an unknown option.
@@ -122,6 +123,8 @@ def bsd_variant(method: str) -> dict:
             fields.update(warm_start=True, selection="output")
         elif head in ("nu", "s", "it") and number:
             fields[{"nu": "dof", "s": "samples_per_rank", "it": "max_iter"}[head]] = int(number)
+        elif head == "lam" and number:
+            fields["lam"] = float(number)
         else:
             raise ValueError(f"method {method!r}: unknown B-spline option {word!r}")
     return fields
@@ -167,7 +170,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     judge = {"auto-block": "block"}.get(method, "model")
     return CompressionConfig(
         method="bsd" if method.startswith("bsd") else "auto" if method.startswith("auto") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
-        reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=0.25,
+        reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=variant.get("lam", 0.25),
         max_iter=variant.get("max_iter", plan["max_iter"]), num_samples=args.samples or 128,
         samples_per_rank=0 if args.samples else variant.get("samples_per_rank", 2),
         warm_start=variant.get("warm_start", False), selection=variant.get("selection", "objective"),

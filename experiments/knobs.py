@@ -4,8 +4,8 @@ Issue 24 asks which settings of ``method="bsd"`` pay for themselves when a pretr
 compressed with a calibration batch and no fine-tuning. This study runs the protocol of
 ``training_free.py`` (every MLP replaced back to front at a whole-model reduction ρ, nothing
 trained, 256 calibration images per block and seed) for B-spline variants that each change one
-knob of the current defaults (cubic B-splines with ν = 4, ``S = max(128, 2r)``, 300 sweeps, one
-random restart chosen by the solver's objective), next to pruning, the baseline to beat:
+knob of the current defaults (cubic B-splines with ν = 4, ``S = max(128, 2r)``, 300 sweeps,
+λ = 0.25, one random restart chosen by the solver's objective), next to pruning, the baseline to beat:
 
 * ``bsd``: the defaults;
 * ``bsd-nu8``, ``bsd-nu12``: ν = 8 or 12 coefficients per internal function (each costs ``r·ν``
@@ -15,6 +15,8 @@ random restart chosen by the solver's objective), next to pruning, the baseline 
 * ``bsd-warm``: one more restart, warm-started from the pruned MLP written as a decoupling, and
   the restart kept by its output error on held-out calibration tokens;
 * ``bsd-warm-nu8``, ``bsd-warm-s4``: the warm start with ν = 8, or with ``S = max(128, 4r)``;
+* ``bsd-warm-lam4``: the warm start with λ = 4, the outputs weighted 16 times more against the
+  Jacobians (a training-free user measures outputs);
 * ``prune``: the pruned MLP with its output layer refitted by least squares.
 
 Paired verdicts are against ``bsd`` (the defaults), seed by seed.
@@ -40,7 +42,8 @@ if str(HERE) not in sys.path:
 
 import training_free  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
 
-VARIANTS = ("bsd", "bsd-nu8", "bsd-nu12", "bsd-s4", "bsd-it100", "bsd-warm", "bsd-warm-nu8", "bsd-warm-s4", "prune")
+VARIANTS = ("bsd", "bsd-nu8", "bsd-nu12", "bsd-s4", "bsd-it100", "bsd-warm", "bsd-warm-nu8", "bsd-warm-s4", "bsd-warm-lam4",
+            "prune")
 
 FULL_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.5), methods=VARIANTS)
 FULL_DEIT = dict(training_free.FULL, budgets=(0.2, 0.5), methods=VARIANTS)

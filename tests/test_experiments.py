@@ -247,6 +247,7 @@ sys.exit(module.main(command[2:] + ["--out", sys.argv[3]]))
     ("bsd-warm", {"warm_start": True, "selection": "output"}),
     ("bsd-warm-nu8-s4-it100", {"warm_start": True, "selection": "output", "dof": 8, "samples_per_rank": 4,
                                "max_iter": 100}),
+    ("bsd-warm-lam4", {"warm_start": True, "selection": "output", "lam": 4.0}),
 ])
 def test_bsd_variants_set_only_their_own_fields(method, fields):
     import argparse
@@ -281,7 +282,7 @@ def test_the_variant_grammar_keeps_the_tags_of_committed_units():
         assert config.to_dict() == tag["config"], path
 
 
-@pytest.mark.parametrize("method", ["bsd-", "bsd-nu", "bsd-fast", "bsd-it10x"])
+@pytest.mark.parametrize("method", ["bsd-", "bsd-nu", "bsd-fast", "bsd-it10x", "bsd-lam"])
 def test_unknown_variants_are_refused(method):
     import comparison
 
