@@ -82,6 +82,7 @@ __all__ = [
     "mlp_params",
     "plan_ranks",
     "validation_split",
+    "capture_indices",
 ]
 
 METHODS = ("bsd", "svd", "drone", "prune", "auto")
@@ -317,9 +318,11 @@ def compress_block(model, block_index: int, images, config: CompressionConfig, k
     return module, info
 
 
-def _capture_indices(num_images: int, n: int, seed: int, step: int) -> np.ndarray:
-    """The ``n`` training images (indices) whose tokens step ``step`` is compressed from
-    (step 0: the ones the ranks are planned on)."""
+def capture_indices(num_images: int, n: int, seed: int, step: int) -> np.ndarray:
+    """``(n,)``: the training images (indices into the ``num_images`` of the training split
+    :func:`compress` draws from) whose tokens step ``step`` of a run with ``seed`` is compressed
+    from (step 0: the ones the ranks are planned on). The images outside every step's draw are
+    held out from calibration (e.g. to evaluate a compressed model on data it never saw)."""
     return np.random.default_rng([seed, step]).choice(num_images, n, replace=False)
 
 
@@ -327,7 +330,7 @@ def _judge_indices(num_images: int, n_capture: int, n_judge: int, seed: int, ste
     """Up to ``n_judge`` training images (indices) outside step ``step``'s ``n_capture``
     capture images, on which ``auto_judge="model"`` compares the candidates (the capture images
     themselves when every image is one of them)."""
-    capture = _capture_indices(num_images, n_capture, seed, step)
+    capture = capture_indices(num_images, n_capture, seed, step)
     rest = np.setdiff1d(np.arange(num_images), capture)
     if rest.size == 0:
         return capture
@@ -535,7 +538,7 @@ def compress(
 
     def step_images(step: int) -> jax.Array:
         # Per-step streams, so a resumed run draws exactly what an uninterrupted one would.
-        return jnp.asarray(fit.train_images[_capture_indices(fit.train_images.shape[0], n_capture, config.seed, step)])
+        return jnp.asarray(fit.train_images[capture_indices(fit.train_images.shape[0], n_capture, config.seed, step)])
 
     planned = None
     if config.reduction is not None:

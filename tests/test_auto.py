@@ -462,7 +462,7 @@ def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_
     pool = compress.validation_split(ds, config.val_fraction, config.seed)[0].train_images.shape[0]
     for step in (1, 2):
         judge = compress._judge_indices(pool, 16, config.judge_images, 0, step)
-        assert not set(judge) & set(compress._capture_indices(pool, 16, 0, step))
+        assert not set(judge) & set(compress.capture_indices(pool, 16, 0, step))
         assert len(judge) == min(config.judge_images, pool - 16)
     again = vit()
     steps2 = compress.compress(again, ds, order="bf", config=config, state_dir=tmp_path / "s", progress=False)
