@@ -387,6 +387,44 @@ def training_free_table() -> str:
     return "\n".join(out).rstrip()
 
 
+def fidelity_table() -> str:
+    """Issue 24: is the more accurate compressed model the more faithful one? Per ρ and method,
+    test accuracy beside the distance to the original on the test inputs and on held-out training
+    images (``experiments/fidelity.py``), and per ρ which method each criterion picks."""
+    d = _load("fidelity_deit_usps.json")
+    if d is None:
+        return "No current result committed (`python experiments/fidelity.py`)."
+    rows = [r for r in d["rows"] if r["seeds"]]
+
+    def cell(r, key, digits):
+        return f"{r[key + '_mean']:.{digits}f} ± {r[key + '_std']:.{digits}f}"
+
+    table = _md(["ρ", "method", "top-1 % (test)", "rel. logit error (test inputs)", "KL (test inputs)",
+                 "agreement % (test inputs)", "rel. logit error (held-out train)", "top-1 % (held-out train)",
+                 "kept per block"],
+                [[f"{r['reduction']:g}", _name(r), cell(r, "test_accuracy", 2),
+                  cell(r, "test_relative_error", 4), cell(r, "test_kl", 4), cell(r, "test_agreement", 2),
+                  cell(r, "heldout_train_relative_error", 4), cell(r, "heldout_train_accuracy", 2),
+                  " ".join(r["kept"]) if r["method"].startswith("auto") else ""] for r in rows])
+    picks = []
+    for rho in dict.fromkeys(r["reduction"] for r in rows):
+        at = [r for r in rows if r["reduction"] == rho]
+        best = max(at, key=lambda r: r["test_accuracy_mean"])
+        closest = min(at, key=lambda r: r["test_relative_error_mean"])
+        picks.append(f"- ρ = {rho:g}: the most accurate on test is {_name(best)} "
+                     f"({best['test_accuracy_mean']:.2f} %); the closest to the original on the test inputs is "
+                     f"{_name(closest)} (relative error {closest['test_relative_error_mean']:.4f}, "
+                     f"{closest['test_accuracy_mean']:.2f} %)"
+                     + (": the same model." if best is closest else ": **not the same model**."))
+    return "\n".join([
+        f"DeiT / USPS, no fine-tuning (original {d['accuracy_original']:.2f} % on {d['test_images']:,} test images); "
+        f"mean ± std over {d['plan']['seeds']} seeds. Each model is the training-free study's unit of the same "
+        "method, ρ and seed, rebuilt. Distances are to the original model's logits; the test inputs' labels "
+        "are used only for the accuracy. Kept per block (`auto`): `b` decoupling, `p` pruned MLP, per seed, "
+        "in the order of compression.", "", _source_line(d), "", table, "", *picks, "",
+        "![DeiT / USPS: accuracy against the distance to the original](plots/fidelity_deit_usps.png)"])
+
+
 def knobs_table() -> str:
     """Issue 24: the knob ablation of a training-free B-spline decoupling (ViT/Fashion-MNIST)."""
     d = _load("knobs_vit_fashion-mnist.json")
@@ -679,6 +717,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "comparison": comparison_table,
     "training-free": training_free_table,
     "knobs": knobs_table,
+    "fidelity": fidelity_table,
     "lm-compression": lm_compression_table,
     "fb-bf": fb_bf_table,
     "vit-cifar10": lambda: cifar10_table("vit"),

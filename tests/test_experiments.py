@@ -151,6 +151,71 @@ def test_paired_verdict_on_constructed_data():
         common.paired_verdict([1.0, 2.0], [1.0], **kw)
 
 
+# --------------------------------------------------------------------------- fidelity (fast)
+
+
+def test_fidelity_metrics_against_scipy():
+    """Relative logit error, KL(original ‖ compressed), top-1 agreement and accuracy, against
+    scipy's softmax and entropy (an independent oracle)."""
+    import fidelity
+    import numpy as np
+    from scipy.special import softmax
+    from scipy.stats import entropy
+
+    rng = np.random.default_rng(0)
+    z0 = rng.normal(size=(50, 10)) * 3
+    z = z0 + rng.normal(size=(50, 10))
+    labels = rng.integers(0, 10, 50)
+    got = fidelity.fidelity(z, z0, labels)
+    kl = np.mean([entropy(p, q) for p, q in zip(softmax(z0, axis=1), softmax(z, axis=1))])
+    assert got["kl"] == pytest.approx(kl, rel=1e-10) and got["kl"] > 0
+    assert got["relative_error"] == pytest.approx(np.linalg.norm(z - z0) ** 2 / np.linalg.norm(z0) ** 2)
+    assert got["agreement"] == pytest.approx(100 * np.mean(z.argmax(1) == z0.argmax(1)))
+    assert got["accuracy"] == pytest.approx(100 * np.mean(z.argmax(1) == labels))
+    same = fidelity.fidelity(z0, z0, z0.argmax(1))
+    assert same == {"relative_error": 0.0, "kl": pytest.approx(0.0, abs=1e-12), "agreement": 100.0, "accuracy": 100.0}
+    # a class whose probability underflows to 0 in the compressed model: finite KL, not inf/NaN
+    far = fidelity.fidelity(np.array([[0.0, -2000.0]]), np.array([[1.0, 0.0]]), np.array([0]))
+    p = softmax([1.0, 0.0])
+    assert np.isfinite(far["kl"]) and far["kl"] == pytest.approx(p[0] * np.log(p[0]) + p[1] * (np.log(p[1]) + 2000))
+    with pytest.raises(ValueError, match="labels"):
+        fidelity.fidelity(z, z0, labels[:3])
+
+
+@pytest.mark.parametrize("limit", [None, 100])
+def test_held_out_images_avoid_every_calibration_draw(limit):
+    import fidelity
+    import numpy as np
+
+    from jaxbsd.compress import capture_indices
+
+    n, capture, seed, steps = 1000, 64, 3, 4
+    held = fidelity.heldout_indices(n, capture, seed, steps, limit)
+    drawn = set(np.concatenate([capture_indices(n, capture, seed, s) for s in range(steps + 1)]).tolist())
+    assert not drawn & set(held.tolist()) and np.all(np.diff(held) > 0)
+    assert held.size == (n - len(drawn) if limit is None else limit)
+
+
+@pytest.mark.parametrize("preset", ["FULL", "QUICK"])
+def test_fidelity_rebuilds_the_training_free_units(preset):
+    """The study's claim: each model is the training-free study's unit of the same method, ρ
+    and seed — the same ``jaxbsd.compress`` configuration, not one that merely looks alike."""
+    import argparse
+
+    import comparison
+    import fidelity
+    import training_free
+
+    args = argparse.Namespace(degree=3, dof=4, samples=None)
+    plan, reference = getattr(fidelity, preset), getattr(training_free, preset)
+    for key in ("model", "dataset", "blocks", "test_subset", "train_subset"):
+        assert plan[key] == reference[key]
+    for method in plan["methods"]:
+        for rho in plan["budgets"]:
+            assert (comparison.unit_config(method, rho, 1, plan, args)
+                    == comparison.unit_config(method, rho, 1, reference, args))
+
+
 def test_a_unit_whose_configuration_changed_starts_over(tmp_path):
     import common
 
@@ -402,6 +467,34 @@ def test_training_free_quick_resumes_after_a_kill_and_records_every_run(tmp_path
     with unittest.mock.patch.object(report, "RESULTS", tmp_path):
         text = report.TABLES["training-free"]()
     assert "Pruning" in text and "(reference)" in text and "No current result" in text  # DeiT there, ViT not
+
+
+@slow
+def test_fidelity_quick_writes_every_run_with_its_distances(tmp_path):
+    """The fidelity study in its CI size: every run's distances on the test inputs and on the
+    held-out training images, within their ranges; the budget held; CSV, plot and table."""
+    import shutil
+    import unittest.mock
+
+    import report
+
+    out = tmp_path / "out"
+    _run("fidelity.py", "--quick", "--out", str(out), tmp_path=tmp_path)
+    result = json.loads((out / "fidelity_quick.json").read_text())
+    plan = result["plan"]
+    assert len(result["runs"]) == len(plan["budgets"]) * len(plan["methods"]) * plan["seeds"]
+    for u in result["runs"]:
+        assert u["status"] == "ok" and u["params"] <= (1 - u["reduction"]) * u["params_original"]
+        assert u["heldout_images"] == plan["heldout_images"] and u["accuracy"] == u["test"]["accuracy"]
+        for part in ("test", "heldout_train"):
+            m = u[part]
+            assert 0 < m["relative_error"] < 1 and 0 < m["kl"] < 1 and 50 < m["agreement"] <= 100
+    assert result["provenance"]["command"].startswith("python experiments/fidelity.py --quick")
+    assert _is_png(out / "fidelity_quick.png") and (out / "fidelity_quick.csv").is_file()
+    shutil.copy(out / "fidelity_quick.json", tmp_path / "fidelity_deit_usps.json")
+    with unittest.mock.patch.object(report, "RESULTS", tmp_path):
+        text = report.TABLES["fidelity"]()
+    assert "Pruning" in text and "the closest to the original on the test inputs" in text
 
 
 @slow
