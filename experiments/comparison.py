@@ -180,14 +180,23 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     )
 
 
+def unit_identity(method: str, reduction: float, seed: int, plan: dict, args, order, protocol_dir: pathlib.Path,
+                  **protocol) -> tuple[CompressionConfig, str, pathlib.Path, str]:
+    """``(config, name, state folder, tag)`` of one (method, ρ, seed) unit: its configuration
+    (:func:`unit_config`), its name ``<method>-rho<ρ·1000>-seed<seed>``, its folder under
+    ``protocol_dir`` and the tag it is saved and resumed under (the configuration, the block
+    order and any further ``protocol`` entries of the study)."""
+    config = unit_config(method, reduction, seed, plan, args)
+    name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
+    tag = json.dumps({"config": config.to_dict(), "order": list(order), **protocol}, sort_keys=True)
+    return config, name, protocol_dir / name, tag
+
+
 def run_unit(method: str, reduction: float, seed: int, *, model_path, data, order, plan, args, teacher,
              protocol_dir: pathlib.Path, log) -> dict:
     """One (method, ρ, seed) run (configured by :func:`unit_config`), or its saved record if it
     finished before under the same tag (configuration and block order)."""
-    config = unit_config(method, reduction, seed, plan, args)
-    name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
-    state = protocol_dir / name
-    tag = json.dumps({"config": config.to_dict(), "order": list(order)}, sort_keys=True)
+    config, name, state, tag = unit_identity(method, reduction, seed, plan, args, order, protocol_dir)
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return {**done, "method": method}  # the tag fixes the configuration; the plan names it
     t0 = common.Timer()

@@ -114,11 +114,8 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     and measured against the original on the test inputs and the seed's held-out training images
     (``references[seed]``: ``(held-out indices, the original's logits on them)``; ``references["test"]``:
     the original's test logits). Its saved record if it finished before under the same tag."""
-    config = comparison.unit_config(method, reduction, seed, plan, args)
-    name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
-    state = protocol_dir / name
-    tag = json.dumps({"config": config.to_dict(), "order": list(order), "heldout": plan["heldout_images"]},
-                     sort_keys=True)
+    config, name, state, tag = comparison.unit_identity(method, reduction, seed, plan, args, order, protocol_dir,
+                                                        heldout=plan["heldout_images"])
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return done
     t0 = common.Timer()
