@@ -322,7 +322,8 @@ def capture_indices(num_images: int, n: int, seed: int, step: int) -> np.ndarray
     """``(n,)``: the training images (indices into the ``num_images`` of the training split
     :func:`compress` draws from) whose tokens step ``step`` of a run with ``seed`` is compressed
     from (step 0: the ones the ranks are planned on). The images outside every step's draw are
-    held out from calibration (e.g. to evaluate a compressed model on data it never saw)."""
+    held out from calibration (e.g. to evaluate a compressed model on images no step
+    was calibrated on; the model may still have been trained on them)."""
     return np.random.default_rng([seed, step]).choice(num_images, n, replace=False)
 
 
