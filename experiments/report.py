@@ -388,41 +388,46 @@ def training_free_table() -> str:
 
 
 def fidelity_table() -> str:
-    """Issue 24: is the more accurate compressed model the more faithful one? Per ρ and method,
-    test accuracy beside the distance to the original on the test inputs and on held-out training
-    images (``experiments/fidelity.py``), and per ρ which method each criterion picks."""
-    d = _load("fidelity_deit_usps.json")
-    if d is None:
-        return "No current result committed (`python experiments/fidelity.py`)."
-    rows = [r for r in d["rows"] if r["seeds"]]
-
+    """Issue 24: is the more accurate compressed model the more faithful one? Per pair, ρ and
+    method, test accuracy beside the distance to the original on the test inputs and on held-out
+    training images (``experiments/fidelity.py``), and per ρ which method each criterion picks."""
     def cell(r, key, digits):
         return f"{r[key + '_mean']:.{digits}f} ± {r[key + '_std']:.{digits}f}"
 
-    table = _md(["ρ", "method", "top-1 % (test)", "rel. logit error (test inputs)", "KL (test inputs)",
-                 "agreement % (test inputs)", "rel. logit error (held-out train)", "top-1 % (held-out train)",
-                 "kept per block"],
-                [[f"{r['reduction']:g}", _name(r), cell(r, "test_accuracy", 2),
-                  cell(r, "test_relative_error", 4), cell(r, "test_kl", 4), cell(r, "test_agreement", 2),
-                  cell(r, "heldout_train_relative_error", 4), cell(r, "heldout_train_accuracy", 2),
-                  " ".join(r["kept"]) if r["method"].startswith("auto") else ""] for r in rows])
-    picks = []
-    for rho in dict.fromkeys(r["reduction"] for r in rows):
-        at = [r for r in rows if r["reduction"] == rho]
-        best = max(at, key=lambda r: r["test_accuracy_mean"])
-        closest = min(at, key=lambda r: r["test_relative_error_mean"])
-        picks.append(f"- ρ = {rho:g}: the most accurate on test is {_name(best)} "
-                     f"({best['test_accuracy_mean']:.2f} %); the closest to the original on the test inputs is "
-                     f"{_name(closest)} (relative error {closest['test_relative_error_mean']:.4f}, "
-                     f"{closest['test_accuracy_mean']:.2f} %)"
-                     + (": the same model." if best is closest else ": **not the same model**."))
-    return "\n".join([
-        f"DeiT / USPS, no fine-tuning (original {d['accuracy_original']:.2f} % on {d['test_images']:,} test images); "
-        f"mean ± std over {d['plan']['seeds']} seeds. Each model is the training-free study's unit of the same "
-        "method, ρ and seed, rebuilt. Distances are to the original model's logits; the test inputs' labels "
-        "are used only for the accuracy. Kept per block (`auto`): `b` decoupling, `p` pruned MLP, per seed, "
-        "in the order of compression.", "", _source_line(d), "", table, "", *picks, "",
-        "![DeiT / USPS: accuracy against the distance to the original](plots/fidelity_deit_usps.png)"])
+    out = []
+    for name, title, flags in (("fidelity_deit_usps.json", "DeiT / USPS", ""),
+                               ("fidelity_vit_fashion-mnist.json", "ViT / Fashion-MNIST",
+                                " --model vit --dataset fashion-mnist")):
+        d = _load(name)
+        if d is None:
+            out += [f"**{title}**: No current result committed (`python experiments/fidelity.py{flags}`).", ""]
+            continue
+        rows = [r for r in d["rows"] if r["seeds"]]
+        table = _md(["ρ", "method", "top-1 % (test)", "rel. logit error (test inputs)", "KL (test inputs)",
+                     "agreement % (test inputs)", "rel. logit error (held-out train)", "top-1 % (held-out train)",
+                     "kept per block"],
+                    [[f"{r['reduction']:g}", _name(r), cell(r, "test_accuracy", 2),
+                      cell(r, "test_relative_error", 4), cell(r, "test_kl", 4), cell(r, "test_agreement", 2),
+                      cell(r, "heldout_train_relative_error", 4), cell(r, "heldout_train_accuracy", 2),
+                      " ".join(r["kept"]) if r["method"].startswith("auto") else ""] for r in rows])
+        picks = []
+        for rho in dict.fromkeys(r["reduction"] for r in rows):
+            at = [r for r in rows if r["reduction"] == rho]
+            best = max(at, key=lambda r: r["test_accuracy_mean"])
+            closest = min(at, key=lambda r: r["test_relative_error_mean"])
+            picks.append(f"- ρ = {rho:g}: the most accurate on test is {_name(best)} "
+                         f"({best['test_accuracy_mean']:.2f} %); the closest to the original on the test inputs is "
+                         f"{_name(closest)} (relative error {closest['test_relative_error_mean']:.4f}, "
+                         f"{closest['test_accuracy_mean']:.2f} %)"
+                         + (": the same model." if best is closest else ": **not the same model**."))
+        plot = pathlib.Path(name).with_suffix(".png").name
+        out += [f"**{title}**, no fine-tuning (original {d['accuracy_original']:.2f} % on {d['test_images']:,} test "
+                f"images); mean ± std over {d['plan']['seeds']} seeds.", "", _source_line(d), "", table, "", *picks, "",
+                f"![{title}: accuracy against the distance to the original](plots/{plot})", ""]
+    return "\n".join(["Each model is the training-free study's unit of the same method, ρ and seed, rebuilt. "
+                      "Distances are to the original model's logits; the test inputs' labels are used only for the "
+                      "accuracy. Kept per block (`auto`): `b` decoupling, `p` pruned MLP, per seed, in the order of "
+                      "compression.", "", *out]).rstrip()
 
 
 def knobs_table() -> str:
