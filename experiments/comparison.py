@@ -73,6 +73,7 @@ import common  # noqa: E402  (sets BLAS threads before numpy/JAX are imported)
 import numpy as np  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
+from flax import nnx  # noqa: E402
 from jaxbsd.compress import CompressionConfig, block_order, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
@@ -192,6 +193,18 @@ def unit_identity(method: str, reduction: float, seed: int, plan: dict, args, or
     return config, name, protocol_dir / name, tag
 
 
+def begin_unit(model_path, method: str, reduction: float, seed: int, config: CompressionConfig,
+               state: pathlib.Path) -> tuple[common.Timer, nnx.Module, dict]:
+    """``(timer, model, record)`` at the start of a unit's run: a timer, a fresh copy of the
+    trained model from ``model_path`` and the record every unit starts from (method, ρ, seed,
+    configuration, the original's parameters, the state folder)."""
+    t0 = common.Timer()
+    model = load_checkpoint(model_path)[0]
+    record = {"method": method, "reduction": reduction, "seed": seed, "config": config.to_dict(),
+              "params_original": count_params(model), "state_dir": common.rel_path(state)}
+    return t0, model, record
+
+
 def run_unit(method: str, reduction: float, seed: int, *, model_path, data, order, plan, args, teacher,
              protocol_dir: pathlib.Path, log) -> dict:
     """One (method, ρ, seed) run (configured by :func:`unit_config`), or its saved record if it
@@ -199,11 +212,8 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     config, name, state, tag = unit_identity(method, reduction, seed, plan, args, order, protocol_dir)
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return {**done, "method": method}  # the tag fixes the configuration; the plan names it
-    t0 = common.Timer()
-    model = load_checkpoint(model_path)[0]
-    params_original = count_params(model)
-    record = {"method": method, "reduction": reduction, "seed": seed, "config": config.to_dict(),
-              "params_original": params_original, "state_dir": common.rel_path(state)}
+    t0, model, record = begin_unit(model_path, method, reduction, seed, config, state)
+    params_original = record["params_original"]
     try:
         steps = compress(model, data, order=order, config=config, state_dir=state, teacher=teacher, progress=False,
                          on_step=lambda s: log(f"  {name} step {s['step']} (block {s['block']}, rank {s['rank']}, "

@@ -52,11 +52,12 @@ import common  # noqa: E402
 import training_free  # noqa: E402
 
 import numpy as np  # noqa: E402
+from scipy.special import log_softmax  # noqa: E402
 
 from jaxbsd.compress import block_order, capture_indices, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.train import load_checkpoint, predict  # noqa: E402
+from jaxbsd.train import predict  # noqa: E402
 
 METHODS = ("prune", "bsd-warm", "auto")
 #: The training-free study's DeiT/USPS protocol at the two budgets where the decoupling beats
@@ -68,14 +69,6 @@ FULL_VIT = dict(FULL, model="vit", dataset="fashion-mnist")
 QUICK = dict(training_free.QUICK, methods=("bsd", "prune"), seeds=1, heldout_images=256)
 #: Evaluation batch: one compiled shape per model structure.
 EVAL_BATCH = 512
-
-
-def log_softmax(z: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax of ``z`` (``N × C``), in float64, by log-sum-exp (a probability that
-    underflows to 0 keeps a finite logarithm)."""
-    z = np.asarray(z, dtype=np.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
 def fidelity(logits, reference, labels) -> dict:
@@ -90,7 +83,8 @@ def fidelity(logits, reference, labels) -> dict:
     if z.shape != z0.shape or z.ndim != 2 or np.shape(labels) != z.shape[:1]:
         raise ValueError(f"logits and reference must be (N, C) and labels (N,), got {z.shape}, {z0.shape}, "
                          f"{np.shape(labels)}")
-    log_p, log_q = log_softmax(z0), log_softmax(z)
+    # log-softmax by log-sum-exp: a probability that underflows to 0 keeps a finite logarithm.
+    log_p, log_q = log_softmax(z0, axis=1), log_softmax(z, axis=1)
     return {"relative_error": float(np.sum((z - z0) ** 2) / np.sum(z0 ** 2)),
             "kl": float(np.mean(np.sum(np.exp(log_p) * (log_p - log_q), axis=1))),
             "agreement": float(100 * np.mean(z.argmax(1) == z0.argmax(1))),
@@ -118,11 +112,7 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
                                                         heldout=plan["heldout_images"])
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return done
-    t0 = common.Timer()
-    model = load_checkpoint(model_path)[0]
-    params_original = count_params(model)
-    record = {"method": method, "reduction": reduction, "seed": seed, "config": config.to_dict(),
-              "params_original": params_original, "state_dir": common.rel_path(state)}
+    t0, model, record = comparison.begin_unit(model_path, method, reduction, seed, config, state)
     try:
         steps = compress(model, data, order=order, config=config, state_dir=state, progress=False)
     except ValueError as err:
@@ -132,7 +122,7 @@ def run_unit(method: str, reduction: float, seed: int, *, model_path, data, orde
     train = fidelity(predict(model, data.train_images[heldout], EVAL_BATCH), heldout_reference,
                      data.train_labels[heldout])
     params = count_params(model)
-    record.update(status="ok", accuracy=test["accuracy"], params=params, reduction_achieved=1 - params / params_original,
+    record.update(status="ok", accuracy=test["accuracy"], params=params, reduction_achieved=1 - params / record["params_original"],
                   kept={str(s["block"]): s.get("method", method) for s in steps}, test=test, heldout_train=train,
                   heldout_images=int(heldout.size), machine=common.machine(), seconds=t0())
     common.save_unit(state / "unit.json", tag, record)
