@@ -1,0 +1,1 @@
+"""The compression engine (being assembled): surgery, specs, sites, methods, budgets, reports, the engine."""
