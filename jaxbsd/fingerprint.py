@@ -23,7 +23,8 @@ decisions, while multiplying either least-squares cutoff by 1e6 moves the near-s
 entries by orders of magnitude more than :data:`RTOL`.
 
 This module is part of the solver core: it imports the solver and nothing above it
-(models, data, experiments).
+(models, data, experiments), and for its cache the file primitives of :mod:`jaxbsd.files`
+(not :mod:`jaxbsd.io`, which imports this module for the provenance of results).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import numpy as np
 from jaxbsd.bases import BSpline, Polynomial, ReLU
 from jaxbsd.cmtf import CMTFConfig, SolverState, solve, sweep
 from jaxbsd.driver import problem as make_problem
+from jaxbsd.files import source_hash, write_json_atomic
 from jaxbsd.tensor import StructuredJacobian
 
 __all__ = ["FINGERPRINT_VERSION", "RTOL", "ATOL", "solver_fingerprint", "compare_fingerprints", "CASES"]
@@ -306,8 +308,6 @@ def case_values(name: str, inputs: tuple | None = None) -> dict[str, float]:
 
 
 def _package_hash() -> str:
-    from jaxbsd.io import source_hash
-
     return source_hash()
 
 
@@ -347,8 +347,6 @@ def _fingerprint(cache: bool) -> tuple[tuple[str, float], ...]:
         raise RuntimeError(f"solver fingerprint: non-finite values {bad}")
     if path is not None:
         try:
-            from jaxbsd.io import write_json_atomic
-
             write_json_atomic(path, values)
         except OSError:
             pass  # a read-only cache only costs the recomputation next time

@@ -1,36 +1,27 @@
 """Small, safe file I/O for results: atomic writes, reads that say what went wrong, and the
 provenance every committed result carries (command, commit, source hashes, and for a result
-computed with the solver the solver's numerical fingerprint, :mod:`jaxbsd.fingerprint`)."""
+computed with the solver the solver's numerical fingerprint, :mod:`jaxbsd.fingerprint`).
+
+The atomic writers and the source hash are defined in :mod:`jaxbsd.files`, which imports
+nothing of jaxbsd, and re-exported here: the fingerprint uses them too, and this module uses the
+fingerprint, so the imports run one way (io → fingerprint → files)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
 import subprocess
-import tempfile
-from typing import Any, Iterable
+from typing import Iterable
+
+from jaxbsd.files import PACKAGE, fsync_dir, source_hash, write_bytes_atomic, write_json_atomic
 
 __all__ = ["write_json_atomic", "write_bytes_atomic", "fsync_dir", "read_json", "provenance", "source_hash", "SOLVER_FILES"]
-
-PACKAGE = pathlib.Path(__file__).resolve().parent
 
 #: The solver's source files. Their hash (``solver_hash``) is recorded as information only:
 #: staleness is judged by the solver's numerical fingerprint (:mod:`jaxbsd.fingerprint`), so a
 #: comment or a refactoring that leaves the numbers alone stales nothing.
 SOLVER_FILES = ("cmtf.py", "bases.py", "bspline.py", "tensor.py")
-
-
-def source_hash(files: Iterable[str] | None = None) -> str:
-    """SHA-256 over the named files of the ``jaxbsd`` package (paths relative to it), or over
-    every ``*.py`` file of the package when ``files`` is None; names and contents both count."""
-    paths = sorted(PACKAGE.rglob("*.py")) if files is None else [PACKAGE / f for f in sorted(files)]
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def _git(*args: str) -> str | None:
@@ -70,56 +61,6 @@ def provenance(command: str, *, solver: bool = True) -> dict:
         record["fingerprint_version"] = FINGERPRINT_VERSION
         record["solver_fingerprint"] = solver_fingerprint()
     return record
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Flush a directory's entries (a rename is durable only once its directory is synced)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> pathlib.Path:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place.
-
-    The one atomic writer of the package (results, checkpoints, data caches). A crash at any
-    point leaves the previous file (or none), never a truncated one; the file gets the usual
-    mode (``0666`` less the umask, not ``mkstemp``'s private ``0600``), its bytes are flushed
-    to disk before the rename and the directory entry after it.
-    """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def write_json_atomic(path: str | os.PathLike, payload: Any) -> pathlib.Path:
-    """Atomically write ``payload`` as indented JSON."""
-    return write_bytes_atomic(path, json.dumps(payload, indent=1).encode())
 
 
 def read_json(path: str | os.PathLike, required: Iterable[str] = ()) -> dict:
