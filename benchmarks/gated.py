@@ -5,7 +5,7 @@ a SwiGLU MLP ``d → 3d → d``, never materialized) against the same sweep thro
 :class:`jaxbsd.DenseJacobian` (the ``(S, d, d)`` tensor in the solver's three layouts), at
 ``S = 128`` samples and rank ``r = 64`` (issue 23, item 5). For each ``d``:
 
-* time: the median of interleaved repeats (:func:`benchmarks.run.interleaved`) of the sweep as
+* time: the median of interleaved repeats (:func:`benchmarks.common.interleaved`) of the sweep as
   it runs inside :func:`jaxbsd.solve`'s loop, i.e. with ``‖𝒥‖²`` computed once beforehand
   (XLA hoists it out of the loop); the one-off ``‖𝒥‖²`` of the gated operator is timed
   separately (``details["sq_norm_s"]``), and so is building each Jacobian;
@@ -43,7 +43,7 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd import cmtf  # noqa: E402
 from jaxbsd.gated import GatedJacobian  # noqa: E402
 
-from benchmarks.run import GiB, Row, _block, _check_dtype, format_table, interleaved, rel_diff  # noqa: E402
+from benchmarks.common import GiB, Row, _block, _check_dtype, _jsonable, format_table, interleaved, rel_diff  # noqa: E402
 
 __all__ = ["gated_problem", "dense_from_gated", "bench_gated", "main"]
 
@@ -198,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
                        dense_max_bytes=args.dense_max_gib * GiB)
     print(format_table(rows))
     if args.out:
-        from benchmarks.run import _jsonable
-
         record = {"command": "python benchmarks/gated.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "device": f"{device.platform} ({device.device_kind})",
                   "rows": [dataclasses.asdict(r) for r in rows]}

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -64,6 +63,17 @@ from jaxbsd.io import provenance, write_json_atomic  # noqa: E402
 from jaxbsd.tensor import DenseJacobian, StructuredJacobian  # noqa: E402
 
 from benchmarks import numpy_baseline  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    GiB,
+    Row,
+    _block,
+    _check_dtype,
+    _jsonable,
+    format_table,
+    interleaved,
+    rel_diff,
+)
+from benchmarks.gated import bench_gated  # noqa: E402
 
 __all__ = [
     "Row",
@@ -79,7 +89,6 @@ __all__ = [
     "main",
 ]
 
-GiB = 1024**3
 
 def numpy_blas_variants(fn: Callable[[], Any], name: str) -> dict[str, Callable[[], Any]]:
     """``fn`` as is (NumPy's BLAS at its default thread count) and, if threadpoolctl can
@@ -109,68 +118,6 @@ def _best(t: dict, name: str) -> tuple[str, dict]:
     keys = [k for k in (name, name + "@1thread") if k in t]
     k = min(keys, key=lambda k: t[k]["median"])
     return k, t[k]
-
-
-# --------------------------------------------------------------------------- timing and rows
-
-
-@dataclasses.dataclass
-class Row:
-    """One line of the result table.
-
-    ``ours`` and ``reference`` are in ``unit``; ``ratio`` is oriented so that ``target`` reads
-    naturally (a speed-up ``reference / ours`` unless ``note`` says otherwise); ``passed`` is
-    ``None`` for informational rows without a target. Pass/fail uses the medians;
-    ``ratio_min`` (best repeat of each side) shows how much of the spread is machine load.
-    """
-
-    name: str
-    ours: float | None
-    reference: float | None
-    ratio: float | None
-    target: str
-    passed: bool | None
-    unit: str = "s"
-    note: str = ""
-    ratio_min: float | None = None  #: the same ratio from the fastest repeat of each side
-    details: dict = dataclasses.field(default_factory=dict)
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1) -> dict[str, dict]:
-    """Time blocking callables side by side: ``warmup`` untimed rounds, then ``repeats``
-    rounds, each calling every function once, in alternating order (so slow drifts of the
-    machine's load hit all of them alike).
-
-    Returns:
-      ``{name: {"median": s, "min": s, "times": [s, ...]}}``.
-    """
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
-        for name in names if i % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - t0)
-    return {n: {"median": statistics.median(t), "min": min(t), "times": t} for n, t in times.items()}
-
-
-def _block(x):
-    return jax.block_until_ready(x)
-
-
-def _check_dtype(what: str, tree, dtype) -> None:
-    """Fail loudly if a benchmark that claims a dtype silently computed in another one."""
-    found = {str(jnp.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)}
-    if found != {str(jnp.dtype(dtype))}:
-        raise RuntimeError(f"{what}: expected {jnp.dtype(dtype)} results, got {sorted(found)}")
-
-
-def rel_diff(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
 
 
 # --------------------------------------------------------------------------- problems
@@ -931,57 +878,8 @@ def _pkg_version(name: str) -> str | None:
         return None
 
 
-def _fmt(value: float | None, unit: str) -> str:
-    if value is None:
-        return "—"
-    if unit == "s":
-        if value >= 1:
-            return f"{value:.2f} s"
-        if value >= 1e-3:
-            return f"{value * 1e3:.2f} ms"
-        return f"{value * 1e6:.1f} µs"
-    return f"{value:.2f} {unit}"
-
-
-def format_table(rows: list[Row]) -> str:
-    header = ("name", "ours", "reference", "ratio", "ratio(min)", "target", "pass")
-    lines = [
-        (
-            r.name,
-            _fmt(r.ours, r.unit),
-            _fmt(r.reference, r.unit),
-            "—" if r.ratio is None else f"{r.ratio:.2f}x",
-            "—" if r.ratio_min is None else f"{r.ratio_min:.2f}x",
-            r.target,
-            {True: "PASS", False: "FAIL", None: "-"}[r.passed],
-        )
-        for r in rows
-    ]
-    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
-    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*l) for l in lines]
-    out.append("")
-    out += [f"  {r.name}: {r.note}" for r in rows if r.note]
-    return "\n".join(out)
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.generic,)):
-        return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def _gated():
-    """:func:`benchmarks.gated.bench_gated` (imported late: that module imports this one)."""
-    from benchmarks.gated import bench_gated
-
+    """:func:`benchmarks.gated.bench_gated`."""
     return bench_gated
 
 

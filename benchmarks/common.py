@@ -1,0 +1,132 @@
+"""What the benchmark scripts share: the result row, interleaved timing, the table and JSON.
+
+:mod:`benchmarks.run` (the suite) and :mod:`benchmarks.gated` (the gated-MLP rows, also run on
+its own) both use these; neither imports the other's module for them, so the imports run one
+way (run → gated → common). Importing this module enables float64 in JAX, as the benchmark
+scripts do: float64 where stated, float32 always explicit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # float64 where stated; float32 is always explicit
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = ["GiB", "Row", "interleaved", "rel_diff", "format_table"]
+
+GiB = 1024**3
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the result table.
+
+    ``ours`` and ``reference`` are in ``unit``; ``ratio`` is oriented so that ``target`` reads
+    naturally (a speed-up ``reference / ours`` unless ``note`` says otherwise); ``passed`` is
+    ``None`` for informational rows without a target. Pass/fail uses the medians;
+    ``ratio_min`` (best repeat of each side) shows how much of the spread is machine load.
+    """
+
+    name: str
+    ours: float | None
+    reference: float | None
+    ratio: float | None
+    target: str
+    passed: bool | None
+    unit: str = "s"
+    note: str = ""
+    ratio_min: float | None = None  #: the same ratio from the fastest repeat of each side
+    details: dict = dataclasses.field(default_factory=dict)
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1) -> dict[str, dict]:
+    """Time blocking callables side by side: ``warmup`` untimed rounds, then ``repeats``
+    rounds, each calling every function once, in alternating order (so slow drifts of the
+    machine's load hit all of them alike).
+
+    Returns:
+      ``{name: {"median": s, "min": s, "times": [s, ...]}}``.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {n: {"median": statistics.median(t), "min": min(t), "times": t} for n, t in times.items()}
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+def _check_dtype(what: str, tree, dtype) -> None:
+    """Fail loudly if a benchmark that claims a dtype silently computed in another one."""
+    found = {str(jnp.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)}
+    if found != {str(jnp.dtype(dtype))}:
+        raise RuntimeError(f"{what}: expected {jnp.dtype(dtype)} results, got {sorted(found)}")
+
+
+def rel_diff(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "s":
+        if value >= 1:
+            return f"{value:.2f} s"
+        if value >= 1e-3:
+            return f"{value * 1e3:.2f} ms"
+        return f"{value * 1e6:.1f} µs"
+    return f"{value:.2f} {unit}"
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("name", "ours", "reference", "ratio", "ratio(min)", "target", "pass")
+    lines = [
+        (
+            r.name,
+            _fmt(r.ours, r.unit),
+            _fmt(r.reference, r.unit),
+            "—" if r.ratio is None else f"{r.ratio:.2f}x",
+            "—" if r.ratio_min is None else f"{r.ratio_min:.2f}x",
+            r.target,
+            {True: "PASS", False: "FAIL", None: "-"}[r.passed],
+        )
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*l) for l in lines]
+    out.append("")
+    out += [f"  {r.name}: {r.note}" for r in rows if r.note]
+    return "\n".join(out)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.generic,)):
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
