@@ -738,8 +738,286 @@ MARKER = re.compile(r"<!-- report:([^ >]*) -->")  # every opening marker, well-f
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 
 
-def render(text: str) -> str:
-    """``text`` with every generated block replaced by its current table."""
+# --------------------------------------------------------------------------- figures in prose
+# A figure in a sentence is a reference to a committed result, rendered in place:
+#
+#     B-spline leads SVD by <!-- fig cmp_vit.vs("bsd", "svd", 0.1).d -->+0.22<!-- /fig -->
+#
+# The expression between ``<!-- fig`` and ``-->`` is evaluated against :func:`namespace` (one
+# name per result file, see :data:`SOURCES`, and the formatters below); the text up to
+# ``<!-- /fig -->`` is its rendering, rewritten by ``report.py`` and compared by ``--check``.
+# A figure quoted from elsewhere (the paper, a run that is not committed) is wrapped in
+# ``<!-- from SOURCE -->...<!-- /from -->``, SOURCE naming where it comes from. Any other
+# result-like number (:data:`RESULT_LIKE`) on a page fails ``--check``.
+
+FIG = re.compile(r"<!-- fig (?P<expr>.+?) -->(?P<text>.*?)<!-- /fig -->")
+FIG_OPEN = re.compile(r"<!-- fig\b")
+FROM = re.compile(r"<!-- from (?P<source>[^>]*?\S[^>]*?) -->(?P<text>.*?)<!-- /from -->")
+FROM_OPEN = re.compile(r"<!-- from\b")
+
+#: What counts as a result-like number in prose: a percentage, a p-value, a ratio ("5.8×",
+#: not a shape like 8×8), a signed difference (+0.99, −0.20), a difference or time in points,
+#: bits per character or seconds with decimals.
+RESULT_LIKE = re.compile(
+    r"(?<![\w.])\d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)?\s?%"          # 88.55 %, 87–89 %
+    r"|\bp\s?[=<>≤≥]\s?\d*\.\d+"                                      # p = 0.022, p < 0.05
+    r"|(?<![\w.×])\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?\s?×(?!\s?\d)"    # 5.8×, 5.8–6.5×, not 8×8
+    r"|(?<![\w.)\]])[+−±]\s?\d+\.\d+"                                  # +0.99, −0.20
+    r"|(?<![\w.])\d+\.\d+(?:[–-]\d+\.\d+)?\s(?:points?|bpc|bits|s|ms|µs|min|h)\b")  # 0.45 s, 0.7 points
+
+#: Result files by the short name a figure uses: ``experiments/results/<file>`` (``bench*``:
+#: ``benchmarks/<file>``).
+SOURCES = {
+    "synthetic": "synthetic.json",
+    "abl_mnist": "ablation_mnist.json", "abl_fmnist": "ablation_fashion-mnist.json",
+    "training": "training.json", "training_lm": "training_lm_pystdlib.json",
+    "training_vit_c10": "training_vit_cifar10.json",
+    "fc_vit_fmnist": "full_compression_vit_fashion-mnist.json",
+    "fc_vit_c10": "full_compression_vit_cifar10.json", "fc_swin_c10": "full_compression_swin_cifar10.json",
+    "fc_vit_c10_paper_budget": "full_compression_paper_budget_vit_cifar10.json",
+    "budget_study": "full_compression_budget_study.json",
+    "cmp_deit": "comparison.json", "cmp_vit": "comparison_vit_fashion-mnist.json",
+    "tf_deit": "training_free_deit_usps.json", "tf_vit": "training_free_vit_fashion-mnist.json",
+    "fid_deit": "fidelity_deit_usps.json", "fid_vit": "fidelity_vit_fashion-mnist.json",
+    "knobs": "knobs_vit_fashion-mnist.json", "lm": "lm_compression.json", "alloc": "allocation.json",
+    "bench": "results.json", "bench_gpu": "results_gpu.json",
+}
+
+
+def _minus(s: str) -> str:
+    return s.replace("-", "−")
+
+
+def num(x: float, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals (a minus sign, not a hyphen)."""
+    return _minus(f"{x:.{digits}f}")
+
+
+def pct(x: float, digits: int = 2) -> str:
+    """An accuracy or share in percent: ``88.55 %``."""
+    return num(x, digits) + " %"
+
+
+def sgn(x: float, digits: int = 2) -> str:
+    """A signed difference: ``+0.22``, ``−0.20``."""
+    return _minus(f"{x:+.{digits}f}")
+
+
+def pv(p: float) -> str:
+    """A p-value as prose: ``p = 0.022`` (two significant digits), ``p < 0.001``."""
+    if p is None or not np.isfinite(p):
+        return "p n/a"
+    return "p < 0.001" if p < 0.001 else f"p = {float(f'{p:.2g}'):g}"
+
+
+def rng(values: Iterable[float], digits: int = 2, unit: str = "") -> str:
+    """The range of ``values``: ``0.7–3.5`` (one value if they round alike), ``unit`` appended."""
+    vals = sorted(float(v) for v in values)
+    lo, hi = num(vals[0], digits), num(vals[-1], digits)
+    return (lo if lo == hi else f"{lo}–{hi}") + unit
+
+
+def ratio(x: float, digits: int = 1) -> str:
+    """A speed-up or size ratio: ``5.8×``."""
+    return num(x, digits) + "×"
+
+
+def count(k: int, n: int) -> str:
+    """``k of n``."""
+    return f"{k} of {n}"
+
+
+def secs(x: float, digits: int = 1) -> str:
+    """A duration in seconds: ``19.7 s``."""
+    return num(x, digits) + " s"
+
+
+class Paired:
+    """Method ``a`` against ``b`` paired over seeds: ``diff`` (mean of a − b), ``p`` (paired
+    t-test, scipy), ``verdict`` ("holds" if a is higher with p < 0.05, "does not hold" if lower
+    with p < 0.05, else "within noise"), ``wins``/``losses``/``n``. ``d``, ``pv`` and ``dp``
+    render the difference, the p-value and both."""
+
+    def __init__(self, a: list[float], b: list[float], alpha: float = 0.05, digits: int = 2):
+        from scipy import stats
+
+        diffs = np.asarray(a, float) - np.asarray(b, float)
+        self.n, self.diffs, self.digits = len(diffs), diffs, digits
+        self.diff = float(diffs.mean()) if self.n else float("nan")
+        self.wins, self.losses = int((diffs > 0).sum()), int((diffs < 0).sum())
+        if self.n > 1 and np.ptp(diffs) > 0:
+            self.p = float(stats.ttest_rel(a, b).pvalue)
+        else:
+            self.p = float("nan") if self.n < 2 or self.diff == 0 else 0.0
+        self.verdict = ("holds" if self.diff > 0 and self.p < alpha else
+                        "does not hold" if self.diff < 0 and self.p < alpha else "within noise")
+
+    @property
+    def d(self) -> str:
+        return sgn(self.diff, self.digits)
+
+    @property
+    def pv(self) -> str:
+        return pv(self.p)
+
+    @property
+    def dp(self) -> str:
+        return f"{self.d}, {self.pv}"
+
+    def __str__(self) -> str:
+        return f"{self.d} ({self.pv})"
+
+
+class Result:
+    """One committed result: ``r["key"]`` reads its JSON; studies add helpers."""
+
+    def __init__(self, payload: dict):
+        self.json = payload
+
+    def __getitem__(self, key):
+        return self.json[key]
+
+
+class Study(Result):
+    """A study with ``runs`` per (method, ρ, seed) and an ``accuracy`` each (comparison,
+    training-free, knobs): means and paired tests recomputed from the per-seed runs."""
+
+    key = "accuracy"
+
+    def _runs(self, method, rho, setting=None) -> dict:
+        return {r["seed"]: r for r in self.json["runs"] if r["method"] == method and r["reduction"] == rho
+                and r.get("status", "ok") == "ok" and (setting is None or r.get("setting") == setting)}
+
+    def seeds(self, method: str, rho: float, key: str | None = None, setting=None) -> list[float]:
+        """Per-seed values (``key``, default accuracy), in seed order."""
+        runs = self._runs(method, rho, setting)
+        return [runs[s][key or self.key] for s in sorted(runs)]
+
+    def mean(self, method: str, rho: float, key: str | None = None, setting=None) -> float:
+        return float(np.mean(self.seeds(method, rho, key, setting)))
+
+    acc = mean
+
+    def vs(self, a: str, b: str, rho: float, key: str | None = None, setting=None, digits: int = 2) -> Paired:
+        """``a`` against ``b`` at ρ, paired over their common seeds."""
+        ra, rb = self._runs(a, rho, setting), self._runs(b, rho, setting)
+        common = sorted(set(ra) & set(rb))
+        k = key or self.key
+        return Paired([ra[s][k] for s in common], [rb[s][k] for s in common], digits=digits)
+
+    def best(self, rho: float, methods: Iterable[str], key: str | None = None) -> str:
+        """The method with the highest mean at ρ among ``methods``."""
+        return max(methods, key=lambda m: self.mean(m, rho, key))
+
+
+class FullCompression(Result):
+    """A full-compression result (FB/BF per step and basis, paired verdicts BF − FB)."""
+
+    def capture(self, capture=None) -> str:
+        return capture or _main_capture(self.json)
+
+    def cell(self, order: str, step: str, basis: str, capture=None) -> dict:
+        return self.json["tables"][self.capture(capture)][order][step][basis]
+
+    def final(self, order: str, basis: str, capture=None) -> float:
+        steps = list(self.json["tables"][self.capture(capture)][order])
+        return self.cell(order, steps[-1], basis, capture)["mean"]
+
+    def bases(self, capture=None) -> list[str]:
+        return list(self.json["verdicts"][self.capture(capture)])
+
+    def steps(self, capture=None) -> list[str]:
+        return list(self.json["tables"][self.capture(capture)]["FB"])
+
+    def values(self, order: str, step: str, capture=None) -> list[float]:
+        """Every seed's accuracy at ``step`` over all bases."""
+        t = self.json["tables"][self.capture(capture)][order][step]
+        return [v for basis in t for v in t[basis]["values"]]
+
+    def means(self, order: str, step: str, capture=None) -> list[float]:
+        """The mean over seeds at ``step``, one per basis."""
+        t = self.json["tables"][self.capture(capture)][order][step]
+        return [t[basis]["mean"] for basis in t]
+
+    def vs(self, basis: str, capture=None) -> Paired:
+        """BF − FB on the final accuracy, paired over seeds (from the per-seed values)."""
+        last = self.steps(capture)[-1]
+        return Paired(self.cell("BF", last, basis, capture)["values"], self.cell("FB", last, basis, capture)["values"])
+
+    def pooled(self, capture=None) -> Paired:
+        """BF − FB over every basis and seed."""
+        last = self.steps(capture)[-1]
+        return Paired(self.values("BF", last, capture), self.values("FB", last, capture))
+
+    def paper(self, order: str, step: str, basis: str):
+        return (self.json.get("paper") or {}).get(order, {}).get(step, {}).get(basis, [None])[0]
+
+
+class Ablation(Result):
+    """An ablation grid: cells are means over ranks, degrees (or ν) and runs, as in its table."""
+
+    def cell(self, variant: str, lam: float, column: str, metric: str = "accuracy") -> float:
+        return float(np.nanmean(np.asarray(self.json["grids"][metric][variant][repr(lam)][column], dtype=float)))
+
+    def columns(self, prefix: str = "") -> list[str]:
+        return [c for c in self.json["grids"]["columns"] if c.startswith(prefix)]
+
+    def by_rank(self, variant: str, lam: float, columns: Iterable[str], metric: str = "accuracy") -> list[float]:
+        """Mean per rank over ``columns`` (and degrees, runs)."""
+        g = self.json["grids"][metric][variant][repr(lam)]
+        arr = np.asarray([g[c] for c in columns], dtype=float)  # columns × y × ranks
+        return list(np.nanmean(arr.reshape(-1, arr.shape[-1]), axis=0))
+
+
+class Benchmark(Result):
+    def row(self, prefix: str) -> dict:
+        """The benchmark row whose name starts with ``prefix``."""
+        rows = [r for r in self.json["rows"] if r["name"].startswith(prefix)]
+        if len(rows) != 1:
+            raise KeyError(f"{len(rows)} benchmark rows start with {prefix!r}")
+        return rows[0]
+
+    def rows(self, prefix: str) -> list[dict]:
+        return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
+
+
+_KINDS = {"cmp_": Study, "tf_": Study, "knobs": Study, "lm": Study, "fc_": FullCompression,
+          "abl_": Ablation, "bench": Benchmark}
+
+
+def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | None = None) -> dict:
+    """What a figure's expression sees: each of :data:`SOURCES` (loaded on first use) and the
+    formatters."""
+    results = results or RESULTS
+    benchmarks = benchmarks or ROOT / "benchmarks"
+
+    class Lazy(dict):
+        def __missing__(self, name):
+            if name not in SOURCES:
+                raise KeyError(name)
+            path = (benchmarks if name.startswith("bench") else results) / SOURCES[name]
+            kind = next((k for p, k in _KINDS.items() if name.startswith(p)), Result)
+            self[name] = value = kind(json.loads(path.read_text()))
+            return value
+
+    ns = Lazy(num=num, pct=pct, sgn=sgn, pv=pv, rng=rng, ratio=ratio, count=count, secs=secs, Paired=Paired,
+              np=np, min=min, max=max, abs=abs, len=len, sum=sum, round=round, sorted=sorted, zip=zip)
+    return ns
+
+
+def figure(expr: str, ns: dict | None = None) -> str:
+    """The rendering of one figure's expression."""
+    ns = namespace() if ns is None else ns
+    try:
+        value = eval(expr, {"__builtins__": {}}, ns)  # noqa: S307  (our own pages' expressions)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"figure `{expr}` cannot be evaluated: {type(e).__name__}: {e}") from e
+    return value if isinstance(value, str) else str(value)
+
+
+def render(text: str, ns: dict | None = None) -> str:
+    """``text`` with every generated block replaced by its current table and every figure in
+    prose by its current value."""
     def fill(m: re.Match) -> str:
         name = m.group("name")
         if name not in TABLES:
@@ -752,35 +1030,85 @@ def render(text: str) -> str:
         # A block the pattern does not see would be left as it is, silently: refuse instead.
         raise ValueError(f"report blocks {sorted(set(opened) - set(matched))} are malformed (a name "
                          "of a-z, 0-9, _ and -, a newline after the opening marker, a matching closing marker)")
-    return BLOCK.sub(fill, text)
+    for pattern, opening, what in ((FIG, FIG_OPEN, "fig EXPR"), (FROM, FROM_OPEN, "from SOURCE")):
+        if len(opening.findall(text)) != len(pattern.findall(text)):
+            bad = [i for i, line in enumerate(text.splitlines(), 1)
+                   if len(opening.findall(line)) != len(pattern.findall(line))]
+            raise ValueError(f"malformed <!-- {what} -->...<!-- /{what.split()[0]} --> on line(s) {bad} "
+                             "(opening and closing marker on one line)")
+    text = BLOCK.sub(fill, text)
+    if FIG.search(text):
+        ns = namespace() if ns is None else ns
+        text = FIG.sub(lambda m: m.group(0)[:m.start("text") - m.start()] + figure(m.group("expr"), ns)
+                       + "<!-- /fig -->", text)
+    return text
+
+
+def figures(text: str) -> list[str]:
+    """The expressions of the figures in ``text``."""
+    return [m.group("expr") for m in FIG.finditer(text)]
+
+
+def unmarked_figures(text: str) -> list[tuple[int, str]]:
+    """``(line, number)`` for each result-like number of ``text`` that is neither generated (a
+    report block, a figure) nor marked as quoted from elsewhere. Code (fenced or inline), link
+    targets and HTML comments are not prose and are skipped."""
+    keep_lines = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = BLOCK.sub(keep_lines, text)
+    text = FIG.sub("⟨fig⟩", text)
+    text = FROM.sub("⟨quoted⟩", text)
+    text = re.sub(r"^(```|~~~).*?^\1", keep_lines, text, flags=re.S | re.M)
+    text = re.sub(r"<!--.*?-->", keep_lines, text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "⟨code⟩", text)
+    text = re.sub(r"\]\([^)\s]*\)", "]", text)
+    return [(i, m.group(0)) for i, line in enumerate(text.splitlines(), 1) for m in RESULT_LIKE.finditer(line)]
 
 
 def target_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
-    """The files whose generated blocks this script renders: ``README.md`` and every page under
-    ``docs/`` that holds a report marker."""
-    files = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
-    return [p for p in files if p.exists() and MARKER.search(p.read_text())]
+    """The pages this script renders and checks: ``README.md`` and every page of the
+    documentation site (``docs/**/*.md``)."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.exists()]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
-                        help="fail on stale results or a generated block that is out of date")
+                        help="fail on stale results, a generated block or figure that is out of date, or a "
+                             "result-like number typed by hand")
+    parser.add_argument("--results", type=pathlib.Path, default=None,
+                        help="read the results from this directory instead of experiments/results")
     args = parser.parse_args(argv)
+    global RESULTS
+    if args.results is not None:
+        RESULTS = args.results
     targets = target_files()
-    rendered = {path: (path.read_text(), render(path.read_text())) for path in targets}
+    ns = namespace()
+    rendered = {path: (path.read_text(), render(path.read_text(), ns)) for path in targets}
     if args.check:
         problems = stale_results(result_files())
-        problems += [f"{path.relative_to(ROOT)}: generated tables are out of date; run python experiments/report.py"
-                     for path, (text, new) in rendered.items() if new != text]
+        count_figs = 0
+        for path, (text, new) in rendered.items():
+            rel = path.relative_to(ROOT)
+            count_figs += len(figures(text))
+            if new != text:
+                old_lines, new_lines = text.splitlines(), new.splitlines()
+                where = next((i for i, (a, b) in enumerate(zip(old_lines, new_lines), 1) if a != b),
+                             min(len(old_lines), len(new_lines)) + 1)
+                problems.append(f"{rel}:{where}: generated tables or figures are out of date; "
+                                "run python experiments/report.py")
+            for line, found in unmarked_figures(text):
+                problems.append(f"{rel}:{line}: result-like number {found!r} typed by hand: make it a "
+                                "<!-- fig EXPR --> of a committed result, or mark where it is quoted from "
+                                "with <!-- from SOURCE -->")
         for p in problems:
             print(p, file=sys.stderr)
-        print(f"report check: {len(problems)} problem(s) in {len(result_files())} results and "
-              f"{', '.join(str(p.relative_to(ROOT)) for p in targets)}")
+        print(f"report check: {len(problems)} problem(s) in {len(result_files())} results and {len(targets)} pages "
+              f"({count_figs} generated figures in prose): {', '.join(str(p.relative_to(ROOT)) for p in targets)}")
         return 1 if problems else 0
     for path, (text, new) in rendered.items():
-        path.write_text(new)
-        print(f"{path.relative_to(ROOT)}: {len(BLOCK.findall(text))} generated blocks written")
+        if new != text:
+            path.write_text(new)
+        print(f"{path.relative_to(ROOT)}: {len(BLOCK.findall(text))} generated blocks, {len(figures(text))} figures")
     return 0
 
 
