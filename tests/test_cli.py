@@ -18,7 +18,7 @@ import pytest
 
 from jaxbsd import cli
 from jaxbsd.checkpoint import save_checkpoint
-from jaxbsd.cli_args import one_line
+from jaxbsd.cli.args import one_line
 from jaxbsd.models import build_model, config_for_dataset
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -206,7 +206,7 @@ def test_compress_meets_a_reduction_budget(allocation):
 
 def test_cli_takes_a_reduction_and_an_allocation(tmp_path):
     from jaxbsd.cli import build_parser
-    from jaxbsd.cli_compress import plot_steps
+    from jaxbsd.cli.compress import plot_steps
 
     args = build_parser().parse_args(["compress", "--reduction", "0.3", "--allocation", "greedy"])
     assert (args.reduction, args.allocation, args.val_fraction) == (0.3, "greedy", 0.1)

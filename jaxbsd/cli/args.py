@@ -27,6 +27,8 @@ __all__ = [
     "output_file",
     "output_dir",
     "checkpoint_slot",
+    "add_train_config_flags",
+    "train_config_from_args",
 ]
 
 # numpy's np.load advice for a file holding pickled data ("... If you trust the file you can load
@@ -147,3 +149,38 @@ def checkpoint_slot(flag: str, path: str | pathlib.Path | None) -> None:
     except (ValueError, OSError) as err:
         raise ValueError(f"{flag}: {path} exists and is not a readable jaxbsd checkpoint, refusing to "
                          f"overwrite it ({one_line(err)})") from err
+
+
+_FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float, "int | None": int}
+
+
+def add_train_config_flags(p: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per :class:`jaxbsd.train.TrainConfig` field, with no argparse default:
+    a flag left out keeps the (model, data set) recipe's value, and TrainConfig validates."""
+    import dataclasses
+
+    from jaxbsd.train import TrainConfig
+
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        extra = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}", dest=f.name, type=_FLAG_TYPES[kind], default=argparse.SUPPRESS,
+            help=f"{f.metadata['help']} (default: the recipe's, else {getattr(defaults, f.name)})", **extra,
+        )
+
+
+def train_config_from_args(args: argparse.Namespace):
+    """The :class:`~jaxbsd.train.TrainConfig` of parsed ``jaxbsd train`` arguments: the recipe
+    for ``args.model`` on ``args.dataset`` (``TrainConfig.recipe``), with the flags given.
+
+    Raises:
+        ValueError: a flag value TrainConfig rejects (the message names it).
+    """
+    import dataclasses
+
+    from jaxbsd.train import TrainConfig
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    return TrainConfig.recipe(args.model, args.dataset).replace(**given)

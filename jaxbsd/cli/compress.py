@@ -20,7 +20,7 @@ import pathlib
 import sys
 import time
 
-from jaxbsd.cli_args import (
+from jaxbsd.cli.args import (
     checkpoint_slot,
     existing_path,
     fraction,

@@ -1,6 +1,6 @@
 """``jaxbsd train --model lm --dataset pystdlib``: train the character language model.
 
-Called by :mod:`jaxbsd.cli`'s ``train`` command for ``--model lm`` (same flags: the settings
+Called by :mod:`jaxbsd.cli.train`'s ``train`` command for ``--model lm`` (same flags: the settings
 default to ``jaxbsd.train.RECIPES[("lm", "pystdlib")]``). It prints and records, next to the
 training history, the bits per character of the model on the validation and test modules and
 those of two baselines fitted on the train modules: add-one smoothed unigram and bigram models
@@ -31,7 +31,7 @@ def _machine() -> dict:
 def run_train_lm(args: argparse.Namespace) -> int:
     """Run ``jaxbsd train`` for the language model; returns the exit status."""
     from jaxbsd import data
-    from jaxbsd.cli import train_config_from_args
+    from jaxbsd.cli.args import train_config_from_args
     from jaxbsd.io import provenance, write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, config_to_dict, count_params
     from jaxbsd.train import evaluate_lm, ngram_bpc, save_checkpoint, train
@@ -41,7 +41,7 @@ def run_train_lm(args: argparse.Namespace) -> int:
                          f"needs --model lm; got --model {args.model} --dataset {args.dataset}")
     if args.teacher is not None:
         raise ValueError("--teacher is for DeiT distillation, not --model lm")
-    cfg = train_config_from_args(args)  # validated by jaxbsd.cli.validate_train_args
+    cfg = train_config_from_args(args)  # validated by jaxbsd.cli.train.validate_train_args
     start = time.perf_counter()
     dataset = data.load_text_dataset(args.dataset, args.data_root, limit=args.limit)
     config = config_for_dataset("lm", dataset)

@@ -1,0 +1,7 @@
+"""``python -m jaxbsd.cli``: the ``jaxbsd`` console command."""
+
+import sys
+
+from jaxbsd.cli import main
+
+sys.exit(main())
