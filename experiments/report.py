@@ -750,9 +750,9 @@ BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!--
 # ``<!-- from SOURCE -->...<!-- /from -->``, SOURCE naming where it comes from. Any other
 # result-like number (:data:`RESULT_LIKE`) on a page fails ``--check``.
 
-FIG = re.compile(r"<!-- fig (?P<expr>.+?) -->(?P<text>.*?)<!-- /fig -->")
+FIG = re.compile(r"<!-- fig (?P<expr>[^\n]+?) -->(?P<text>(?:(?!<!--).)*?)<!-- /fig -->", re.S)
 FIG_OPEN = re.compile(r"<!-- fig\b")
-FROM = re.compile(r"<!-- from (?P<source>[^>]*?\S[^>]*?) -->(?P<text>.*?)<!-- /from -->")
+FROM = re.compile(r"<!-- from (?P<source>[^>\n]*?\S[^>\n]*?) -->(?P<text>(?:(?!<!--).)*?)<!-- /from -->", re.S)
 FROM_OPEN = re.compile(r"<!-- from\b")
 
 #: What counts as a result-like number in prose: a percentage, a p-value, a ratio ("5.8×",
@@ -822,6 +822,11 @@ def ratio(x: float, digits: int = 1) -> str:
     return num(x, digits) + "×"
 
 
+def slash(values: Iterable[float], digits: int = 2, unit: str = " %") -> str:
+    """Values side by side, one per seed or setting: ``95.12 / 95.37 / 95.32 %``."""
+    return " / ".join(num(v, digits) for v in values) + unit
+
+
 def count(k: int, n: int) -> str:
     """``k of n``."""
     return f"{k} of {n}"
@@ -858,7 +863,7 @@ class Paired:
 
     @property
     def pv(self) -> str:
-        return pv(self.p)
+        return "identical on every seed" if self.n and not self.diffs.any() else pv(self.p)
 
     @property
     def dp(self) -> str:
@@ -905,9 +910,67 @@ class Study(Result):
         k = key or self.key
         return Paired([ra[s][k] for s in common], [rb[s][k] for s in common], digits=digits)
 
+    def verdicts(self, a: str, b: str, rhos: Iterable[float] | None = None, key: str | None = None,
+                 setting=None, digits: int = 2) -> str:
+        """``a`` against ``b`` over ρ as prose, grouped by verdict: "**holds** at ρ = 0.1 (+0.22,
+        p = 0.022) and 0.5 (...); **within noise** at ρ = 0.2 (...)". A flipped verdict moves its ρ."""
+        rhos = [r for r in (rhos or self.json["plan"]["budgets"]) if self._runs(a, r, setting) and self._runs(b, r, setting)]
+        groups: dict[str, list[str]] = {}
+        for r in rhos:
+            v = self.vs(a, b, r, key, setting, digits)
+            groups.setdefault(v.verdict, []).append(f"{r:g} ({v.d}, {v.pv})")
+        parts = []
+        for verdict, items in groups.items():
+            items = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+            parts.append(f"**{verdict}** at ρ = {items}")
+        return "; ".join(parts)
+
+    def pm(self, method: str, rho: float, key: str | None = None, digits: int = 2) -> str:
+        """Mean ± std over seeds (population std, as in the tables)."""
+        v = self.seeds(method, rho, key)
+        return f"{num(np.mean(v), digits)} ± {num(np.std(v), digits)}"
+
+    def param_gap(self, a: str, b: str, rho: float) -> float:
+        """How many percent fewer parameters ``a`` keeps than ``b`` at ρ (means)."""
+        return 100 * (1 - self.mean(a, rho, "params") / self.mean(b, rho, "params"))
+
+    def reduction_gap(self, a: str, b: str, rho: float) -> float:
+        """How many more percent of the model's parameters ``a`` removes than ``b`` at ρ (means)."""
+        return 100 * (self.mean(a, rho, "reduction_achieved") - self.mean(b, rho, "reduction_achieved"))
+
+    def row(self, method: str, rho: float, setting=None) -> dict:
+        """The study's summary row of ``method`` at ρ (and ``setting``)."""
+        return next(r for r in self.json["rows"] if r["method"] == method and r["reduction"] == rho
+                    and (setting is None or r.get("setting") == setting))
+
     def best(self, rho: float, methods: Iterable[str], key: str | None = None) -> str:
         """The method with the highest mean at ρ among ``methods``."""
         return max(methods, key=lambda m: self.mean(m, rho, key))
+
+
+class LanguageModel(Study):
+    """The character LM study: test bits per character per setting ("training-free",
+    "fine-tuned"), method, ρ and seed; and the fit of one gated MLP against a plain one."""
+
+    key = "test_bpc"
+
+    def fit_ratio(self, rank: int) -> float:
+        """Output error of the gated MLP over that of the plain GELU MLP at ``rank``."""
+        rows = {r["kind"]: r for r in self.json["fit"]["rows"] if r["rank"] == rank}
+        return rows["gated"]["output_error_mean"] / rows["plain"]["output_error_mean"]
+
+    def fit_ratios(self) -> list[float]:
+        return [self.fit_ratio(r) for r in self.json["fit"]["ranks"]]
+
+    def gaps(self, a: str, b: str, setting: str, rhos: Iterable[float] | None = None) -> list[Paired]:
+        """``a`` − ``b`` in bits per character at each ρ, paired over seeds."""
+        return [self.vs(a, b, r, setting=setting, digits=3) for r in (rhos or self.json["plan"]["budgets"])]
+
+
+def pmax(paired: Iterable[Paired]) -> str:
+    """The largest p-value of several paired tests, as prose: ``p < 0.001``, ``p ≤ 0.0069``."""
+    worst = max(v.p for v in paired)
+    return "p < 0.001" if worst < 0.001 else f"p ≤ {float(f'{worst:.2g}'):g}"
 
 
 class FullCompression(Result):
@@ -981,7 +1044,7 @@ class Benchmark(Result):
         return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
 
 
-_KINDS = {"cmp_": Study, "tf_": Study, "knobs": Study, "lm": Study, "fc_": FullCompression,
+_KINDS = {"cmp_": Study, "tf_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
           "abl_": Ablation, "bench": Benchmark}
 
 
@@ -1000,8 +1063,9 @@ def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | No
             self[name] = value = kind(json.loads(path.read_text()))
             return value
 
-    ns = Lazy(num=num, pct=pct, sgn=sgn, pv=pv, rng=rng, ratio=ratio, count=count, secs=secs, Paired=Paired,
-              np=np, min=min, max=max, abs=abs, len=len, sum=sum, round=round, sorted=sorted, zip=zip)
+    ns = Lazy(num=num, pct=pct, slash=slash, pmax=pmax, sgn=sgn, pv=pv, rng=rng, ratio=ratio, count=count, secs=secs, Paired=Paired,
+              np=np, min=min, max=max, abs=abs, len=len, sum=sum, round=round, sorted=sorted, zip=zip,
+              str=str, int=int, float=float, next=next, list=list)
     return ns
 
 
@@ -1009,7 +1073,9 @@ def figure(expr: str, ns: dict | None = None) -> str:
     """The rendering of one figure's expression."""
     ns = namespace() if ns is None else ns
     try:
-        value = eval(expr, {"__builtins__": {}}, ns)  # noqa: S307  (our own pages' expressions)
+        for name in set(re.findall(r"[A-Za-z_]\w*", expr)) & set(SOURCES):
+            ns[name]  # load the results it names (comprehensions see globals only)
+        value = eval(expr, {**ns, "__builtins__": {}})  # noqa: S307  (our own pages' expressions)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"figure `{expr}` cannot be evaluated: {type(e).__name__}: {e}") from e
     return value if isinstance(value, str) else str(value)
@@ -1031,11 +1097,11 @@ def render(text: str, ns: dict | None = None) -> str:
         raise ValueError(f"report blocks {sorted(set(opened) - set(matched))} are malformed (a name "
                          "of a-z, 0-9, _ and -, a newline after the opening marker, a matching closing marker)")
     for pattern, opening, what in ((FIG, FIG_OPEN, "fig EXPR"), (FROM, FROM_OPEN, "from SOURCE")):
-        if len(opening.findall(text)) != len(pattern.findall(text)):
-            bad = [i for i, line in enumerate(text.splitlines(), 1)
-                   if len(opening.findall(line)) != len(pattern.findall(line))]
+        starts = {m.start() for m in pattern.finditer(text)}
+        bad = [text.count("\n", 0, m.start()) + 1 for m in opening.finditer(text) if m.start() not in starts]
+        if bad:
             raise ValueError(f"malformed <!-- {what} -->...<!-- /{what.split()[0]} --> on line(s) {bad} "
-                             "(opening and closing marker on one line)")
+                             "(an expression or source on the opening marker's line, then a closing marker)")
     text = BLOCK.sub(fill, text)
     if FIG.search(text):
         ns = namespace() if ns is None else ns
