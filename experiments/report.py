@@ -760,7 +760,7 @@ FROM_OPEN = re.compile(r"<!-- from\b")
 #: bits per character or seconds with decimals.
 RESULT_LIKE = re.compile(
     r"(?<![\w.])\d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)?\s?%"          # 88.55 %, 87–89 %
-    r"|\bp\s?[=<>≤≥]\s?\d*\.\d+"                                      # p = 0.022, p < 0.05
+    r"|\bp\s?(?:[=>≤≥]|<(?!\s?0\.05\b))\s?\d*\.\d+"                  # p = 0.022 (p < 0.05 is the test's level)
     r"|(?<![\w.×])\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?\s?×(?!\s?\d)"    # 5.8×, 5.8–6.5×, not 8×8
     r"|(?<![\w.)\]])[+−±]\s?\d+\.\d+"                                  # +0.99, −0.20
     r"|(?<![\w.])\d+\.\d+(?:[–-]\d+\.\d+)?\s(?:points?|bpc|bits|s|ms|µs|min|h)\b")  # 0.45 s, 0.7 points
@@ -1016,6 +1016,26 @@ class FullCompression(Result):
         return (self.json.get("paper") or {}).get(order, {}).get(step, {}).get(basis, [None])[0]
 
 
+class Synthetic(Result):
+    """The synthetic example: ``r(basis, strategy)`` is one method's record; bases by short name."""
+
+    BASES = {"poly10": "R-CMTF-PD d=10", "spline10": "R-CMTF-BSD nu=11 d=10", "linear": "R-CMTF-BSD nu=11 d=1",
+             "cubic": "R-CMTF-BSD nu=11 d=3"}
+
+    def r(self, basis: str, strategy: str = "best-of-8") -> dict:
+        return self.json["results"][strategy][self.BASES.get(basis, basis)]
+
+    def e(self, basis: str, metric: str = "e_S", strategy: str = "best-of-8") -> float:
+        """Mean error in percent over draws and both outputs (``e_S``, ``e_heldout``, ``e_outside``)."""
+        return self.r(basis, strategy)[f"{metric}_avg"]
+
+    def paper(self, basis: str) -> float:
+        return self.r(basis)["paper"]["mean"]
+
+    def per_draw(self, basis: str, metric: str = "e_S", strategy: str = "best-of-8") -> list[float]:
+        return [float(np.mean(x)) for x in self.r(basis, strategy)[metric]]
+
+
 class Ablation(Result):
     """An ablation grid: cells are means over ranks, degrees (or ν) and runs, as in its table."""
 
@@ -1044,7 +1064,7 @@ class Benchmark(Result):
         return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
 
 
-_KINDS = {"cmp_": Study, "tf_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
+_KINDS = {"synthetic": Synthetic, "cmp_": Study, "tf_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
           "abl_": Ablation, "bench": Benchmark}
 
 
