@@ -938,6 +938,17 @@ class Study(Result):
         """How many more percent of the model's parameters ``a`` removes than ``b`` at ρ (means)."""
         return 100 * (self.mean(a, rho, "reduction_achieved") - self.mean(b, rho, "reduction_achieved"))
 
+    def kept(self, method: str, rho: float, candidate: str = "bsd") -> str:
+        """How many blocks ``auto``'s judge gave to ``candidate`` over all seeds: ``9 of 18``."""
+        steps = [s for r in self._runs(method, rho).values() for s in r["steps"]]
+        return count(sum(s["method"] == candidate for s in steps), len(steps))
+
+    def lower_block_error(self, method: str, rho: float, candidate: str = "prune") -> str:
+        """In how many of ``auto``'s choices ``candidate`` had the lower output error of the block."""
+        autos = [s["auto"] for r in self._runs(method, rho).values() for s in r["steps"] if s.get("auto")]
+        other = {"prune": "bsd", "bsd": "prune"}[candidate]
+        return count(sum(a[candidate]["output_error"] < a[other]["output_error"] for a in autos), len(autos))
+
     def row(self, method: str, rho: float, setting=None) -> dict:
         """The study's summary row of ``method`` at ρ (and ``setting``)."""
         return next(r for r in self.json["rows"] if r["method"] == method and r["reduction"] == rho
