@@ -47,6 +47,41 @@ if os.environ.get("JAXBSD_TEST_COMPILATION_CACHE", "1") != "0" and not os.enviro
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+# --- Data CI must have. Without Fashion-MNIST (the Debian package dataset-fashion-mnist) its tests
+# skip, so the suite runs on a contributor's machine; in CI (the variable CI set, as CI services and
+# .ci/run's environment set it) such a skip is a failure: .ci/run installs the package, and a skip
+# would hide that the install failed and that those tests (a kill-and-resume test among them) ran.
+CI_REQUIRED_DATA = ("fashion-mnist",)
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's: ``CI`` set to anything but empty, ``0`` or ``false``."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def ci_required_data(reason: str) -> str | None:
+    """The data set CI must have that a skip ``reason`` names, else None (also None outside CI)."""
+    if not in_ci():
+        return None
+    return next((name for name in CI_REQUIRED_DATA if name in reason.lower()), None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI, a test skipped for want of a data set of :data:`CI_REQUIRED_DATA` fails instead
+    (a ``skipif`` mark or a ``pytest.skip`` call alike)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    name = ci_required_data(reason)
+    if name is not None:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: would skip ({reason}), but CI={os.environ['CI']!r} and CI must have "
+                           f"{name}: .ci/run installs it (apt-get install -y dataset-{name})")
+
+
 @pytest.fixture
 def key():
     return jax.random.key(0)

@@ -793,6 +793,41 @@ def test_real_fashion_mnist():
     np.testing.assert_allclose(float64_channel_stats(ds.train_images)[1], 1.0, atol=1e-5)
 
 
+def test_a_missing_fashion_mnist_fails_in_ci(tmp_path, monkeypatch):
+    """tests/conftest.py turns a skip for want of Fashion-MNIST into a failure when CI is set
+    (a ``skipif`` mark fails in setup, a ``pytest.skip`` call in the test), and only that skip:
+    run on tests that skip as ours do where the package is not installed."""
+    import shutil
+    import subprocess
+    import sys
+
+    import conftest
+
+    for value, required in [("true", "fashion-mnist"), ("1", "fashion-mnist"), ("false", None), ("", None)]:
+        monkeypatch.setenv("CI", value)
+        assert conftest.ci_required_data("dataset-fashion-mnist is not installed") == required
+        assert conftest.ci_required_data("no CIFAR-10 copy") is None
+    monkeypatch.delenv("CI")
+    assert conftest.ci_required_data("dataset-fashion-mnist is not installed") is None
+
+    shutil.copy(pathlib.Path(conftest.__file__), tmp_path / "conftest.py")
+    (tmp_path / "test_needs_it.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.skipif(True, reason='dataset-fashion-mnist is not installed')\n"
+        "def test_marked():\n    pass\n\n"
+        "def test_called():\n    pytest.skip('no Fashion-MNIST here')\n\n"
+        "def test_other_data():\n    pytest.skip('no CIFAR-10 copy')\n"
+    )
+    env = dict(os.environ, CI="true", JAXBSD_TEST_COMPILATION_CACHE="0")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-o", "addopts=", str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "1 failed, 1 skipped, 1 error" in proc.stdout, proc.stdout[-3000:]
+    assert "ERROR test_needs_it.py::test_marked" in proc.stdout and "FAILED test_needs_it.py::test_called" in proc.stdout
+    assert "CI must have fashion-mnist" in proc.stdout
+
+
 @pytest.mark.slow
 def test_real_cifar10_zip():
     root = default_root("cifar10")

@@ -1,0 +1,164 @@
+"""The architecture as CI checks it (docs/architecture.md): the import contracts of
+``pyproject.toml``'s ``[tool.importlinter]`` hold, they fail when an import breaks them, and no
+two modules of ``jaxbsd`` or ``benchmarks`` import each other, directly or around a loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import grimp
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+PACKAGES = ("jaxbsd", "benchmarks")
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+NAMES = {c["id"]: c["name"] for c in CONTRACTS}
+
+
+def test_lint_imports_passes():
+    """What CI runs after ruff (.ci/run), from the repository root."""
+    exe = shutil.which("lint-imports")
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+                                                   "sys.exit(lint_imports_command())"]
+    proc = subprocess.run([*cmd, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert f"Contracts: {len(NAMES)} kept, 0 broken." in proc.stdout, proc.stdout[-4000:]
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _describe(graph: grimp.ImportGraph, component: list[str]) -> str:
+    lines = []
+    for importer in component:
+        for imported in sorted(graph.find_modules_directly_imported_by(importer) & set(component)):
+            for d in graph.get_import_details(importer=importer, imported=imported):
+                lines.append(f"  {importer}:{d['line_number']} imports {imported} ({d['line_contents']})")
+    return "\n".join(lines)
+
+
+def test_no_import_cycles_between_modules():
+    """Every module counts, package ``__init__`` files included (which import-linter's
+    ``acyclic_siblings`` does not look at: a submodule importing its own package), and imports
+    inside functions count as much as those at the top."""
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n\n".join(_describe(graph, c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    graph.add_import(importer="jaxbsd.bspline", imported="jaxbsd.bases")  # bases imports bspline
+    assert ["jaxbsd.bases", "jaxbsd.bspline"] in _cycles(graph)
+
+
+# Imports the contracts forbid, planted into the real graph: (importer, imported, the contracts it must break).
+PLANTS = [
+    ("jaxbsd.bases", "jaxbsd.models.vit", {"solver-core", "layers"}),
+    ("jaxbsd.fingerprint", "jaxbsd.data", {"solver-core", "layers"}),
+    ("jaxbsd.models.vit", "jaxbsd.compression", {"models", "layers"}),
+    ("jaxbsd.models.lm", "jaxbsd.train", {"models", "layers"}),
+    ("jaxbsd.train", "jaxbsd.cli.args", {"cli", "layers"}),
+    ("jaxbsd.data", "jaxbsd.checkpoint", {"layers"}),
+    ("benchmarks.common", "benchmarks.run", {"benchmarks-layers", "acyclic"}),
+]
+
+
+@pytest.fixture(scope="module")
+def report():
+    """``report(plant)``: import-linter's report on the real graph plus the import ``plant``
+    (None: none), with this repository's contracts; the graph is built once."""
+    from importlinter import configuration
+    from importlinter.application import use_cases
+    from importlinter.application.app_config import settings
+    from importlinter.contracts import acyclic_siblings, forbidden, layers, protected
+    from importlinter.domain.contract import registry
+
+    configuration.configure()
+    for kind, cls in [("forbidden", forbidden.ForbiddenContract), ("layers", layers.LayersContract),
+                      ("protected", protected.ProtectedContract),
+                      ("acyclic_siblings", acyclic_siblings.AcyclicSiblingsContract)]:
+        registry.register(cls, kind)  # what lint-imports registers before it reads the contracts
+    real = grimp.build_graph(*PACKAGES, cache_dir=None)
+    previous = settings.GRAPH_BUILDER
+
+    class Planted:
+        plant: tuple[str, str] | None = None
+
+        def build(self, root_package_names, cache_dir=None, include_external_packages=False,
+                  exclude_type_checking_imports=False):
+            assert sorted(root_package_names) == sorted(PACKAGES)
+            graph = copy.deepcopy(real)
+            if self.plant is not None:
+                graph.add_import(importer=self.plant[0], imported=self.plant[1], line_number=1,
+                                 line_contents="(planted)")
+            return graph
+
+    builder = Planted()
+    settings.configure(GRAPH_BUILDER=builder)
+    options = use_cases.read_user_options(str(ROOT / "pyproject.toml"))
+
+    def run(plant):
+        builder.plant = plant
+        return {contract.name: check for contract, check in use_cases.create_report(options, cache_dir=None)
+                .get_contracts_and_checks()}
+
+    yield run
+    settings.configure(GRAPH_BUILDER=previous)
+
+
+@pytest.mark.parametrize("importer, imported, broken", PLANTS, ids=[f"{a}->{b}" for a, b, _ in PLANTS])
+def test_a_planted_import_breaks_the_contracts(report, importer, imported, broken):
+    before, after = report(None), report((importer, imported))
+    assert set(after) == set(NAMES.values())
+    newly = {cid for cid, name in NAMES.items()
+             if not after[name].kept and (before[name].kept or after[name].metadata != before[name].metadata)}
+    # an upward import usually closes a loop with the imports already there: acyclic may break too
+    assert broken <= newly <= broken | {"acyclic"}
