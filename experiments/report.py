@@ -1063,6 +1063,12 @@ class Ablation(Result):
         return list(np.nanmean(arr.reshape(-1, arr.shape[-1]), axis=0))
 
 
+class Training(Result):
+    def run(self, model: str, dataset: str) -> dict:
+        """The recorded training run of ``model`` on ``dataset``."""
+        return next(r for r in self.json["runs"] if r["model"] == model and r["dataset"] == dataset)
+
+
 class Benchmark(Result):
     def row(self, prefix: str) -> dict:
         """The benchmark row whose name starts with ``prefix``."""
@@ -1075,7 +1081,7 @@ class Benchmark(Result):
         return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
 
 
-_KINDS = {"synthetic": Synthetic, "cmp_": Study, "tf_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
+_KINDS = {"synthetic": Synthetic, "training": Training, "cmp_": Study, "tf_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
           "abl_": Ablation, "bench": Benchmark}
 
 
