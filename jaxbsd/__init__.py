@@ -29,14 +29,38 @@ from jaxbsd.sampling import sample
 from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
 from jaxbsd.gated import GatedJacobian, gated_mlp, gated_mlp_jacobian
 
-# Last: compress_model imports the models (Flax). Binding the function here also shadows the
-# submodule attribute of the same name, so ``jb.compress_model`` is the function; its helpers
-# are imported as ``from jaxbsd.compress_model import MLPSpec, ...``.
-from jaxbsd.compress_model import CompressionReport, GatedMLPSpec, MLPReport, MLPSpec, compress_model  # noqa: E402
+# Last: the compression engine imports the models (Flax). The compatibility modules
+# jaxbsd.compress and jaxbsd.compress_model are imported first, so that binding the functions here
+# shadows their attributes: ``jb.compress`` and ``jb.compress_model`` are the functions.
+import jaxbsd.compress  # noqa: E402,F401
+import jaxbsd.compress_model  # noqa: E402,F401
+from jaxbsd.compression import (  # noqa: E402
+    BSD,
+    DRONE,
+    SVD,
+    Auto,
+    CompressionConfig,
+    CompressionReport,
+    GatedMLPSpec,
+    Method,
+    MLPReport,
+    MLPSpec,
+    Prune,
+    compress,
+    compress_model,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Auto",
+    "BSD",
+    "CompressionConfig",
+    "DRONE",
+    "Method",
+    "Prune",
+    "SVD",
+    "compress",
     "Basis",
     "Iteration",
     "JacobianOperator",

@@ -343,16 +343,18 @@ def _importance(hidden: np.ndarray, K2) -> np.ndarray:
     return column * np.sqrt(np.mean(hidden ** 2, axis=0))
 
 
-def _check_pruning(k: Any, H: int, X: Any, m: int, refitted: str) -> int:
+def _check_pruning(k: Any, H: int, X: Any, m: int, refitted: str, ridge: float | None = None) -> int:
     """``k`` as an int after checking it (``1 ≤ k ≤ H``) and the tokens ``X (N, m)`` (finite, at
-    least ``k + 1`` of them, to refit ``refitted`` with an intercept). Raises ``ValueError``
-    naming the argument."""
+    least ``k + 1`` of them to refit ``refitted`` with an intercept, unless the refit is
+    regularized by ``ridge``). Raises ``ValueError`` naming the argument."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= H:
         raise ValueError(f"k must be an int in [1, {H}], got {k!r}")
     k = int(k)
     if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
         raise ValueError(f"X must have shape (N, {m}), got {getattr(X, 'shape', type(X).__name__)}")
-    if X.shape[0] < k + 1:
+    if ridge is not None and (isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not ridge > 0):
+        raise ValueError(f"ridge must be a positive number or None, got {ridge!r}")
+    if X.shape[0] < (1 if ridge else k + 1):
         raise ValueError(f"X: refitting {refitted} of {k} kept units needs at least {k + 1} tokens, "
                          f"got {X.shape[0]}")
     if not np.all(np.isfinite(np.asarray(X))):
@@ -369,6 +371,8 @@ def prune_weights(
     k: int,
     X: jax.Array,
     Y: jax.Array | None = None,
+    *,
+    ridge: float | None = None,
 ) -> Pruning:
     """Structured pruning of an MLP ``h(x K1 + b1) K2 + b2`` to ``k`` hidden units, training-free.
 
@@ -390,6 +394,12 @@ def prune_weights(
       X: ``(N, m)`` calibration tokens, ``N >= k + 1`` (the refit has ``k + 1`` coefficients
         per output).
       Y: ``(N, n)`` the outputs to match; default the MLP's own outputs on ``X``.
+      ridge: None (plain least squares, ``N >= k + 1`` tokens required), or ``ρ > 0``: the refit
+        is regularized towards the original output weights of the kept units,
+        ``min ‖H_k K2' + 1 b2'ᵀ − Y‖² + λ ‖K2' − K2[kept]‖²`` with ``λ = ρ · ‖H_k − mean‖²_F / k``
+        (``ρ`` times the mean energy of a kept unit on the tokens), which is well posed for any
+        ``N >= 1``: with fewer tokens than coefficients the data decide only the directions they
+        span and the original weights the rest.
 
     Returns:
       A :class:`Pruning` (kept indices, importance, and the pruned weights in ``K1``'s dtype).
@@ -405,7 +415,7 @@ def prune_weights(
         raise ValueError(f"b1 must have shape ({H},), got {b1.shape}")
     if b2 is not None and b2.shape != (n,):
         raise ValueError(f"b2 must have shape ({n},), got {b2.shape}")
-    k = _check_pruning(k, H, X, m, "the output layer")
+    k = _check_pruning(k, H, X, m, "the output layer", ridge)
     hidden = _hidden(K1, b1, activation, X)
     if Y is None:
         Y = hidden @ np.asarray(K2, np.float64) + (0 if b2 is None else np.asarray(b2, np.float64)[None, :])
@@ -414,20 +424,22 @@ def prune_weights(
     Y = np.asarray(Y, np.float64)
     if not (np.all(np.isfinite(Y)) and np.all(np.isfinite(hidden))):
         raise ValueError("Y and the hidden activations on X must be finite")
-    importance, kept, W, bias = _keep_and_refit(hidden, K2, k, Y, intercept=True)
+    importance, kept, W, bias = _keep_and_refit(hidden, K2, k, Y, intercept=True, ridge=ridge)
     dtype = np.dtype(K1.dtype)
     b1_kept = np.zeros(k, dtype) if b1 is None else np.asarray(b1)[kept]
     return Pruning(kept=kept, importance=importance, K1=np.asarray(K1)[:, kept].astype(dtype),
                    b1=b1_kept.astype(dtype), K2=W.astype(dtype), b2=bias.astype(dtype))
 
 
-def _keep_and_refit(hidden: np.ndarray, K2, k: int, Y: np.ndarray, *, intercept: bool):
+def _keep_and_refit(hidden: np.ndarray, K2, k: int, Y: np.ndarray, *, intercept: bool, ridge: float | None = None):
     """Keep the ``k`` units of largest importance and refit the output layer by least squares.
 
     Args:
       hidden: ``(N, H)`` float64 hidden activations; K2: ``(H, n)`` output kernel.
       Y: ``(N, n)`` float64 outputs to match.
       intercept: refit an output bias too (centred least squares); else weights only.
+      ridge: None, or the relative weight ``ρ`` of a pull towards the original weights
+        ``K2[kept]`` (see :func:`prune_weights`).
 
     Returns:
       ``(importance (H,), kept (k,) ascending, W (k, n), bias (n,) or None)``, float64.
@@ -435,7 +447,15 @@ def _keep_and_refit(hidden: np.ndarray, K2, k: int, Y: np.ndarray, *, intercept:
     importance = _importance(hidden, K2)
     kept = np.sort(np.argsort(-importance, kind="stable")[:k])
     Hk = hidden[:, kept]
-    if intercept:
+    if ridge:
+        mean_h = Hk.mean(axis=0) if intercept else np.zeros(k)
+        mean_y = Y.mean(axis=0) if intercept else np.zeros(Y.shape[1])
+        Hc, Yc = Hk - mean_h[None, :], Y - mean_y[None, :]
+        prior = np.asarray(K2, np.float64)[kept]
+        lam = max(ridge * float(np.sum(Hc ** 2)) / k, np.finfo(np.float64).tiny)
+        W = np.linalg.solve(Hc.T @ Hc + lam * np.eye(k), Hc.T @ Yc + lam * prior)
+        bias = mean_y - mean_h @ W if intercept else None
+    elif intercept:
         mean_h, mean_y = Hk.mean(axis=0), Y.mean(axis=0)
         W, *_ = np.linalg.lstsq(Hk - mean_h[None, :], Y - mean_y[None, :], rcond=None)
         bias = mean_y - mean_h @ W
@@ -448,10 +468,10 @@ def _keep_and_refit(hidden: np.ndarray, K2, k: int, Y: np.ndarray, *, intercept:
 
 
 def prune_mlp(K1, b1, K2, b2, activation: str | Callable, k: int, X: jax.Array,
-              Y: jax.Array | None = None) -> tuple[PrunedMLP, Pruning]:
+              Y: jax.Array | None = None, *, ridge: float | None = None) -> tuple[PrunedMLP, Pruning]:
     """:func:`prune_weights` as a module: ``(PrunedMLP, Pruning)``, the module in ``K1``'s dtype
     with :func:`pruned_mlp_params` ``(m, k, n)`` parameters."""
-    res = prune_weights(K1, b1, K2, b2, activation, k, X, Y)
+    res = prune_weights(K1, b1, K2, b2, activation, k, X, Y, ridge=ridge)
     return PrunedMLP(*(jnp.asarray(a) for a in (res.K1, res.b1, res.K2, res.b2)), activation), res
 
 
@@ -631,7 +651,7 @@ class GatedPruning(NamedTuple):
 
 
 def prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: int, X: jax.Array,
-                        Y: jax.Array | None = None) -> GatedPruning:
+                        Y: jax.Array | None = None, *, ridge: float | None = None) -> GatedPruning:
     """Structured pruning of a gated MLP to ``k`` hidden units, training-free (as :func:`prune_weights`).
 
     The hidden units are ``hidden = h(X Kg + bg) ⊙ (X Ku + bu)``. Keep the ``k`` of largest
@@ -645,12 +665,13 @@ def prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: i
       k: units to keep, in ``[1, H]``.
       X: ``(N, m)`` calibration tokens, ``N >= k + 1``.
       Y: ``(N, n)`` outputs to match; default the MLP's own outputs on ``X``.
+      ridge: None, or a regularized refit for few tokens, as in :func:`prune_weights`.
 
     Raises:
       ValueError: naming the argument, as :func:`prune_weights`.
     """
     m, H, n = _check_gated(Kg, bg, Ku, bu, Kd, bd)
-    k = _check_pruning(k, H, X, m, "the down projection")
+    k = _check_pruning(k, H, X, m, "the down projection", ridge)
     hidden = np.asarray(gated_hidden(Kg, bg, Ku, bu, activation, X), np.float64)
     if Y is None:
         Y = hidden @ np.asarray(Kd, np.float64) + (0 if bd is None else np.asarray(bd, np.float64)[None, :])
@@ -659,7 +680,7 @@ def prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: i
     Y = np.asarray(Y, np.float64)
     if not (np.all(np.isfinite(Y)) and np.all(np.isfinite(hidden))):
         raise ValueError("Y and the hidden units on X must be finite")
-    importance, kept, W, bias = _keep_and_refit(hidden, Kd, k, Y, intercept=bd is not None)
+    importance, kept, W, bias = _keep_and_refit(hidden, Kd, k, Y, intercept=bd is not None, ridge=ridge)
     dtype = np.dtype(Kg.dtype)
     cut = lambda b: None if b is None else np.asarray(b)[kept].astype(dtype)  # noqa: E731
     return GatedPruning(kept=kept, importance=importance, Kg=np.asarray(Kg)[:, kept].astype(dtype), bg=cut(bg),
@@ -668,9 +689,9 @@ def prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: i
 
 
 def prune_gated_mlp(Kg, bg, Ku, bu, Kd, bd, activation: str | Callable, k: int, X: jax.Array,
-                    Y: jax.Array | None = None) -> tuple[PrunedGatedMLP, GatedPruning]:
+                    Y: jax.Array | None = None, *, ridge: float | None = None) -> tuple[PrunedGatedMLP, GatedPruning]:
     """:func:`prune_gated_weights` as a module: ``(PrunedGatedMLP, GatedPruning)``, in ``Kg``'s dtype
     with :func:`pruned_gated_params` parameters."""
-    res = prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation, k, X, Y)
+    res = prune_gated_weights(Kg, bg, Ku, bu, Kd, bd, activation, k, X, Y, ridge=ridge)
     arrays = [None if a is None else jnp.asarray(a) for a in (res.Kg, res.bg, res.Ku, res.bu, res.Kd, res.bd)]
     return PrunedGatedMLP(*arrays, activation), res

@@ -1,1 +1,46 @@
-"""The compression engine (being assembled): surgery, specs, sites, methods, budgets, reports, the engine."""
+"""The compression engine: replace the MLPs of a Flax NNX model by smaller ones, under a budget.
+
+The modules, top to bottom (each uses only those below it):
+
+* :mod:`~jaxbsd.compression.blockwise` — the paper's block-by-block run over a data set
+  (:func:`compress`), an adapter of the engine;
+* :mod:`~jaxbsd.compression.engine` — :func:`compress_model` and the algorithm both share
+  (:func:`~jaxbsd.compression.engine.run`): plan, resume, replace one MLP at a time;
+* :mod:`~jaxbsd.compression.state` — resume: the state directory of a run;
+* :mod:`~jaxbsd.compression.budget` — uniform and greedy sharing of a parameter budget;
+* :mod:`~jaxbsd.compression.methods` — ``bsd``, ``svd``/``drone``, ``prune``, ``auto``: one
+  protocol (parameters of a rank, feasible ranks, build);
+* :mod:`~jaxbsd.compression.report` — what a run reports;
+* :mod:`~jaxbsd.compression.sites` — one MLP's sampled tokens and Jacobian;
+* :mod:`~jaxbsd.compression.specs` — how to read an MLP (:class:`MLPSpec`, :class:`GatedMLPSpec`)
+  and finding it;
+* :mod:`~jaxbsd.compression.surgery` — submodules by path, and capturing what they see.
+"""
+
+from jaxbsd.compression.blockwise import CompressionConfig, compress
+from jaxbsd.compression.engine import compress_model
+from jaxbsd.compression.methods import BSD, DRONE, SVD, Auto, Method, Prune, get_method, register
+from jaxbsd.compression.report import CompressionReport, MLPReport
+from jaxbsd.compression.specs import GatedMLPSpec, MLPSpec
+from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodule
+
+__all__ = [
+    "compress_model",
+    "compress",
+    "CompressionConfig",
+    "CompressionReport",
+    "MLPReport",
+    "MLPSpec",
+    "GatedMLPSpec",
+    "Method",
+    "BSD",
+    "SVD",
+    "DRONE",
+    "Prune",
+    "Auto",
+    "get_method",
+    "register",
+    "capture_calls",
+    "get_submodule",
+    "set_submodule",
+]

@@ -1,0 +1,121 @@
+"""``method="auto"``: per MLP, the better of a warm-started decoupling and a pruned MLP.
+
+Both candidates are built within one parameter share (the rank is a pair: the decoupling's rank
+and the pruned units), and the one judged better is kept: by the whole model's output error with
+the candidate in place (``judge="model"``, the engine supplies the judge) or by the MLP's own
+output error on its check tokens, held out from both fits (``judge="block"``). Ties go to
+pruning (no solver needed), and so does a decoupling whose error is not finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxbsd.compression.methods.base import Build, Method, largest_rank, register
+from jaxbsd.compression.methods.bsd import BSD, DEFAULT_CONFIG
+from jaxbsd.compression.methods.prune import Prune
+from jaxbsd.compression.sites import Site, site_jacobian
+from jaxbsd.models import count_params
+
+__all__ = ["Auto", "JUDGES"]
+
+#: How the two candidates are compared: ``"model"``, the whole model's outputs with each
+#: candidate in place; ``"block"``, the MLP's own output error on its check tokens.
+JUDGES = ("model", "block")
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto(Method):
+    """The better of ``bsd`` (a decoupling, warm-started from the pruned MLP wherever that is
+    possible) and ``prune`` at one parameter share per MLP.
+
+    Attributes:
+      bsd: the decoupling candidate (its ``warm_start`` None: warm-started wherever the MLP can
+        be pruned to ``rank − 1`` units; elsewhere — a gated MLP, a rank above the hidden width —
+        from the random restarts alone, said in the report).
+      prune: the pruning candidate.
+      judge: ``"model"`` (default) or ``"block"``.
+    """
+
+    bsd: BSD = BSD()
+    prune: Prune = Prune()
+    judge: str = "model"
+
+    name = "auto"
+    uneven = False  # both candidates live in one share; greedy shares are per candidate
+
+    def __post_init__(self):
+        if self.judge not in JUDGES:
+            raise ValueError(f"auto_judge must be one of {JUDGES}, got {self.judge!r}")
+
+    @property
+    def judges_by_model(self) -> bool:  # type: ignore[override]
+        return self.judge == "model"
+
+    def params(self, site: Site, rank) -> int:
+        # Whichever candidate is kept, the budget must hold: count the larger.
+        r, k = rank
+        return max(self.bsd.params(site, r), self.prune.params(site, k))
+
+    def max_rank(self, site: Site):
+        return (self.bsd.max_rank(site), self.prune.max_rank(site))
+
+    def min_rank(self, site: Site):
+        return (1, 1)
+
+    def rank_within(self, site: Site, share: float):
+        return (self.bsd.rank_within(site, share), self.prune.rank_within(site, share))
+
+    def check_rank(self, site: Site, rank: int):
+        """``ranks[path] = r`` is the decoupling's rank; the pruned candidate keeps the most units
+        whose parameters do not exceed the decoupling's (at least 1, at most ``H``)."""
+        r = self.bsd.check_rank(site, rank)
+        return (r, max(1, min(site.hidden, largest_rank(self.prune, site, self.bsd.params(site, r)))))
+
+    def sample_rank(self, rank) -> int:
+        return int(rank[0])
+
+    def build(self, site: Site, rank, key: jax.Array, *,
+              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+        start = time.perf_counter()
+        bsd_rank, prune_rank = rank
+        site_jacobian(site)  # computed once, shared by both candidates
+        bsd, bsd_info = self.bsd.build(site, bsd_rank, key)
+        pruned, prune_info = self.prune.build(site, prune_rank, key)
+        if self.judge == "block" or judge is None:
+            what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
+            judge = None
+        else:
+            what, e_bsd, e_prune = "model output error", judge(bsd), judge(pruned)
+        better = bool(np.isfinite(e_bsd) and (e_bsd < e_prune or not np.isfinite(e_prune)))
+        kept = "bsd" if better else "prune"
+        module, info = (bsd, dict(bsd_info)) if better else (pruned, dict(prune_info))
+        relation = "<" if better else ">="
+
+        def summary(r, mod, i, e_model):
+            return dict(rank=int(r), params=count_params(mod), output_error=i["output_error"],
+                        **({} if judge is None else {"model_output_error": e_model}),
+                        **{k: i[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
+                                             "selection_tokens", "warm_start_skipped") if k in i})
+
+        info.update(method=kept, rank=int(bsd_rank if better else prune_rank), auto=dict(
+            kept=kept, judge="block" if judge is None else "model",
+            reason=f"{what}: bsd {e_bsd:.4g} {relation} prune {e_prune:.4g}",
+            bsd=summary(bsd_rank, bsd, bsd_info, e_bsd), prune=summary(prune_rank, pruned, prune_info, e_prune)))
+        info["seconds"] = time.perf_counter() - start
+        return module, info
+
+
+def _from_options(config=None, restarts=1, selection="output", auto_judge="model", **_):
+    bsd = BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=None,
+              selection=selection)
+    return Auto(bsd=bsd, prune=Prune(), judge=auto_judge)
+
+
+register("auto", _from_options)

@@ -1,0 +1,137 @@
+"""The protocol every compression method follows, and the registry of methods by name.
+
+A method is a small frozen object that carries its own options (solver config, restarts, warm
+start, the ``auto`` judge …) and answers three questions about a :class:`~jaxbsd.compression.sites.Site`:
+
+* :meth:`Method.params` — what a rank costs in parameters there;
+* :meth:`Method.max_rank` / :meth:`Method.check_rank` — which ranks are feasible there;
+* :meth:`Method.build` — the replacement module at a rank, with its report fields.
+
+The engine plans budgets and walks the sites through this protocol only; it never asks which
+method it holds. A "rank" is whatever the method sizes its replacement by (a decoupling's rank,
+the hidden units a pruned MLP keeps, a low-rank factor's rank); :class:`~jaxbsd.compression.methods.auto.Auto`'s
+is a pair. Strings stay shortcuts: :func:`get_method` turns ``"bsd"`` into ``BSD()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar
+
+import jax
+from flax import nnx
+
+from jaxbsd.compression.sites import Site
+
+__all__ = ["Method", "Build", "register", "get_method", "method_names", "largest_rank"]
+
+#: ``(replacement, info)``: info holds the report fields (``error_J``, ``error_F``, ``output_error``,
+#: ``jacobian``, and what the method adds).
+Build = tuple[nnx.Module, dict[str, Any]]
+
+
+class Method:
+    """Base class of the compression methods (frozen dataclasses).
+
+    Class attributes a method may override:
+
+    * ``name``: its registry name (``"bsd"``);
+    * ``needs_spec``: it reads the ``nnx.Linear`` layers of the MLP (a spec is required);
+    * ``uneven``: it supports ``allocation="greedy"`` (integer ranks with a cost per rank);
+    * ``judges_by_model``: it wants the whole model's output error as a judge (:meth:`build`'s ``judge``).
+    """
+
+    name: ClassVar[str] = "?"
+    needs_spec: ClassVar[bool] = True
+    uneven: ClassVar[bool] = True
+    judges_by_model: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ sizes
+    def params(self, site: Site, rank) -> int:
+        """Parameters of the replacement of ``site`` at ``rank``."""
+        raise NotImplementedError
+
+    def max_rank(self, site: Site) -> int:
+        """The largest rank worth considering at ``site`` (>= 1)."""
+        raise NotImplementedError
+
+    def min_rank(self, site: Site):
+        """The smallest replacement (rank 1)."""
+        return 1
+
+    def rank_within(self, site: Site, share: float):
+        """The largest rank whose replacement has at most ``share`` parameters (at least the smallest)."""
+        return max(1, largest_rank(self, site, share))
+
+    def check_rank(self, site: Site, rank: int):
+        """The rank to build for an explicit ``ranks[path] = rank`` (``ValueError`` naming ``ranks`` if
+        it is infeasible)."""
+        return int(rank)
+
+    def sample_rank(self, rank) -> int:
+        """The rank that sizes the solver's samples (``S = samples_per_rank · rank``)."""
+        return int(rank)
+
+    # ------------------------------------------------------------------ building
+    def check_site(self, site: Site) -> None:
+        """``ValueError`` naming ``mlp_specs`` if this method cannot compress ``site``."""
+        if self.needs_spec and site.spec is None:
+            raise ValueError(
+                f"mlp_specs: method {self.name!r} factors the nnx.Linear layers of an MLP, and no spec "
+                f"was found for {site.path!r} ({type(site.module).__name__}): "
+                f"{site.spec_status.removeprefix('not found: ')}. If it is one, give it: "
+                f"mlp_specs={{{site.path!r}: jb.MLPSpec(fc1=..., fc2=..., activation=...)}} "
+                f"(or jb.GatedMLPSpec(gate=..., up=..., down=..., activation=...) for a gated MLP)")
+
+    def build(self, site: Site, rank, key: jax.Array, *,
+              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+        """The replacement of ``site`` at ``rank`` (the model is not changed)."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The method and its options as JSON data (part of a resumable run's identity)."""
+        out = {"method": self.name}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else repr(value)
+        return out
+
+
+def largest_rank(method: Method, site: Site, budget: float) -> int:
+    """Largest rank in ``[0, max_rank]`` whose replacement has at most ``budget`` parameters."""
+    lo, hi = 0, method.max_rank(site)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if method.params(site, mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+_REGISTRY: dict[str, Callable[..., Method]] = {}
+
+
+def register(name: str, factory: Callable[..., Method]) -> None:
+    """Make ``method="<name>"`` a shortcut for ``factory(**options)``."""
+    _REGISTRY[name] = factory
+
+
+#: The built-in methods first, in the order the documentation lists them.
+_BUILT_IN = ("bsd", "svd", "drone", "prune", "auto")
+
+
+def method_names() -> tuple[str, ...]:
+    """The registered names: the built-in methods, then any registered later."""
+    return tuple(sorted(_REGISTRY, key=lambda n: (_BUILT_IN.index(n) if n in _BUILT_IN else len(_BUILT_IN), n)))
+
+
+def get_method(method: str | Method, **options) -> Method:
+    """The method object for ``method`` (a registered name, built with ``options``, or a
+    :class:`Method`, returned as is). ``ValueError`` naming ``method`` otherwise."""
+    if isinstance(method, Method):
+        return method
+    if not isinstance(method, str) or method not in _REGISTRY:
+        raise ValueError(f"method must be one of {method_names()} or a jaxbsd method object "
+                         f"(jb.BSD(...), jb.Prune(), ...), got {method!r}")
+    return _REGISTRY[method](**options)

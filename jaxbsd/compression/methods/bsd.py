@@ -1,0 +1,160 @@
+"""``method="bsd"``: the B-spline decoupling ``W1 g(W0 x)`` found by R-CMTF-BSD.
+
+The solver fits the Jacobians and outputs of the MLP at the site's ``S`` samples
+(:func:`jaxbsd.decouple`, restarts batched in one program); the restart kept is chosen by the
+solver's objective or by the output error on held-out calibration tokens; optionally one restart
+starts from the pruned MLP written as a decoupling (:func:`warm_init`). The result is a
+:class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` with ``r (m + n + ν)`` parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxbsd import metrics
+from jaxbsd.bases import BSpline
+from jaxbsd.cmtf import CMTFConfig
+from jaxbsd.compression.methods.base import Build, Method, register
+from jaxbsd.compression.methods.prune import pruned_mlp
+from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
+from jaxbsd.driver import decouple
+from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
+
+__all__ = ["BSD", "DEFAULT_CONFIG", "warm_init"]
+
+#: The solver template when none is given (the CLI's defaults: cubic splines, ν = 4, 300 sweeps).
+DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
+
+
+def warm_init(site: Site, rank: int, config: CMTFConfig):
+    """The warm start of a rank-``rank`` decoupling of ``site``: its MLP pruned to ``rank − 1``
+    hidden units (fitted on the same tokens as ``method="prune"``) plus one constant internal
+    function for the output bias, written as a :class:`~jaxbsd.Decoupled` by
+    :func:`jaxbsd.warm_start.decoupled_from_pruned` on the solver's samples — so, before any sweep,
+    it is that pruned MLP up to the basis's approximation of the activation. At rank 1: one unit,
+    its output bias projected on its output column.
+
+    Returns:
+      ``(Decoupled, PrunedMLP)``.
+
+    Raises:
+      ValueError: naming ``mlp_specs`` without a two-layer spec, ``ranks`` when ``rank − 1``
+        exceeds the hidden width.
+    """
+    if site.spec is None or site.gated:
+        raise ValueError(f"mlp_specs: a warm start prunes the two nnx.Linear layers of an MLP; {site.path!r} "
+                         f"({type(site.module).__name__}) needs a two-layer MLPSpec ({site.spec_status})")
+    k = max(1, rank - 1)
+    if k > site.hidden:
+        raise ValueError(f"ranks[{site.path!r}] = {rank}: a warm start keeps rank - 1 = {k} hidden units, "
+                         f"but there are {site.hidden}")
+    # Not regularized: with fewer tokens than coefficients the decoupling starts at random instead.
+    pruned, _ = pruned_mlp(site, k, regularize=False, purpose=" for a warm start")
+    return decoupled_from_pruned(pruned, site.X, config.basis, rank=rank), pruned
+
+
+@dataclasses.dataclass(frozen=True)
+class BSD(Method):
+    """R-CMTF-BSD decoupling.
+
+    Attributes:
+      config: the solver template (basis, λ, sweeps…); its rank is replaced per MLP.
+      restarts: random restarts, solved as one batched program.
+      warm_start: ``True``: one more restart started from the pruned MLP (:func:`warm_init`; an
+        error where that is impossible); ``False``: the random restarts alone; ``None``: the warm
+        start wherever the MLP can be pruned to ``rank − 1`` units (a two-layer spec, ``rank − 1``
+        at most its hidden width), the random restarts alone elsewhere, with the reason in the
+        report (``warm_start_skipped``).
+      selection: the restart kept: ``"objective"`` (the solver's training objective on the
+        samples) or ``"output"`` (the relative output error on held-out calibration tokens,
+        :func:`~jaxbsd.compression.sites.selection_tokens`).
+    """
+
+    config: CMTFConfig = DEFAULT_CONFIG
+    restarts: int = 1
+    warm_start: bool | None = None
+    selection: str = "output"
+
+    name = "bsd"
+    needs_spec = False
+
+    def __post_init__(self):
+        if not isinstance(self.config, CMTFConfig):
+            raise ValueError(f"config must be a jaxbsd.CMTFConfig, got {type(self.config).__name__}")
+        if isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 1:
+            raise ValueError(f"restarts must be a positive int, got {self.restarts!r}")
+        if self.warm_start is not None and not isinstance(self.warm_start, bool):
+            raise ValueError(f"warm_start must be True, False or None, got {self.warm_start!r}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+
+    @property
+    def dof(self) -> int:
+        return self.config.basis.num_coef
+
+    def params(self, site: Site, rank) -> int:
+        return metrics.params_bsd(site.m, site.n, rank, self.dof)
+
+    def max_rank(self, site: Site) -> int:
+        return max(1, site.params // (site.m + site.n + self.dof))
+
+    def _init(self, site: Site, rank: int, config: CMTFConfig, info: dict):
+        if self.warm_start is None:  # wherever the MLP can be pruned to rank - 1 units
+            if site.spec is None or site.gated:
+                info["warm_start_skipped"] = f"no two-layer MLPSpec ({site.spec_status})"
+                return None
+            try:
+                return warm_init(site, rank, config)[0]
+            except ValueError as err:
+                info["warm_start_skipped"] = str(err)
+                return None
+        return warm_init(site, rank, config)[0] if self.warm_start else None
+
+    def build(self, site: Site, rank, key: jax.Array, *,
+              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+        start = time.perf_counter()
+        info: dict = {}
+        jac, kind = site_jacobian(site)
+        config = dataclasses.replace(self.config, rank=int(rank))
+        init = self._init(site, int(rank), config, info)
+        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init)
+        chosen = _choose_restart(res, site, self.selection, warm=init is not None, info=info)
+        module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=param_dtype(site.module, site.X.dtype))
+        pick = lambda a: a[chosen]  # noqa: E731
+        info.update(error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
+                    status=int(pick(res.restarts.status)), iterations=int(pick(res.restarts.iterations)),
+                    jacobian=kind)
+        info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
+        info["seconds"] = time.perf_counter() - start
+        return module, info
+
+
+def _choose_restart(res, site: Site, selection: str, *, warm: bool, info: dict) -> int:
+    """The restart kept (by ``selection``), with what to report about the choice (into ``info``)."""
+    X, Y, kind = selection_tokens(site)
+    errors = restart_output_errors(res, X, Y)
+    chosen = choose_restart(res, selection, errors)
+    by_output = choose_restart(res, "output", errors)
+    count = errors.shape[0]
+    info.update(selection=selection, restart=chosen, restart_warm=bool(warm and chosen == count - 1),
+                restart_by_objective=int(res.best_restart), restart_by_output=by_output,
+                output_error_heldout=float(errors[chosen]) if np.isfinite(errors[chosen]) else None,
+                # None for a restart whose model is not finite (JSON-able records, no inf).
+                restart_output_errors=tuple(float(e) if np.isfinite(e) else None for e in errors),
+                selection_tokens=kind)
+    return chosen
+
+
+def _from_options(config=None, restarts=1, warm_start=None, selection="output", **_):
+    return BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=warm_start,
+               selection=selection)
+
+
+register("bsd", _from_options)
