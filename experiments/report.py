@@ -1077,6 +1077,14 @@ class Benchmark(Result):
             raise KeyError(f"{len(rows)} benchmark rows start with {prefix!r}")
         return rows[0]
 
+    def note(self, prefix: str, pattern: str) -> float:
+        """A number the row's note records: the first group of ``pattern`` (a regex) in it."""
+        note = self.row(prefix).get("note") or ""
+        m = re.search(pattern, note)
+        if m is None:
+            raise KeyError(f"{pattern!r} not in the note of {prefix!r}: {note!r}")
+        return float(m.group(1))
+
     def rows(self, prefix: str) -> list[dict]:
         return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
 
