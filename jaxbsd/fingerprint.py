@@ -23,7 +23,7 @@ decisions, while multiplying either least-squares cutoff by 1e6 moves the near-s
 entries by orders of magnitude more than :data:`RTOL`.
 
 This module is part of the solver core: it imports the solver and nothing above it
-(models, data, experiments), and for its cache the file primitives of :mod:`jaxbsd.files`
+(models, data, experiments), and for its cache the file primitives of ``jaxbsd._files``
 (not :mod:`jaxbsd.io`, which imports this module for the provenance of results).
 """
 
@@ -47,7 +47,7 @@ import numpy as np
 from jaxbsd.bases import BSpline, Polynomial, ReLU
 from jaxbsd.cmtf import CMTFConfig, SolverState, solve, sweep
 from jaxbsd.driver import problem as make_problem
-from jaxbsd.files import source_hash, write_json_atomic
+from jaxbsd._files import source_hash, write_json_atomic
 from jaxbsd.tensor import StructuredJacobian
 
 __all__ = ["FINGERPRINT_VERSION", "RTOL", "ATOL", "solver_fingerprint", "compare_fingerprints", "CASES"]

@@ -2,9 +2,9 @@
 provenance every committed result carries (command, commit, source hashes, and for a result
 computed with the solver the solver's numerical fingerprint, :mod:`jaxbsd.fingerprint`).
 
-The atomic writers and the source hash are defined in :mod:`jaxbsd.files`, which imports
+The atomic writers and the source hash are defined in ``jaxbsd._files``, which imports
 nothing of jaxbsd, and re-exported here: the fingerprint uses them too, and this module uses the
-fingerprint, so the imports run one way (io → fingerprint → files)."""
+fingerprint, so the imports run one way (io → fingerprint → _files)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pathlib
 import subprocess
 from typing import Iterable
 
-from jaxbsd.files import PACKAGE, fsync_dir, source_hash, write_bytes_atomic, write_json_atomic
+from jaxbsd._files import PACKAGE, fsync_dir, source_hash, write_bytes_atomic, write_json_atomic
 
 __all__ = ["write_json_atomic", "write_bytes_atomic", "fsync_dir", "read_json", "provenance", "source_hash", "SOLVER_FILES"]
 

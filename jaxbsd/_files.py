@@ -1,4 +1,4 @@
-"""The package's file primitives: atomic writes and source hashes.
+"""The package's file primitives: atomic writes and source hashes (public as :mod:`jaxbsd.io`).
 
 A leaf: it imports nothing of jaxbsd, so every module may use it — the solver fingerprint
 (:mod:`jaxbsd.fingerprint`, which keys its cache by :func:`source_hash` and writes it
