@@ -1053,6 +1053,26 @@ class Ablation(Result):
     def cell(self, variant: str, lam: float, column: str, metric: str = "accuracy") -> float:
         return float(np.nanmean(np.asarray(self.json["grids"][metric][variant][repr(lam)][column], dtype=float)))
 
+    def cells(self, variant: str, lam: float, prefix: str = "", metric: str = "accuracy") -> list[float]:
+        """The cells of the columns starting with ``prefix`` (``"BSD"``: every B-spline degree)."""
+        return [self.cell(variant, lam, c, metric) for c in self.columns(prefix)]
+
+    def spread(self, variant: str, lam: float) -> float:
+        """Largest minus smallest cell over every basis at λ."""
+        return float(np.ptp(self.cells(variant, lam)))
+
+    def robust_gap(self, lams: Iterable[float]) -> float:
+        """Largest |robust − plain| over the bases at these λ."""
+        return max(abs(a - b) for lam in lams
+                   for a, b in zip(self.cells("R-CMTF", lam), self.cells("CMTF", lam)))
+
+    def savings(self) -> np.ndarray:
+        """Savings in percent, every variant, λ, basis and degree by rank (last axis)."""
+        g = self.json["grids"]
+        arr = np.asarray([g["savings"][v][repr(lam)][c] for v in g["variants"] for lam in g["lams"]
+                          for c in g["columns"]], dtype=float)
+        return arr.reshape(-1, arr.shape[-1])
+
     def columns(self, prefix: str = "") -> list[str]:
         return [c for c in self.json["grids"]["columns"] if c.startswith(prefix)]
 
