@@ -64,7 +64,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
-from jaxbsd.compress import sample_tokens  # noqa: E402
+from jaxbsd.compression.blockwise import sample_tokens  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.fingerprint import solver_fingerprint  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402

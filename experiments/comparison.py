@@ -74,7 +74,7 @@ import numpy as np  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from flax import nnx  # noqa: E402
-from jaxbsd.compress import CompressionConfig, block_order, compress  # noqa: E402
+from jaxbsd.compression.blockwise import CompressionConfig, block_order, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402

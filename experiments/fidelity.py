@@ -54,7 +54,7 @@ import training_free  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
-from jaxbsd.compress import block_order, capture_indices, compress  # noqa: E402
+from jaxbsd.compression.blockwise import block_order, capture_indices, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.train import predict  # noqa: E402

@@ -84,7 +84,7 @@ import common  # noqa: E402  (sets BLAS threads before numpy/JAX are imported)
 import numpy as np  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
-from jaxbsd.compress import CompressionConfig, compress  # noqa: E402
+from jaxbsd.compression.blockwise import CompressionConfig, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402

@@ -65,7 +65,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
-from jaxbsd.compress_model import DEFAULT_CONFIG, get_submodule  # noqa: E402
+from jaxbsd.compression.methods import DEFAULT_CONFIG  # noqa: E402
+from jaxbsd.compression.surgery import get_submodule  # noqa: E402
 from jaxbsd.data import load_text_dataset  # noqa: E402
 from jaxbsd.models import LMConfig, build_model, config_for_dataset, count_params  # noqa: E402
 from jaxbsd.models.layers import MLP  # noqa: E402

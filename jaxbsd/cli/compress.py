@@ -48,7 +48,7 @@ def _basis(args):
 
 def validate_compress_args(args: argparse.Namespace):
     """Check ``jaxbsd compress``'s arguments before any file is read or written; return the
-    :class:`~jaxbsd.compress.CompressionConfig` they give.
+    :class:`~jaxbsd.compression.blockwise.CompressionConfig` they give.
 
     Value ranges are argparse's (the flags' types); this adds what needs several flags (the
     basis, the config) and the paths: ``--checkpoint`` and ``--data-root`` must exist, ``--out``
@@ -57,7 +57,7 @@ def validate_compress_args(args: argparse.Namespace):
     Raises:
         ValueError: naming the flag or setting.
     """
-    from jaxbsd import compress
+    from jaxbsd.compression import blockwise as compress
 
     config = compress.CompressionConfig(
         method=args.method, basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
@@ -134,7 +134,8 @@ def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jaxbsd import compress, data, train
+    from jaxbsd import data, train
+    from jaxbsd.compression import blockwise as compress
     from jaxbsd.io import write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, count_params
 
@@ -229,7 +230,7 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--train-epochs", type=positive_int, default=40)
     p.add_argument("--train-lr", type=positive_float, default=1e-3)
     p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"))
-    p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune", "auto"),  # jaxbsd.compress.METHODS
+    p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune", "auto"),  # jaxbsd.compression.blockwise.METHODS
                    help="bsd (decoupling), svd/drone (low rank), prune (hidden units) or auto (per block the better "
                         "of a decoupling warm-started from the pruned MLP and the pruned MLP, judged by the model's "
                         "outputs on held-out images); "
