@@ -1023,6 +1023,23 @@ class FullCompression(Result):
         last = self.steps(capture)[-1]
         return Paired(self.values("BF", last, capture), self.values("FB", last, capture))
 
+    def run_minutes(self) -> float:
+        """Minutes its runs took, each as recorded where it ran."""
+        return _run_seconds(self.json) / 60
+
+    def at(self, order: str, step: str, capture=None) -> list[float]:
+        """The mean at ``step`` per basis (our runs)."""
+        return self.means(order, step, capture)
+
+    def paper_at(self, order: str, step: str) -> list[float]:
+        """The paper's mean at ``step`` per basis."""
+        return [self.paper(order, step, b) for b in self.bases()]
+
+    def paper_diffs(self) -> list[float]:
+        """The paper's final BF − FB per basis."""
+        last = self.steps()[-1]
+        return [b - f for b, f in zip(self.paper_at("BF", last), self.paper_at("FB", last))]
+
     def paper(self, order: str, step: str, basis: str):
         return (self.json.get("paper") or {}).get(order, {}).get(step, {}).get(basis, [None])[0]
 
@@ -1130,7 +1147,7 @@ def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | No
 
     ns = Lazy(num=num, pct=pct, slash=slash, pmax=pmax, sgn=sgn, pv=pv, rng=rng, ratio=ratio, count=count, secs=secs, Paired=Paired,
               np=np, min=min, max=max, abs=abs, len=len, sum=sum, round=round, sorted=sorted, zip=zip,
-              str=str, int=int, float=float, next=next, list=list)
+              str=str, int=int, float=float, next=next, list=list, all=all, any=any)
     return ns
 
 
