@@ -11,7 +11,7 @@ One step for block ``i``:
 4. fine-tune the whole model for ``finetune_epochs`` with Optax and evaluate again.
 
 This module is an adapter of the compression engine (:func:`jaxbsd.compression.engine.run`), as
-:func:`jaxbsd.compress_model` is: the engine plans the ranks (explicit, or from a parameter
+:func:`~jaxbsd.compression.engine.compress_model` is: the engine plans the ranks (explicit, or from a parameter
 budget shared uniformly or greedily), builds each site and replacement with the method object,
 and saves and resumes the state. What is this module's own is the data: the token capture,
 batched and jitted through ``model.block_input`` over whole data sets (:class:`BlockCalibration`),
@@ -90,7 +90,7 @@ class CompressionConfig:
         (structured pruning of hidden units with a least-squares refit of the output layer) or
         ``"auto"`` (per block, the better on held-out calibration tokens of a decoupling
         warm-started from the pruned MLP, its restart chosen by output error, and the pruned MLP
-        within the same parameters; see :func:`jaxbsd.compress_model.build_auto`; the record's
+        within the same parameters; see :class:`jaxbsd.compression.methods.Auto`; the record's
         ``method`` is the kept one and ``auto`` says why).
       basis: basis of the internal functions (``"bsd"`` only).
       rank: decoupling rank, the low-rank baselines' rank, or the hidden units pruning keeps; ``None`` = the block's width
@@ -99,7 +99,7 @@ class CompressionConfig:
       reduction: instead of ``rank``, ``ρ``: the compressed model keeps at most ``(1 − ρ)·P``
         of the original's ``P`` parameters (paper §6.5); the ranks are planned up front.
       allocation: how ``reduction`` is shared by the blocks: ``"uniform"`` or ``"greedy"``
-        (see :func:`jaxbsd.compress_model`).
+        (see :func:`~jaxbsd.compression.engine.compress_model`).
       robust, lam, max_iter, restarts, tol: solver settings (``"bsd"`` only).
       num_samples: ``S``, sampling points (token vectors) per block (with
         ``samples_per_rank``, the smallest S).
@@ -112,7 +112,7 @@ class CompressionConfig:
         the block's current MLP, evaluated at those points.
       capture_images: training images whose tokens the samples are drawn from.
       warm_start: ``"bsd"`` only: add one restart started from the block's MLP pruned to
-        ``rank − 1`` units plus a constant unit (:func:`jaxbsd.compress_model.warm_init`); ``"auto"``
+        ``rank − 1`` units plus a constant unit (:func:`jaxbsd.compression.methods.warm_init`); ``"auto"``
         always warm-starts.
       selection: ``"bsd"`` only: which restart is kept, ``"objective"`` (the solver's) or
         ``"output"`` (the output error on held-out calibration tokens); ``"auto"`` uses ``"output"``.
@@ -120,7 +120,7 @@ class CompressionConfig:
         (default): the whole model's outputs (logits) with the candidate in place, on
         ``judge_images`` held-out training images (drawn apart from the block's calibration
         images), against the original model's outputs on them
-        (:func:`jaxbsd.compress_model.output_judge`). ``"block"``: the MLP's output error on its
+        (:func:`jaxbsd.compression.surgery.output_judge`). ``"block"``: the MLP's output error on its
         held-out check tokens (the rule before the end-to-end judge).
       judge_images: ``auto_judge="model"`` only: how many training images the candidates are
         judged on (fewer if the training split has fewer outside the calibration images). Two

@@ -11,7 +11,7 @@ run over a data set, fine-tuning after each step):
 4. for each MLP in order: capture again on the current model, build the replacement with the
    method, put it in place, run the caller's step (fine-tuning), save the state.
 
-The engine never asks which method it holds (:mod:`jaxbsd.compression.methods`), and never how
+The engine never asks which method it holds (:mod:`jaxbsd.compression.methods.base`), and never how
 the tokens are obtained: a :class:`CalibrationSource` gives them, with the keys of each draw.
 """
 

@@ -87,7 +87,7 @@ class MLPReport:
 
 @dataclasses.dataclass(frozen=True)
 class CompressionReport:
-    """The result of :func:`compress_model`.
+    """The result of :func:`~jaxbsd.compression.engine.compress_model`.
 
     Attributes:
       mlps: one :class:`MLPReport` per MLP, in the order they were replaced.

@@ -25,8 +25,8 @@ from jaxbsd.models import count_params
 from jaxbsd.models.capture import module_jacobians
 from jaxbsd.tensor import StructuredJacobian, cpd_sq_norm, mlp_jacobian
 
-__all__ = ["Site", "make_site", "site_jacobian", "gated_site_jacobian", "selection_tokens", "output_error", "apply_module", "param_dtype",
-           "mlp_error_J", "gated_error_J", "CHECK_TOKENS", "same_site"]
+__all__ = ["Site", "make_site", "site_jacobian", "gated_site_jacobian", "selection_tokens", "output_error",
+           "apply_module", "param_dtype", "mlp_error_J", "gated_error_J", "CHECK_TOKENS", "same_site"]
 
 #: Calibration tokens on which the relative output error is measured (and DRONE's inputs).
 CHECK_TOKENS = 8192
@@ -50,7 +50,7 @@ class Site:
       fit_X, fit_Y: ``(M, m)``, ``(M, n)``: up to 8192 other calibration tokens, none of them
         among the check tokens (``M`` may be 0): pruning fits on them when there are enough, so
         its output error is measured on held-out tokens. None when not drawn.
-      spec_status: how the spec was obtained (see :func:`jaxbsd.specs.choose_spec`).
+      spec_status: how the spec was obtained (see :func:`jaxbsd.compression.specs.choose_spec`).
     """
 
     path: str

@@ -424,7 +424,7 @@ def find_spec(module: nnx.Module, X: jax.Array, Y: jax.Array) -> Detection:
 
 def choose_spec(module: nnx.Module, path: str, mlp_specs, X: jax.Array,
                 Y: jax.Array) -> tuple[MLPSpec | GatedMLPSpec | None, str]:
-    """The spec :func:`jaxbsd.compress_model` uses at ``path``, and how it was obtained.
+    """The spec :func:`~jaxbsd.compression.engine.compress_model` uses at ``path``, and how it was obtained.
 
     An explicit spec (``mlp_specs``) wins; jaxbsd's own MLP and gated MLP are known; otherwise
     :func:`find_spec` on the calibration tokens ``X (N, m)``, ``Y (N, n)``.

@@ -226,7 +226,7 @@ def output_judge(model: nnx.Module, path: str, inputs, reference: jax.Array) -> 
     MLPs' ``output_error``) of the whole model's outputs on ``inputs`` (:func:`model_outputs`)
     with ``module`` put at ``path``, against ``reference`` (``(K,)``, the original model's
     outputs on ``inputs``). The submodule at ``path`` is put back afterwards. For
-    :func:`build_auto`'s ``judge``."""
+    :class:`~jaxbsd.compression.methods.Auto`'s ``judge``."""
     def judge(module: nnx.Module) -> float:
         old = get_submodule(model, path)
         set_submodule(model, path, module)
