@@ -1126,7 +1126,7 @@ class Benchmark(Result):
         return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
 
 
-_KINDS = {"synthetic": Synthetic, "training": Training, "cmp_": Study, "tf_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
+_KINDS = {"synthetic": Synthetic, "training": Training, "cmp_": Study, "tf_": Study, "fid_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
           "abl_": Ablation, "bench": Benchmark}
 
 
