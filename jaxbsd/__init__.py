@@ -46,6 +46,7 @@ from jaxbsd.compression import (  # noqa: E402
     MLPReport,
     MLPSpec,
     Prune,
+    Refine,
     compress,
     compress_model,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "DRONE",
     "Method",
     "Prune",
+    "Refine",
     "SVD",
     "compress",
     "Basis",

@@ -7,6 +7,7 @@ The modules, top to bottom (each uses only those below it):
 * :mod:`~jaxbsd.compression.engine` — :func:`compress_model` and the algorithm both share
   (:func:`~jaxbsd.compression.engine.run`): plan, resume, replace one MLP at a time;
 * :mod:`~jaxbsd.compression.state` — resume: the state directory of a run;
+* :mod:`~jaxbsd.compression.refine` — the label-free refinement stage, the same for every method;
 * :mod:`~jaxbsd.compression.budget` — uniform and greedy sharing of a parameter budget;
 * :mod:`~jaxbsd.compression.methods` — ``bsd``, ``svd``/``drone``, ``prune``, ``auto``: one
   protocol (parameters of a rank, feasible ranks, build);
@@ -20,6 +21,7 @@ The modules, top to bottom (each uses only those below it):
 from jaxbsd.compression.blockwise import CompressionConfig, compress
 from jaxbsd.compression.engine import compress_model
 from jaxbsd.compression.methods import BSD, DRONE, SVD, Auto, Method, Prune, get_method, register
+from jaxbsd.compression.refine import Refine
 from jaxbsd.compression.report import CompressionReport, MLPReport
 from jaxbsd.compression.specs import GatedMLPSpec, MLPSpec
 from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodule
@@ -38,6 +40,7 @@ __all__ = [
     "DRONE",
     "Prune",
     "Auto",
+    "Refine",
     "get_method",
     "register",
     "capture_calls",

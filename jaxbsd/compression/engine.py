@@ -31,6 +31,7 @@ from flax import nnx
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compression import budget as budgets
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
+from jaxbsd.compression.refine import Refine, refine_module
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
 from jaxbsd.compression.sites import Site, make_site, same_site
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec
@@ -70,6 +71,11 @@ class CalibrationSource(Protocol):
         """``(inputs, reference outputs)`` on which the whole model judges candidates at a step
         (called on the original model, before any replacement)."""
 
+    def reference(self, model: nnx.Module, path: str, stage: int) -> jax.Array:
+        """``Y (N, n)``: the original model's outputs of ``path`` on the tokens a capture at
+        ``stage`` gives, in the same order (called on the original model, before any
+        replacement; refinement's ``"consistent"`` target)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -85,6 +91,7 @@ class Plan:
       mlp_specs: specs given by the caller (see :func:`jaxbsd.compression.specs.choose_spec`).
       structured: read recognised MLPs by their spec even where the method does not need it
         (structured Jacobians); ``False``: dense Jacobians for such methods.
+      refine: the refinement stage (:class:`~jaxbsd.compression.refine.Refine`), or None.
     """
 
     paths: tuple[str, ...]
@@ -95,6 +102,7 @@ class Plan:
     order: str | tuple[str, ...] = "back-to-front"
     mlp_specs: Any = None
     structured: bool = True
+    refine: Refine | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +182,21 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
     return dict(zip(plan.paths, chosen)), cache
 
 
+def _refiner(plan: Plan, site: Site, reference, key: jax.Array):
+    """``refine(module) -> (module, info)`` on the site's check and fit tokens (what the MLP is fed
+    now), against the original MLP's outputs there (``"local"``) or the original model's
+    (``"consistent"``, ``reference``: its outputs on every captured token)."""
+    parts = [(site.check_X, site.check_Y, site.check_idx)]
+    if site.fit_X is not None and site.fit_X.shape[0]:
+        parts.append((site.fit_X, site.fit_Y, site.fit_idx))
+    X = jnp.concatenate([x for x, _, _ in parts])
+    if plan.refine.target == "local":
+        Y = jnp.concatenate([y for _, y, _ in parts])
+    else:
+        Y = jnp.concatenate([reference[np.asarray(i)] for _, _, i in parts])
+    return lambda module: refine_module(module, X, Y, plan.refine, key)
+
+
 def calibration_digest(tokens: dict) -> dict[str, str]:
     """A hash of each MLP's planning tokens (part of a resumable run's identity)."""
     out = {}
@@ -216,6 +239,9 @@ def run(
     order = execution_order(plan.order, first_calls)
     # Judges see the original model's outputs, before any replacement or resumed state.
     judges = {step: source.judge(model, step) for step in range(1, len(order) + 1)} if method.judges_by_model else {}
+    refining = plan.refine is not None and plan.refine.steps > 0
+    references = ({step: source.reference(model, path, step) for step, path in enumerate(order, start=1)}
+                  if refining and plan.refine.target == "consistent" else {})
     # 2. The ranks, planned on the original model (a resumed run plans exactly what the first did).
     rank_of, cache = _plan_ranks(model, plan, source, tokens, sites, params_total)
     # 3. Resume.
@@ -223,6 +249,7 @@ def run(
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,
         "ranks": None if plan.ranks is None else dict(plan.ranks), "allocation": plan.allocation,
         "order": order, "structured": plan.structured, "params": params_total,
+        "refine": None if not refining else plan.refine.to_dict(),
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
     records = [] if run_state is None else run_state.load(model)
     # 4. One MLP at a time.
@@ -235,12 +262,17 @@ def run(
             site = sites[path]
         else:  # earlier replacements and fine-tuning change what this MLP sees
             site = site_at(model, plan, source, path, step, source.num_samples(path, method.sample_rank(rank), step))
+        build_key = source.keys(path, step)[1]
+        refine = _refiner(plan, site, references.get(step), jax.random.fold_in(build_key, 2)) if refining else None
         hit = cache.get((path, rank))
-        if hit is not None and same_site(hit[0], site):
-            module, info = hit[1], hit[2]  # the greedy allocation already built exactly this
+        if hit is not None and same_site(hit[0], site) and not (refine and method.refines_candidates):
+            module, info = hit[1], dict(hit[2])  # the greedy allocation already built exactly this
         else:
             judge = output_judge(model, path, *judges[step]) if step in judges else None
-            module, info = method.build(site, rank, source.keys(path, step)[1], judge=judge)
+            module, info = method.build(site, rank, build_key, judge=judge,
+                                        refine=refine if method.refines_candidates else None)
+        if refine is not None and not method.refines_candidates:
+            module, info["refine"] = refine(module)  # the engine's stage, the same for every method
         set_submodule(model, path, module)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
@@ -286,6 +318,7 @@ class BatchCalibration:
         self.samples = num_samples
         self.site_keys = {p: jax.random.fold_in(key, i) for i, p in enumerate(paths)}
         self._reference = None
+        self._outputs: dict[str, jax.Array] = {}
 
     def capture(self, model, paths, stage):
         try:
@@ -298,6 +331,8 @@ class BatchCalibration:
         for path, (X, Y) in tokens.items():
             _check_finite(f"the inputs of {path!r} in the forward pass", X)
             _check_finite(f"the outputs of {path!r} in the forward pass", Y)
+            if stage == PLAN:  # the original model's outputs (refinement's "consistent" target)
+                self._outputs.setdefault(path, Y)
         return tokens, order
 
     def keys(self, path, stage):
@@ -310,6 +345,11 @@ class BatchCalibration:
         if self._reference is None:  # the original model's outputs, once
             self._reference = model_outputs(model, self.calibration)
         return self.calibration, self._reference
+
+    def reference(self, model, path, stage):
+        if path not in self._outputs:  # every stage sees the same batch: capture once
+            self._outputs[path] = self.capture(model, [path], stage)[0][path][1]
+        return self._outputs[path]
 
 
 def _validate(model, mlps, reduction, ranks, allocation, order, num_samples, mlp_specs) -> list[str]:
@@ -411,6 +451,7 @@ def compress_model(
     auto_judge: str = "model",
     state_dir: str | os.PathLike | None = None,
     resume: bool = True,
+    refine: Refine | None = None,
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -499,6 +540,10 @@ def compress_model(
         uninterrupted run would. A state of another configuration is refused (``ValueError``
         naming ``state_dir``). ``finetune`` is not part of the identity: rerun with the same one.
       resume: ``False``: discard any state in ``state_dir`` and start over.
+      refine: a :class:`~jaxbsd.compression.refine.Refine` to train each replacement, once built,
+        to reproduce the original MLP's outputs on the calibration tokens (no labels; the best
+        step on held-out tokens is kept; ``report.mlps[i].refine`` says what it did); ``"auto"``
+        refines both candidates before judging them. None: no refinement.
 
     ``method="auto"``: each MLP gets one parameter share, within which a decoupling (warm-started
     from the pruned MLP wherever that is possible) and a pruned MLP are built, and the one judged
@@ -539,8 +584,10 @@ def compress_model(
         raise ValueError(f"key must be a jax.random key (jax.random.key(seed)), got {key!r}")
     if not callable(calibration):
         _check_finite("the batch", calibration)
+    if refine is not None and not isinstance(refine, Refine):
+        raise ValueError(f"refine must be a jaxbsd.Refine or None, got {refine!r}")
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
-                order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs)
+                order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine)
     source = BatchCalibration(calibration, mlps, key, num_samples)
     params_before = count_params(model)
 

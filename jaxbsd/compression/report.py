@@ -44,6 +44,9 @@ class MLPReport:
         fit_tokens}}``: both candidates and why one was kept; else None.
       warm_start_skipped: with ``warm_start=None`` (the default), why this decoupling had no
         warm start (no two-layer spec, ``rank − 1`` above the hidden width, …); else None.
+      refine: what the refinement stage did (``target``, ``steps``, ``steps_kept``,
+        ``error_before``/``error_after`` on its held-out tokens, token counts, ``seconds``); None
+        without refinement. ``output_error`` is the replacement's as built, before refinement.
       notes: what else the method says about this replacement (e.g. a pruning refit regularized
         because the calibration had fewer tokens than coefficients); else None.
     """
@@ -74,6 +77,7 @@ class MLPReport:
     auto: dict[str, Any] | None = None
     warm_start_skipped: str | None = None
     notes: str | None = None
+    refine: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> "MLPReport":
@@ -116,4 +120,4 @@ class CompressionReport:
 
 #: The :class:`MLPReport` fields a method may fill from its build ``info`` (beyond the common ones).
 REPORT_FIELDS = ("selection", "restart", "restart_warm", "restart_by_objective", "restart_by_output",
-                 "output_error_heldout", "selection_tokens", "auto", "warm_start_skipped", "notes")
+                 "output_error_heldout", "selection_tokens", "auto", "warm_start_skipped", "notes", "refine")

@@ -50,6 +50,8 @@ class Site:
       fit_X, fit_Y: ``(M, m)``, ``(M, n)``: up to 8192 other calibration tokens, none of them
         among the check tokens (``M`` may be 0): pruning fits on them when there are enough, so
         its output error is measured on held-out tokens. None when not drawn.
+      check_idx, fit_idx: the indices of the check and fit tokens among the ``N`` captured ones
+        (so targets computed elsewhere for the same tokens can be matched to them).
       spec_status: how the spec was obtained (see :func:`jaxbsd.compression.specs.choose_spec`).
     """
 
@@ -68,6 +70,8 @@ class Site:
     fit_Y: jax.Array | None = None
     spec_status: str = "given"
     biases: tuple[bool, bool, bool] | None = None
+    check_idx: np.ndarray | None = None
+    fit_idx: np.ndarray | None = None
 
     @property
     def gated(self) -> bool:
@@ -148,7 +152,7 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
                 params=count_params(module), X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
-                fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases)
+                fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases, check_idx=check, fit_idx=rest)
 
 
 @nnx.jit

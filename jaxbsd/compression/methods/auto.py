@@ -48,6 +48,7 @@ class Auto(Method):
     judge: str = "model"
 
     name = "auto"
+    refines_candidates = True
     uneven = False  # both candidates live in one share; greedy shares are per candidate
 
     def __post_init__(self):
@@ -82,14 +83,22 @@ class Auto(Method):
         return int(rank[0])
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None,
+              refine: Callable[[nnx.Module], Build] | None = None) -> Build:
         start = time.perf_counter()
         bsd_rank, prune_rank = rank
         site_jacobian(site)  # computed once, shared by both candidates
         bsd, bsd_info = self.bsd.build(site, bsd_rank, key)
         pruned, prune_info = self.prune.build(site, prune_rank, key)
+        if refine is not None:  # both candidates refined (same tokens, same split) before the judge
+            bsd, bsd_info["refine"] = refine(bsd)
+            pruned, prune_info["refine"] = refine(pruned)
         if self.judge == "block" or judge is None:
-            what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
+            if refine is None:
+                what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
+            else:  # the check tokens trained the refinement: compare on its held-out tokens
+                what = "refined held-out output error"
+                e_bsd, e_prune = bsd_info["refine"]["error_after"], prune_info["refine"]["error_after"]
             judge = None
         else:
             what, e_bsd, e_prune = "model output error", judge(bsd), judge(pruned)
@@ -102,7 +111,7 @@ class Auto(Method):
             return dict(rank=int(r), params=count_params(mod), output_error=i["output_error"],
                         **({} if judge is None else {"model_output_error": e_model}),
                         **{k: i[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
-                                             "selection_tokens", "warm_start_skipped") if k in i})
+                                             "selection_tokens", "warm_start_skipped", "refine") if k in i})
 
         info.update(method=kept, rank=int(bsd_rank if better else prune_rank), auto=dict(
             kept=kept, judge="block" if judge is None else "model",

@@ -38,13 +38,16 @@ class Method:
     * ``name``: its registry name (``"bsd"``);
     * ``needs_spec``: it reads the ``nnx.Linear`` layers of the MLP (a spec is required);
     * ``uneven``: it supports ``allocation="greedy"`` (integer ranks with a cost per rank);
-    * ``judges_by_model``: it wants the whole model's output error as a judge (:meth:`build`'s ``judge``).
+    * ``judges_by_model``: it wants the whole model's output error as a judge (:meth:`build`'s ``judge``);
+    * ``refines_candidates``: it applies the engine's refinement (:meth:`build`'s ``refine``) to the
+      candidates it compares; for the other methods the engine refines what :meth:`build` returns.
     """
 
     name: ClassVar[str] = "?"
     needs_spec: ClassVar[bool] = True
     uneven: ClassVar[bool] = True
     judges_by_model: ClassVar[bool] = False
+    refines_candidates: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ sizes
     def params(self, site: Site, rank) -> int:
@@ -84,8 +87,11 @@ class Method:
                 f"(or jb.GatedMLPSpec(gate=..., up=..., down=..., activation=...) for a gated MLP)")
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None) -> Build:
-        """The replacement of ``site`` at ``rank`` (the model is not changed)."""
+              judge: Callable[[nnx.Module], float] | None = None,
+              refine: Callable[[nnx.Module], Build] | None = None) -> Build:
+        """The replacement of ``site`` at ``rank`` (the model is not changed). ``judge``: the whole
+        model's output error with a module in place; ``refine``: the engine's refinement stage
+        (``refine(module) -> (refined, info)``), for methods that compare candidates."""
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:

@@ -118,7 +118,7 @@ class BSD(Method):
         return warm_init(site, rank, config)[0] if self.warm_start else None
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
         start = time.perf_counter()
         info: dict = {}
         jac, kind = site_jacobian(site)

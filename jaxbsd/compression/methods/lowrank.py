@@ -62,7 +62,7 @@ class LowRank(Method):
         return int(rank)
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
         start = time.perf_counter()
         kernels = site.spec.kernels(site.module, site.path)
         X = site.check_X if self.kind == "drone" else None

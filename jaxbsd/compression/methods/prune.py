@@ -97,7 +97,7 @@ class Prune(Method):
         return int(rank)
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
         start = time.perf_counter()
         module, info = pruned_mlp(site, int(rank))
         jac, kind = site_jacobian(site)

@@ -1,0 +1,145 @@
+"""Label-free refinement: train a replacement to reproduce the original MLP's outputs.
+
+After a method has built a replacement, its parameters (every ``nnx.Param``: a decoupling's
+``W0``, ``W1`` and spline coefficients — not its knots —, a pruned MLP's two layers, a low-rank
+MLP's factors and biases) are trained for a few hundred full-batch Adam steps to minimise the
+relative squared output error ``‖f̂(X) − Y‖² / ‖Y‖²`` on the calibration tokens ``X`` the MLP is
+fed, against a target ``Y`` that needs no labels:
+
+* ``target="local"``: the original MLP applied to those same inputs;
+* ``target="consistent"``: the original *model*'s MLP outputs on the same calibration inputs, so
+  the replacement also absorbs what the MLPs replaced before it changed upstream.
+
+A share ``holdout`` of the tokens is held out; the step with the lowest held-out error is kept
+(step 0, the replacement as built, included), so refining never raises the held-out error. The
+whole loop is one jitted ``lax.scan``: it compiles once per replacement structure and token count
+(all the blocks of a transformer share one program). The structure is unchanged: a
+``DecoupledMLP`` stays a ``DecoupledMLP`` of the same rank, a pruned MLP keeps its units, and the
+parameter count does not move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+__all__ = ["Refine", "TARGETS", "refine_module", "trace_count"]
+
+#: What the refined replacement is trained to reproduce (see the module docstring).
+TARGETS = ("local", "consistent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Refine:
+    """Settings of the refinement stage (pass as ``refine=`` to :func:`jb.compress_model`).
+
+    Attributes:
+      steps: Adam steps (full batch over the training tokens); 0 turns the stage off.
+      learning_rate: Adam's step size.
+      holdout: share of the tokens held out to keep the best step (in ``(0, 1)``).
+      target: ``"local"`` or ``"consistent"`` (:data:`TARGETS`).
+      max_tokens: at most this many tokens are used (drawn at random), train and held out together.
+    """
+
+    steps: int = 300
+    learning_rate: float = 1e-3
+    holdout: float = 0.2
+    target: str = "local"
+    max_tokens: int = 16384
+
+    def __post_init__(self):
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"refine: steps must be an int >= 0, got {self.steps!r}")
+        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            raise ValueError(f"refine: learning_rate must be a positive number, got {self.learning_rate!r}")
+        if not (isinstance(self.holdout, (int, float)) and 0 < self.holdout < 1):
+            raise ValueError(f"refine: holdout must be a number in (0, 1), got {self.holdout!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"refine: target must be one of {TARGETS}, got {self.target!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 2:
+            raise ValueError(f"refine: max_tokens must be an int >= 2, got {self.max_tokens!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: How many times the loop has been traced (compiled) in this process: a test reads it.
+_TRACES = [0]
+
+
+def trace_count() -> int:
+    """How many times the refinement loop has been traced in this process."""
+    return _TRACES[0]
+
+
+def _relative_error(graphdef, params, rest, X, Y):
+    out = nnx.merge(graphdef, params, rest)(X)
+    return jnp.sum((out - Y) ** 2) / jnp.maximum(jnp.sum(Y ** 2), jnp.finfo(Y.dtype).tiny)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps"))
+def _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate, *, steps: int):
+    """``(best params, held-out error per step (steps + 1,), best step)``: ``steps`` Adam steps on the
+    training tokens, keeping the parameters of the step (0 = as given) with the lowest held-out error."""
+    _TRACES[0] += 1
+    tx = optax.adam(learning_rate)
+    loss = functools.partial(_relative_error, graphdef)
+    held = lambda p: loss(p, rest, X_held, Y_held)  # noqa: E731
+    err0 = held(params)
+
+    def step(carry, i):
+        p, opt_state, best_p, best_err, best_i = carry
+        grads = jax.grad(loss)(p, rest, X_train, Y_train)
+        updates, opt_state = tx.update(grads, opt_state, p)
+        p = optax.apply_updates(p, updates)
+        err = held(p)
+        # A non-finite step is never kept (and nothing after it is, its parameters being non-finite).
+        better = jnp.isfinite(err) & (err < best_err)
+        best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
+        return (p, opt_state, best_p, jnp.where(better, err, best_err), jnp.where(better, i + 1, best_i)), err
+
+    init = (params, tx.init(params), params, err0, jnp.asarray(0))
+    (_, _, best_p, _, best_i), errs = jax.lax.scan(step, init, jnp.arange(steps))
+    return best_p, jnp.concatenate([err0[None], errs]), best_i
+
+
+def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine,
+                  key: jax.Array) -> tuple[nnx.Module, dict[str, Any]]:
+    """``module`` refined on ``X (N, m) -> Y (N, n)`` (a new module of the same structure; ``module``
+    itself is not changed), and the report: ``target``, ``steps``, ``steps_kept`` (the best step, 0
+    if none improved), ``error_before``/``error_after`` (relative output error on the held-out
+    tokens), ``tokens_train``, ``tokens_heldout``, ``seconds``.
+
+    Raises:
+      ValueError: naming ``calibration`` with fewer than 2 tokens, or shapes that do not match.
+    """
+    start = time.perf_counter()
+    if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0]:
+        raise ValueError(f"calibration: refinement needs tokens X (N, m) and targets Y (N, n), got {X.shape}, {Y.shape}")
+    N = int(X.shape[0])
+    if N < 2:
+        raise ValueError(f"calibration: refinement needs at least 2 tokens, got {N}")
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    dtype = jax.tree.leaves(params)[0].dtype
+    take = min(N, config.max_tokens)
+    order = jax.random.permutation(key, N)[:take]
+    held = max(1, min(take - 1, int(round(config.holdout * take))))
+    X, Y = jnp.asarray(X, dtype)[order], jnp.asarray(Y, dtype)[order]
+    best, errors, best_step = _refine_loop(graphdef, params, rest, X[held:], Y[held:], X[:held], Y[:held],
+                                           jnp.asarray(config.learning_rate, dtype), steps=config.steps)
+    errors = np.asarray(errors, np.float64)
+    best_step = int(best_step)
+    refined = nnx.merge(graphdef, best, rest)
+    return refined, {
+        "target": config.target, "steps": config.steps, "steps_kept": best_step,
+        "error_before": float(errors[0]), "error_after": float(errors[best_step]),
+        "tokens_train": take - held, "tokens_heldout": held, "seconds": time.perf_counter() - start,
+    }
