@@ -38,6 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+BENCHMARKS = ROOT / "benchmarks"
 
 
 def result_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
@@ -236,7 +237,7 @@ def _bench_value(x, unit: str) -> str:
 
 def benchmark_table(name: str = "results.json") -> str:
     """The benchmark table of ``benchmarks/<name>``, headed by the machine that measured it."""
-    path = ROOT / "benchmarks" / name
+    path = BENCHMARKS / name
     if not path.exists():
         return "_No benchmark result committed._"
     d = json.loads(path.read_text())
@@ -695,7 +696,7 @@ def headline_benchmarks() -> str:
     """The headline benchmark rows on each machine that measured them."""
     rows = []
     for name in ("results.json", "results_gpu.json"):
-        path = ROOT / "benchmarks" / name
+        path = BENCHMARKS / name
         if not path.exists():
             continue
         d = json.loads(path.read_text())
@@ -1130,11 +1131,23 @@ _KINDS = {"synthetic": Synthetic, "training": Training, "cmp_": Study, "tf_": St
           "abl_": Ablation, "bench": Benchmark}
 
 
+_JSON_CACHE: dict = {}
+
+
+def _read_json(path: pathlib.Path) -> dict:
+    """The JSON at ``path``, parsed once per version of the file (shared: figures only read it)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _JSON_CACHE:
+        _JSON_CACHE[key] = json.loads(path.read_bytes())
+    return _JSON_CACHE[key]
+
+
 def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | None = None) -> dict:
     """What a figure's expression sees: each of :data:`SOURCES` (loaded on first use) and the
     formatters."""
     results = results or RESULTS
-    benchmarks = benchmarks or ROOT / "benchmarks"
+    benchmarks = benchmarks or BENCHMARKS
 
     class Lazy(dict):
         def __missing__(self, name):
@@ -1142,7 +1155,7 @@ def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | No
                 raise KeyError(name)
             path = (benchmarks if name.startswith("bench") else results) / SOURCES[name]
             kind = next((k for p, k in _KINDS.items() if name.startswith(p)), Result)
-            self[name] = value = kind(json.loads(path.read_text()))
+            self[name] = value = kind(_read_json(path))
             return value
 
     ns = Lazy(num=num, pct=pct, slash=slash, pmax=pmax, sgn=sgn, pv=pv, rng=rng, ratio=ratio, count=count, secs=secs, Paired=Paired,
