@@ -3,14 +3,27 @@ result JSON, and the staleness guard.
 
 Usage::
 
-    python experiments/report.py            # rewrite the generated blocks of README.md and docs/*.md
-    python experiments/report.py --check    # exit 1 if a result is stale or a generated block is out of date
+    python experiments/report.py            # rewrite the generated blocks and figures of README.md and docs/
+    python experiments/report.py --check    # exit 1 if a result is stale, a block or figure is out of date,
+                                            # or a result-like number is typed by hand
+    python experiments/report.py --results DIR   # read the results from DIR (a regenerated copy)
 
 Every generated block sits between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``;
-nothing between the markers is typed by hand. ``NAME`` is a key of :data:`TABLES`. The files
-that hold blocks are :func:`target_files`: ``README.md`` (the short ``headline-*`` tables) and
-the pages of the documentation site under ``docs/`` (the full tables: ``docs/results.md``,
-``docs/performance.md``).
+nothing between the markers is typed by hand. ``NAME`` is a key of :data:`TABLES`. The pages
+rendered and checked are :func:`target_files`: ``README.md`` (the short ``headline-*`` tables)
+and every page of the documentation site under ``docs/``.
+
+A figure in a sentence is a reference too: ``<!-- fig EXPR -->TEXT<!-- /fig -->``, where
+``EXPR`` is a Python expression over the committed results (one short name per file,
+:data:`SOURCES`, with helpers such as ``cmp_vit.vs("bsd", "svd", 0.1).d`` for a difference
+paired over seeds, recomputed from the per-seed runs) and the formatters :func:`pct`,
+:func:`sgn`, :func:`pv`, :func:`rng`, :func:`ratio`, :func:`count`...; ``TEXT`` is its
+rendering, rewritten by this script. The HTML comments are invisible on the site. A number
+quoted from elsewhere (the paper, a run that is not committed) is wrapped in
+``<!-- from SOURCE -->...<!-- /from -->``, naming the source. ``--check`` fails, naming file and
+line, when a block or a figure no longer matches its result, and when a result-like number
+(:data:`RESULT_LIKE`: a percentage, a p-value, a ``×`` ratio, a signed difference, a time or
+difference with decimals) appears anywhere else in the prose of a page.
 
 Staleness: every JSON under ``experiments/results/`` and ``benchmarks/`` records a
 ``provenance`` (:func:`jaxbsd.io.provenance`: command, commit, source hashes). A result computed
@@ -751,10 +764,10 @@ BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!--
 # ``<!-- from SOURCE -->...<!-- /from -->``, SOURCE naming where it comes from. Any other
 # result-like number (:data:`RESULT_LIKE`) on a page fails ``--check``.
 
-FIG = re.compile(r"<!-- fig (?P<expr>[^\n]+?) -->(?P<text>(?:(?!<!--).)*?)<!-- /fig -->", re.S)
-FIG_OPEN = re.compile(r"<!-- fig\b")
-FROM = re.compile(r"<!-- from (?P<source>[^>\n]*?\S[^>\n]*?) -->(?P<text>(?:(?!<!--).)*?)<!-- /from -->", re.S)
-FROM_OPEN = re.compile(r"<!-- from\b")
+FIG = re.compile(r"(?<!`)<!-- fig (?P<expr>[^\n]+?) -->(?P<text>(?:(?!<!--).)*?)<!-- /fig -->", re.S)
+FIG_OPEN = re.compile(r"(?<!`)<!-- fig\b")  # a marker quoted in code (`<!-- fig ...`) is text
+FROM = re.compile(r"(?<!`)<!-- from (?P<source>[^>\n]*?\S[^>\n]*?) -->(?P<text>(?:(?!<!--).)*?)<!-- /from -->", re.S)
+FROM_OPEN = re.compile(r"(?<!`)<!-- from\b")
 
 #: What counts as a result-like number in prose: a percentage, a p-value, a ratio ("5.8×",
 #: not a shape like 8×8), a signed difference (+0.99, −0.20), a difference or time in points,
