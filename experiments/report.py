@@ -894,7 +894,12 @@ class Result:
         self.json = payload
 
     def __getitem__(self, key):
-        return self.json[key]
+        """``r["key"]``, or a path: ``r["results", "paper", "mean"]`` (no ``][`` in a page's
+        source, which Markdown would read as a reference link)."""
+        value = self.json
+        for k in key if isinstance(key, tuple) else (key,):
+            value = value[k]
+        return value
 
 
 class Study(Result):
@@ -1180,6 +1185,8 @@ def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | No
 def figure(expr: str, ns: dict | None = None) -> str:
     """The rendering of one figure's expression."""
     ns = namespace() if ns is None else ns
+    if "][" in expr or "](" in expr:
+        raise ValueError(f"figure `{expr}`: write r[\"a\", \"b\"], not r[\"a\"][\"b\"] (Markdown reads ][ and ]( as links)")
     try:
         for name in set(re.findall(r"[A-Za-z_]\w*", expr)) & set(SOURCES):
             ns[name]  # load the results it names (comprehensions see globals only)
@@ -1238,6 +1245,12 @@ def unmarked_figures(text: str) -> list[tuple[int, str]]:
     return [(i, m.group(0)) for i, line in enumerate(text.splitlines(), 1) for m in RESULT_LIKE.finditer(line)]
 
 
+def misplaced_markers(text: str) -> list[int]:
+    """Lines that begin with a figure or quote marker: Markdown reads a line that starts with
+    ``<!--`` as an HTML block, which ends the paragraph or list item around it on the site."""
+    return [i for i, line in enumerate(text.splitlines(), 1) if re.match(r"\s*<!-- /?(fig|from)\b", line)]
+
+
 def target_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """The pages this script renders and checks: ``README.md`` and every page of the
     documentation site (``docs/**/*.md``)."""
@@ -1270,6 +1283,8 @@ def main(argv=None) -> int:
                              min(len(old_lines), len(new_lines)) + 1)
                 problems.append(f"{rel}:{where}: generated tables or figures are out of date; "
                                 "run python experiments/report.py")
+            problems += [f"{rel}:{line}: a line starts with a figure marker, which ends the paragraph on the site: "
+                         "join it to the line before" for line in misplaced_markers(text)]
             for line, found in unmarked_figures(text):
                 problems.append(f"{rel}:{line}: result-like number {found!r} typed by hand: make it a "
                                 "<!-- fig EXPR --> of a committed result, or mark where it is quoted from "

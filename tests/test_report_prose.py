@@ -63,6 +63,14 @@ def test_the_committed_pages_pass_the_check(pages):
     for path, text in pages.items():
         assert report.render(text, ns) == text, f"{path}: run python experiments/report.py"
         assert report.unmarked_figures(text) == [], path
+        assert report.misplaced_markers(text) == [], path
+
+
+def test_a_marker_that_starts_a_line_is_refused():
+    # Markdown would read it as an HTML block and cut the list item or paragraph in two.
+    text = "- a list item whose figure is\n  <!-- fig pct(1) -->1.00 %<!-- /fig --> on a line of its own\n"
+    assert report.misplaced_markers(text) == [2]
+    assert report.misplaced_markers(text.replace("is\n  <!--", "is <!--")) == []
 
 
 def test_perturbing_one_result_moves_every_figure_and_table_that_reads_it(tmp_path, monkeypatch, pages):
