@@ -61,6 +61,7 @@ import argparse
 import csv
 import hashlib
 import json
+import re
 import pathlib
 import sys
 
@@ -131,8 +132,22 @@ def bsd_variant(method: str) -> dict:
     return fields
 
 
+def split_refine(method: str) -> tuple[str, int, str]:
+    """``(base method, refinement steps, target)``: any method may end in ``-ref<n>`` (``n`` steps of
+    label-free refinement of every replacement, target ``"local"``) or ``-refc<n>`` (target
+    ``"consistent"``): ``"prune-ref300"`` → ``("prune", 300, "local")``; no suffix: ``(method, 0, "local")``."""
+    head, _, last = method.rpartition("-")
+    match = re.fullmatch(r"ref(c?)(\d+)", last) if head else None
+    if match is None:
+        return method, 0, "local"
+    return head, int(match[2]), "consistent" if match[1] else "local"
+
+
 def method_name(method: str) -> str:
     """Display name: ``"B-spline (greedy)"``, ``"B-spline (warm start, held-out selection; ν = 8)"``…"""
+    base, steps, target = split_refine(method)
+    if steps:
+        return f"{method_name(base)} + refined ({steps} steps{', consistent target' if target == 'consistent' else ''})"
     fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)",
              "auto-block": "Auto, judged by the block's output error"}
     if method in fixed:
@@ -165,6 +180,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     ``plan["val_fraction"]`` and ``plan["capture_images"]`` (default: ``CompressionConfig``'s,
     which keeps the tags, hence the saved units, of runs configured before they existed).
     """
+    method, refine_steps, refine_target = split_refine(method)
     variant = bsd_variant(method) if method.startswith("bsd") else {}
     # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
     # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
@@ -178,6 +194,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
         finetune_epochs=plan["epochs"], seed=seed, auto_judge=judge,
         val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
         capture_images=plan.get("capture_images", CompressionConfig.capture_images),
+        refine_steps=refine_steps, refine_target=refine_target,
     )
 
 
@@ -354,11 +371,12 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
 def _method_type(methods: tuple[str, ...]):
     """argparse type of ``--methods``: one of ``methods`` or a B-spline variant (:func:`bsd_variant`)."""
     def parse(value: str) -> str:
-        if value in methods or value == "auto-block":
+        base = split_refine(value)[0]
+        if base in methods or base in ("auto-block", "auto", "prune", "svd", "drone", "bsd"):
             return value
-        if value.startswith("bsd-"):
+        if base.startswith("bsd-"):
             try:
-                bsd_variant(value)
+                bsd_variant(base)
             except ValueError as err:
                 raise argparse.ArgumentTypeError(str(err)) from None
             return value

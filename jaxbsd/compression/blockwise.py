@@ -47,6 +47,7 @@ from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compression.engine import ALLOCATIONS, PLAN, Plan, Step, run, site_at
 from jaxbsd.compression.methods import JUDGES, Method, get_method
+from jaxbsd.compression.refine import Refine
 from jaxbsd.compression.state import RunState
 from jaxbsd.compression.surgery import model_outputs
 from jaxbsd.data import Dataset, split_train_test
@@ -133,6 +134,11 @@ class CompressionConfig:
       val_fraction: held-out share of the training split for selecting fine-tuned weights
         (0: no hold-out, fine-tuned weights always kept).
       seed: seeds the image subset, the token draw, the solver and the fine-tuning.
+      refine_steps: steps of the label-free refinement of each replacement
+        (:class:`~jaxbsd.compression.refine.Refine`; 0: none), before fine-tuning.
+      refine_lr, refine_target: its learning rate and target (``"local"``: the original MLP on
+        the tokens the compressed model feeds it; ``"consistent"``: the original model's MLP
+        outputs on the step's capture images).
     """
 
     method: str = "bsd"
@@ -160,6 +166,9 @@ class CompressionConfig:
     selection: str = "objective"
     auto_judge: str = "model"
     judge_images: int = 2048
+    refine_steps: int = 0
+    refine_lr: float = 1e-3
+    refine_target: str = "local"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -190,6 +199,7 @@ class CompressionConfig:
             raise ValueError(f"warm_start must be a bool, got {self.warm_start!r}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        self.refine  # validates the refinement settings
         if self.auto_judge not in JUDGES:
             raise ValueError(f"auto_judge must be one of {JUDGES}, got {self.auto_judge!r}")
 
@@ -202,6 +212,14 @@ class CompressionConfig:
             rank=self.rank or width, basis=self.basis, lam=self.lam, robust=self.robust,
             max_iter=self.max_iter, tol=self.tol,
         )
+
+    @property
+    def refine(self) -> Refine | None:
+        """The refinement stage these settings describe (None with ``refine_steps=0``)."""
+        if isinstance(self.refine_steps, bool) or not isinstance(self.refine_steps, int) or self.refine_steps < 0:
+            raise ValueError(f"refine_steps must be an int >= 0, got {self.refine_steps!r}")
+        refine = Refine(steps=self.refine_steps, learning_rate=self.refine_lr, target=self.refine_target)
+        return refine if self.refine_steps else None
 
     def method_object(self) -> Method:
         """The method object this configuration describes (its solver settings, restarts, warm
@@ -231,7 +249,8 @@ class CompressionConfig:
 
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 _LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
-                 "auto_judge": "block", "judge_images": 256}
+                 "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
+                 "refine_target": "local"}
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:
@@ -367,6 +386,14 @@ class BlockCalibration:
     def num_samples(self, path, rank, stage):
         return self.config.num_samples if rank is None else self.config.samples_for(rank)
 
+    def reference(self, model, path, stage):
+        block = _block(path)
+        X = self.original.get(block)
+        if X is None:
+            X = mlp_inputs(model, self.step_images(stage), block)
+            X = X.reshape(-1, X.shape[-1])
+        return model.blocks[block].mlp(X)
+
     def judge(self, model, stage):
         held_out = self.images[judge_indices(self.images.shape[0], self.n_capture, self.config.judge_images,
                                              self.config.seed, stage)]
@@ -382,7 +409,7 @@ def _plan(model, indices: Sequence[int], config: "CompressionConfig") -> Plan:
     else:
         ranks = None
     return Plan(paths=paths, method=config.method_object(), reduction=config.reduction, ranks=ranks,
-                allocation=config.allocation, order=paths, structured=config.structured)
+                allocation=config.allocation, order=paths, structured=config.structured, refine=config.refine)
 
 
 def compress_block(model, block_index: int, images, config: "CompressionConfig", key: jax.Array, *,
