@@ -64,6 +64,7 @@ def validate_compress_args(args: argparse.Namespace):
         max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
         reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
+        refine_steps=args.refine_steps, refine_lr=args.refine_lr, refine_target=args.refine_target,
     )
     existing_path("--checkpoint", args.checkpoint)
     existing_path("--data-root", args.data_root)
@@ -252,6 +253,12 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=positive_int, default=128, help="sampling points S per block")
     p.add_argument("--max-iter", type=positive_int, default=300)
     p.add_argument("--restarts", type=positive_int, default=1)
+    p.add_argument("--refine-steps", type=nonnegative_int, default=0,
+                   help="steps of label-free refinement of each replacement before fine-tuning (0: none)")
+    p.add_argument("--refine-lr", type=positive_float, default=1e-3, help="refinement learning rate")
+    p.add_argument("--refine-target", default="local", choices=("local", "consistent"),
+                   help="what refinement reproduces: the original MLP on the current inputs (local) or the "
+                        "original model's MLP outputs (consistent)")
     p.add_argument("--finetune-epochs", type=nonnegative_int, default=2)
     p.add_argument("--lr", type=positive_float, default=1e-4, help="fine-tuning learning rate")
     p.add_argument("--seed", type=nonnegative_int, default=0)
