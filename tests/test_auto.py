@@ -18,16 +18,19 @@ from flax import nnx
 from scipy.interpolate import BSpline as ScipyBSpline
 from scipy.special import erf
 
-import jaxbsd as jb
 import importlib
 
+import jaxbsd as jb
 from jaxbsd import baselines, cmtf
-from jaxbsd.compress_model import build_replacement, make_site
+from jaxbsd.compression import blockwise as compress
+from jaxbsd.compression.methods import BSD, Auto, Prune, warm_init
+from jaxbsd.compression.sites import make_site, selection_tokens, site_jacobian
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import choose_restart, decoupled_from_pruned
 
-cm = importlib.import_module("jaxbsd.compress_model")  # jaxbsd.compress_model is also the function
+bsd_module = importlib.import_module("jaxbsd.compression.methods.bsd")  # where BSD.build calls decouple
+auto_module = importlib.import_module("jaxbsd.compression.methods.auto")
 
 NP_ACT = {"gelu": lambda z: 0.5 * z * (1 + erf(z / math.sqrt(2))), "tanh": np.tanh}
 
@@ -138,13 +141,13 @@ def test_warm_start_passes_the_pruned_mlp_as_init(monkeypatch):
     units plus the bias unit: its kept rows are numpy's top units by ‖V1[:, j]‖·RMS(h_j) and
     its output weights numpy's refit with an intercept (on the check tokens: all of them here)."""
     seen = []
-    real = cm.decouple
+    real = bsd_module.decouple
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("init"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cm, "decouple", spy)
+    monkeypatch.setattr(bsd_module, "decouple", spy)
     model, x, r = Net(nnx.Rngs(0)), calib(), 5
     X0 = np.asarray(x.reshape(-1, 6))  # the inputs of layers.0 (the last replaced, back to front)
     ffn = model.layers[0]
@@ -171,13 +174,13 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
     the solver, and each MLP's replacement is the best-objective model of jb.decouple on the
     same samples and keys (the old code path)."""
     seen = []
-    real = cm.decouple
+    real = bsd_module.decouple
 
     def spy(*args, **kwargs):
         seen.append((args, kwargs))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cm, "decouple", spy)
+    monkeypatch.setattr(bsd_module, "decouple", spy)
     model = Net(nnx.Rngs(0))
     _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs=SPEC,
                                   key=jax.random.key(0), config=CONFIG, restarts=3, warm_start=False,
@@ -201,7 +204,7 @@ def test_by_default_bsd_warm_starts_every_prunable_mlp_and_says_why_not_elsewher
     pruned (no nnx.Linear children: dense Jacobian, no spec) runs its random restarts alone and
     the report gives the reason."""
     seen = {}
-    real = cm.decouple
+    real = bsd_module.decouple
 
     def spy(*args, **kwargs):
         seen[len(seen)] = kwargs.get("init")
@@ -214,7 +217,7 @@ def test_by_default_bsd_warm_starts_every_prunable_mlp_and_says_why_not_elsewher
         def __call__(self, x):
             return jnp.tanh(x @ self.w[...])
 
-    monkeypatch.setattr(cm, "decouple", spy)
+    monkeypatch.setattr(bsd_module, "decouple", spy)
     model = Net(nnx.Rngs(0))
     model.layers[0] = Opaque()
     _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs={"layers.1": SPEC},
@@ -235,14 +238,14 @@ def test_selection_by_output_picks_the_restart_with_the_lowest_held_out_error():
     ffn = FFN(4, 10, nnx.Rngs(3))
     X_all = jax.random.normal(jax.random.key(4), (8292, 4), jnp.float64)
     site = make_site("ffn", ffn, jb.MLPSpec("up", "down", "gelu"), X_all, ffn(X_all), 60, jax.random.key(5))
-    assert site.fit_X.shape[0] == 100 and cm.selection_tokens(site)[2] == "held-out"
+    assert site.fit_X.shape[0] == 100 and selection_tokens(site)[2] == "held-out"
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=4)
     infos = {}
     for selection in ("objective", "output"):
-        _, infos[selection] = build_replacement(site, "bsd", 2, config, jax.random.key(7), restarts=4,
-                                                warm_start=True, selection=selection)
-    res = jb.decouple(*cm._jacobian(site)[:1], site.F, site.X, config, key=jax.random.key(7), restarts=4,
-                      init=cm._warm_init(site, 2, config))
+        _, infos[selection] = BSD(config=config, restarts=4, warm_start=True,
+                                  selection=selection).build(site, 2, jax.random.key(7))
+    res = jb.decouple(*site_jacobian(site)[:1], site.F, site.X, config, key=jax.random.key(7), restarts=4,
+                      init=warm_init(site, 2, config)[0])
     Xf, Yf = np.asarray(site.fit_X), np.asarray(site.fit_Y)
     errors = []
     for i in range(5):
@@ -315,26 +318,25 @@ def test_auto_judged_by_the_model_records_the_end_to_end_error_of_what_it_kept()
 
 
 def test_auto_keeps_the_candidate_its_judge_prefers_over_the_block_error(monkeypatch):
-    """The decision rule of ``build_auto``: with a ``judge`` its scores decide (here against the
+    """The decision rule of ``Auto.build``: with a ``judge`` its scores decide (here against the
     block error, which prefers pruning), a non-finite decoupling score loses, and without a judge
     the block error decides. The candidates are stand-ins, so no solve runs."""
     bsd, pruned = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(2, 3, rngs=nnx.Rngs(0))
 
-    def fake_build(site, method, rank, config, key, **kw):
-        return (bsd, {"output_error": 0.5}) if method == "bsd" else (pruned, {"output_error": 0.1})
-
-    monkeypatch.setattr(cm, "build_replacement", fake_build)
-    monkeypatch.setattr(cm, "_jacobian", lambda site: None)
+    monkeypatch.setattr(BSD, "build", lambda self, site, rank, key, **kw: (bsd, {"output_error": 0.5}))
+    monkeypatch.setattr(Prune, "build", lambda self, site, rank, key, **kw: (pruned, {"output_error": 0.1}))
+    monkeypatch.setattr(auto_module, "site_jacobian", lambda site: None)
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=5)
-    by_block = cm.build_auto(None, 2, 3, config, jax.random.key(1))[1]
+    auto = Auto(bsd=BSD(config=config))
+    by_block = auto.build(None, (2, 3), jax.random.key(1))[1]
     assert by_block["auto"]["kept"] == by_block["method"] == "prune" and by_block["auto"]["judge"] == "block"
-    judged = cm.build_auto(None, 2, 3, config, jax.random.key(1), judge=lambda m: 0.0 if m is bsd else 1.0)[1]
+    judged = auto.build(None, (2, 3), jax.random.key(1), judge=lambda m: 0.0 if m is bsd else 1.0)[1]
     assert judged["auto"]["kept"] == judged["method"] == "bsd" and judged["auto"]["judge"] == "model"
     assert (judged["auto"]["bsd"]["model_output_error"], judged["auto"]["prune"]["model_output_error"]) == (0.0, 1.0)
     assert judged["auto"]["bsd"]["params"] == 6 and judged["auto"]["prune"]["params"] == 9
     for nan_bsd, nan_prune, kept in [(True, False, "prune"), (False, True, "bsd"), (True, True, "prune")]:
         scores = {id(bsd): float("nan") if nan_bsd else 2.0, id(pruned): float("nan") if nan_prune else 1.0}
-        info = cm.build_auto(None, 2, 3, config, jax.random.key(1), judge=lambda m: scores[id(m)])[1]
+        info = auto.build(None, (2, 3), jax.random.key(1), judge=lambda m: scores[id(m)])[1]
         assert info["auto"]["kept"] == kept, (nan_bsd, nan_prune)
 
 
@@ -366,8 +368,8 @@ def test_auto_keeps_the_decoupling_when_the_block_is_an_exact_rank_2_decoupling(
     model, report = jb.compress_model(model, x, mlps=["ffn"], ranks={"ffn": 2}, method="auto", mlp_specs=spec,
                                       key=jax.random.key(0), config=config, restarts=4)
     rep = report.mlps[0]
-    assert cm.auto_prune_rank(cm.make_site("ffn", ffn, spec, x.reshape(-1, 6), ffn(x.reshape(-1, 6)), None,
-                                           jax.random.key(0)), 2, 4) == 2
+    site = make_site("ffn", ffn, spec, x.reshape(-1, 6), ffn(x.reshape(-1, 6)), None, jax.random.key(0))
+    assert Auto(bsd=BSD(config)).check_rank(site, 2)[1] == 2  # ν = 4
     assert rep.method == "bsd" and rep.auto["kept"] == "bsd" and rep.rank == 2
     assert rep.auto["bsd"]["output_error"] < 1e-8 < 1e-3 < rep.auto["prune"]["output_error"]
     assert rep.selection == "output" and rep.restart is not None
@@ -418,7 +420,6 @@ def test_auto_bad_arguments_raise(kwargs, match):
 
 
 def test_the_cli_and_compress_accept_auto():
-    from jaxbsd import compress
     from jaxbsd.cli import build_parser
 
     assert build_parser().parse_args(["compress", "--method", "auto", "--reduction", "0.3"]).method == "auto"
@@ -436,7 +437,6 @@ def test_the_cli_and_compress_accept_auto():
 
 @pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU
 def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_path):
-    from jaxbsd import compress
     from jaxbsd.data import Dataset
     from jaxbsd.models import ViTConfig, build_model
 
@@ -461,7 +461,7 @@ def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_
     # The judge's images are held out from the step's calibration images.
     pool = compress.validation_split(ds, config.val_fraction, config.seed)[0].train_images.shape[0]
     for step in (1, 2):
-        judge = compress._judge_indices(pool, 16, config.judge_images, 0, step)
+        judge = compress.judge_indices(pool, 16, config.judge_images, 0, step)
         assert not set(judge) & set(compress.capture_indices(pool, 16, 0, step))
         assert len(judge) == min(config.judge_images, pool - 16)
     again = vit()

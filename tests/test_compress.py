@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd import baselines, compress
+from jaxbsd import baselines
+from jaxbsd.compression import blockwise as compress
+from jaxbsd.compression.methods import BSD
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 from jaxbsd.models.capture import mlp_inputs
@@ -152,8 +154,9 @@ def test_compress_records_and_resumes_after_interruption(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="different run"):
         compress.check_state(tmp_path, tiny_vit(), order="fb", config=config)
     calls = []
-    real = compress.compress_block
-    monkeypatch.setattr(compress, "compress_block", lambda model, block, *a: calls.append(block) or real(model, block, *a))
+    real = BSD.build
+    monkeypatch.setattr(BSD, "build", lambda self, site, *a, **kw: calls.append(int(site.path.split(".")[1]))
+                        or real(self, site, *a, **kw))
     resumed = compress.compress(tiny_vit(), ds, order="bf", config=config, state_dir=tmp_path, progress=False)
     assert calls == [1, 0]  # step 1 (block 2) was not redone
     assert len(resumed) == 3
@@ -225,23 +228,37 @@ def test_capture_original_takes_every_blocks_points_from_the_original_network(mo
     base = dict(method="svd", rank=2, num_samples=16, capture_images=16, finetune_epochs=0, batch_size=32)
     original = tiny_vit()
     seen = {}
-    real = compress.compress_block
+    real = compress.BlockCalibration.capture
 
-    def spy(model, block, images, config, key, **kw):
-        seen[block] = (kw.get("tokens"), np.array(images))
-        return real(model, block, images, config, key, **kw)
+    def flat(tokens):
+        return np.asarray(tokens).reshape(-1, tokens.shape[-1])
 
-    monkeypatch.setattr(compress, "compress_block", spy)
+    def spy(self, model, paths, stage):
+        # each step's tokens (stage >= 1; stage 0 plans the ranks), its images, and what the
+        # current network (the model as it is at that step) gives on them
+        tokens, order = real(self, model, paths, stage)
+        if stage:
+            for path in paths:
+                block, images = int(path.split(".")[1]), self.step_images(stage)
+                seen[block] = (np.asarray(tokens[path][0]), np.array(images), flat(mlp_inputs(model, images, block)))
+        return tokens, order
+
+    monkeypatch.setattr(compress.BlockCalibration, "capture", spy)
     steps = compress.compress(tiny_vit(), ds, order="fb", config=compress.CompressionConfig(**base, capture="original"),
                               progress=False)
-    assert [s["capture"] for s in steps] == ["original"] * 3
-    for block, (tokens, images) in seen.items():
+    assert [s["capture"] for s in steps] == ["original"] * 3 and sorted(seen) == [0, 1, 2]
+    for block, (tokens, images, _) in seen.items():
         expected = mlp_inputs(original, jnp.asarray(images), block)
-        np.testing.assert_allclose(tokens, expected.reshape(-1, expected.shape[-1]), rtol=1e-6, atol=1e-6)
-    # the default protocol captures from the current network (no tokens handed in)
+        np.testing.assert_allclose(tokens, flat(expected), rtol=1e-6, atol=1e-6)
+    # the default protocol captures from the current network, whose tokens at blocks 1 and 2
+    # differ from the original network's once block 0 is replaced
     seen.clear()
     compress.compress(tiny_vit(), ds, order="fb", config=compress.CompressionConfig(**base), progress=False)
-    assert all(tokens is None for tokens, _ in seen.values())
+    assert sorted(seen) == [0, 1, 2]
+    for block, (tokens, images, current) in seen.items():
+        np.testing.assert_allclose(tokens, current, rtol=1e-6, atol=1e-6)
+        if block:
+            assert not np.allclose(tokens, flat(mlp_inputs(original, jnp.asarray(images), block)), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="capture"):
         compress.CompressionConfig(capture="later")
 

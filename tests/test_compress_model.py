@@ -1,7 +1,6 @@
 """``jb.compress_model`` on an NNX model that is not one of jaxbsd's: budgets, methods, errors."""
 
 import dataclasses
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +10,9 @@ from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd.baselines import LowRankMLP
-from jaxbsd.compress_model import (
-    _jacobian,
-    make_site,
-    capture_calls,
-    get_submodule,
-    set_submodule,
-)
+from jaxbsd.compression import budget
+from jaxbsd.compression.sites import make_site, site_jacobian
+from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodule
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 
@@ -154,8 +149,8 @@ def test_explicit_ranks(method):
 # Slow step: greedy allocation's budget is also asserted in the fast suite (test_compress.py).
 @pytest.mark.slow
 def test_greedy_respects_the_budget_and_beats_uniform(monkeypatch):
-    # The module (jb.compress_model is the function); fewer candidate ranks, fewer compiles.
-    monkeypatch.setattr(importlib.import_module("jaxbsd.compress_model"), "GREEDY_SCALES", (0.5, 1.0, 1.5))
+    # Fewer candidate ranks, fewer compiles.
+    monkeypatch.setattr(budget, "GREEDY_SCALES", (0.5, 1.0, 1.5))
 
     def fresh():
         # The first MLP is exactly rank-1 decouplable, c φ(a·x): rank spent on it is wasted.
@@ -282,7 +277,7 @@ def _site(model, path, spec, S=None):
 
 def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch):
     # No spec found (FeedForward would be recognised, tests/test_specs.py): dense Jacobians.
-    from jaxbsd import specs
+    from jaxbsd.compression import specs
 
     monkeypatch.setattr(specs, "find_spec", lambda *a: specs.Detection(None, "switched off"))
     model = Net()
@@ -291,7 +286,7 @@ def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch
     np.testing.assert_array_equal(structured.X, dense.X)
     graphdef, state = nnx.split(structured.module)
     oracle = jax.jit(jax.vmap(jax.jacfwd(lambda x: nnx.merge(graphdef, state)(x))))(structured.X)
-    (js, ks), (jd, kd) = _jacobian(structured), _jacobian(dense)
+    (js, ks), (jd, kd) = site_jacobian(structured), site_jacobian(dense)
     assert (ks, kd) == ("structured", "dense")
     np.testing.assert_allclose(js.dense(), oracle, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(jd, oracle, rtol=1e-5, atol=1e-6)

@@ -187,7 +187,7 @@ def test_held_out_images_avoid_every_calibration_draw(limit):
     import fidelity
     import numpy as np
 
-    from jaxbsd.compress import capture_indices
+    from jaxbsd.compression.blockwise import capture_indices
 
     n, capture, seed, steps = 1000, 64, 3, 4
     held = fidelity.heldout_indices(n, capture, seed, steps, limit)
@@ -199,7 +199,7 @@ def test_held_out_images_avoid_every_calibration_draw(limit):
 @pytest.mark.parametrize("preset", ["FULL", "QUICK"])
 def test_fidelity_rebuilds_the_training_free_units(preset):
     """The study's claim: each model is the training-free study's unit of the same method, ρ
-    and seed — the same ``jaxbsd.compress`` configuration, not one that merely looks alike."""
+    and seed — the same ``jaxbsd.compression.blockwise`` configuration, not one that merely looks alike."""
     import argparse
 
     import comparison

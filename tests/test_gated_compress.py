@@ -8,7 +8,7 @@ column where ``down`` has a bias) for the pruning refit, hand-written parameter 
 ``jax.vmap(jax.jacrev)`` Jacobian for bsd, and bit-identical save/load round trips.
 """
 
-import importlib
+import dataclasses
 import math
 
 import jax
@@ -24,9 +24,12 @@ from jaxbsd.checkpoint import read_checkpoint_header
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.lm import LM, LMConfig
-from jaxbsd.specs import choose_spec
+from jaxbsd.compression import sites
+from jaxbsd.compression.methods import BSD, get_method
+from jaxbsd.compression.sites import make_site, site_jacobian
+from jaxbsd.compression.specs import choose_spec
+from jaxbsd.compression.surgery import capture_calls, get_submodule, parse_path
 
-cm = importlib.import_module("jaxbsd.compress_model")  # jb.compress_model is the function
 FAST = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=5, tol=1e-12)
 D, HID = 16, 48
 NP_ACT = {
@@ -185,7 +188,7 @@ def compressed_with_no_spec(variant, method):
         model, x, paths, _, _, _ = build(variant)
         before = count_params(model)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(cm, "module_jacobians", _no_dense)
+            mp.setattr(sites, "module_jacobians", _no_dense)
             model, report = jb.compress_model(model, x, mlps=paths, reduction=0.3, method=method, config=FAST,
                                               num_samples=32, key=jax.random.key(1))
         _NO_SPEC[variant, method] = (before, model, report)
@@ -206,7 +209,7 @@ def test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec(varian
         assert r.jacobian == "structured", r
         assert r.spec.startswith(f"found: {act}: {names[0]} -> {names[1]} -> {names[2]}"), r.spec
         assert r.error_J is not None and 0 <= r.error_J and np.isfinite(r.output_error)
-        new = cm.get_submodule(model, r.path)
+        new = get_submodule(model, r.path)
         assert isinstance(new, want_type)
         assert r.params_after == count_params(new) == hand_count(method, r.rank, bias)
     y = nnx.jit(lambda m, a: m(a))(model, x)
@@ -217,7 +220,7 @@ def test_bsd_runs_on_a_gated_mlp_with_no_spec(monkeypatch):
     # One gated MLP of the Qwen-style model: one solver compilation (~20 s of the ~25 s on a
     # loaded 2-core CPU). Every MLP of both models under a reduction, and jaxbsd's LM: the slow
     # bsd cases.
-    monkeypatch.setattr(cm, "module_jacobians", _no_dense)
+    monkeypatch.setattr(sites, "module_jacobians", _no_dense)
     for variant in ["qwen-swiglu"]:
         model, x, paths, names, act, _ = build(variant)
         paths = paths[:1]
@@ -228,7 +231,7 @@ def test_bsd_runs_on_a_gated_mlp_with_no_spec(monkeypatch):
         for r in report.mlps:
             assert r.jacobian == "structured" and r.error_J is not None and 0 <= r.error_J < 1.5, r
             assert r.spec.startswith(f"found: {act}: {' -> '.join(names)}"), r.spec
-            assert isinstance(cm.get_submodule(model, r.path), DecoupledMLP)
+            assert isinstance(get_submodule(model, r.path), DecoupledMLP)
         assert bool(jnp.all(jnp.isfinite(nnx.jit(lambda m, a: m(a))(model, x))))
 
 
@@ -259,7 +262,7 @@ def _first(model, paths, method, k, x):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_svd_keeps_the_truncated_kernels_of_numpy(variant):
     model, x, paths, names, act, _ = build(variant, jnp.float64)
-    original = np_kernels(cm.get_submodule(model, paths[0]), names)
+    original = np_kernels(get_submodule(model, paths[0]), names)
     X = mlp_input(model, x, variant)
     k = 4  # the drone test's rank: the same replacement shapes, compiled once
     model, report = _first(model, paths, "svd", k, x)
@@ -267,7 +270,7 @@ def test_svd_keeps_the_truncated_kernels_of_numpy(variant):
     for i in (0, 2, 4):
         U, s, Vt = np.linalg.svd(original[i], full_matrices=False)
         truncated[i] = (U[:, :k] * s[:k]) @ Vt[:k]
-    new = cm.get_submodule(model, paths[0])
+    new = get_submodule(model, paths[0])
     np.testing.assert_allclose(new(jnp.asarray(X)), np_gated(*truncated, act, X)[1], rtol=1e-9, atol=1e-10)
     assert new.ranks == (k, k, k)
 
@@ -275,7 +278,7 @@ def test_svd_keeps_the_truncated_kernels_of_numpy(variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_drone_fits_each_kernel_to_its_own_inputs(variant):
     model, x, paths, names, act, _ = build(variant, jnp.float64)
-    Kg, bg, Ku, bu, Kd, bd = np_kernels(cm.get_submodule(model, paths[0]), names)
+    Kg, bg, Ku, bu, Kd, bd = np_kernels(get_submodule(model, paths[0]), names)
     X = mlp_input(model, x, variant)
     hidden = np_gated(Kg, bg, Ku, bu, Kd, bd, act, X)[0]
     k = 4
@@ -288,7 +291,7 @@ def test_drone_fits_each_kernel_to_its_own_inputs(variant):
         return np.linalg.solve(R, (U[:, :k] * s[:k]) @ Vt[:k])
 
     model, _ = _first(model, paths, "drone", k, x)
-    new = cm.get_submodule(model, paths[0])
+    new = get_submodule(model, paths[0])
     Kg2, _, Ku2, _, Kd2, _ = (None if a is None else np.asarray(a) for a in new.kernels())
     for got, want, inputs in ((Kg2, best(X, Kg), X), (Ku2, best(X, Ku), X), (Kd2, best(hidden, Kd), hidden)):
         np.testing.assert_allclose(inputs @ got, inputs @ want, rtol=1e-8, atol=1e-9)
@@ -301,7 +304,7 @@ def test_drone_fits_each_kernel_to_its_own_inputs(variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_prune_keeps_the_important_units_and_refits_down_by_lstsq(variant):
     model, x, paths, names, act, bias = build(variant, jnp.float64)
-    Kg, bg, Ku, bu, Kd, bd = np_kernels(cm.get_submodule(model, paths[0]), names)
+    Kg, bg, Ku, bu, Kd, bd = np_kernels(get_submodule(model, paths[0]), names)
     X = mlp_input(model, x, variant)
     hidden, Y = np_gated(Kg, bg, Ku, bu, Kd, bd, act, X)
     k = 20
@@ -312,7 +315,7 @@ def test_prune_keeps_the_important_units_and_refits_down_by_lstsq(variant):
 
     model, report = _first(model, paths, "prune", k, x)
     r = report.mlps[0]
-    new = cm.get_submodule(model, paths[0])
+    new = get_submodule(model, paths[0])
     assert r.path == paths[0] and r.fit_tokens == "check"  # 128 tokens: all are check tokens
     assert list(r.kept) == kept.tolist()
     np.testing.assert_allclose(new.gate.kernel[...], Kg[:, kept], rtol=0, atol=0)
@@ -333,18 +336,22 @@ def test_prune_keeps_the_important_units_and_refits_down_by_lstsq(variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_bsd_with_the_structured_operator_equals_bsd_with_the_dense_jacobian(variant):
     model, x, paths, names, act, _ = build(variant, jnp.float64)
-    tokens, _ = cm.capture_calls(model, x, paths[:1])
+    tokens, _ = capture_calls(model, x, paths[:1])
     X_all, Y_all = tokens[paths[0]]
-    module = cm.get_submodule(model, paths[0])
+    module = get_submodule(model, paths[0])
     spec, status = choose_spec(module, paths[0], None, X_all, Y_all)
     assert spec == jb.GatedMLPSpec(*names, act), status
-    site = cm.make_site(paths[0], module, spec, X_all, Y_all, 24, jax.random.key(0))
-    structured, kind = cm._jacobian(site)
+    site = make_site(paths[0], module, spec, X_all, Y_all, 24, jax.random.key(0))
+    structured, kind = site_jacobian(site)
     assert kind == "structured" and isinstance(structured, jb.GatedJacobian)
     dense = jax.jit(jax.vmap(jax.jacrev(module)))(site.X)  # (S, n, m), the oracle
+    dense_site = dataclasses.replace(site)  # the same tokens, its Jacobian given: the dense one
+    dense_site.__dict__["jacobian"] = (dense, "dense")
     config = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=15, tol=0.0)
-    a, info_a = cm.build_replacement(site, "bsd", 3, config, jax.random.key(4), jacobian=(structured, kind))
-    b, info_b = cm.build_replacement(site, "bsd", 3, config, jax.random.key(4), jacobian=(dense, "dense"))
+    bsd = BSD(config=config, warm_start=False, selection="objective")
+    a, info_a = bsd.build(site, 3, jax.random.key(4))
+    b, info_b = bsd.build(dense_site, 3, jax.random.key(4))
+    assert (info_a["jacobian"], info_b["jacobian"]) == ("structured", "dense")
     assert info_a["iterations"] == info_b["iterations"] == 15
     assert info_a["error_J"] == pytest.approx(info_b["error_J"], rel=1e-9)
     for u, v in zip(jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))):
@@ -355,11 +362,11 @@ def test_bsd_with_the_structured_operator_equals_bsd_with_the_dense_jacobian(var
 @pytest.mark.parametrize("method", ["svd", "prune"])
 def test_the_baselines_error_J_matches_the_dense_jacobians(method):
     model, x, paths, names, act, _ = build("t5-geglu-bias", jnp.float64)
-    tokens, _ = cm.capture_calls(model, x, paths[:1])
+    tokens, _ = capture_calls(model, x, paths[:1])
     X_all, Y_all = tokens[paths[0]]
-    module = cm.get_submodule(model, paths[0])
-    site = cm.make_site(paths[0], module, jb.GatedMLPSpec(*names, act), X_all, Y_all, 24, jax.random.key(0))
-    new, info = cm.build_replacement(site, method, 6, FAST, jax.random.key(0))
+    module = get_submodule(model, paths[0])
+    site = make_site(paths[0], module, jb.GatedMLPSpec(*names, act), X_all, Y_all, 24, jax.random.key(0))
+    new, info = get_method(method).build(site, 6, jax.random.key(0))
     # the dense Jacobians as one jitted program each (eagerly, every primitive of jacrev compiles)
     J = np.asarray(jax.jit(jax.vmap(jax.jacrev(module)))(site.X))
     J_new = np.asarray(jax.jit(jax.vmap(jax.jacrev(new)))(site.X))
@@ -399,10 +406,10 @@ def test_save_load_round_trip_is_bit_identical(variant, method, tmp_path):
     jb.save_compressed(tmp_path / "ck", model)
     kinds = {tuple(r["path"]): r["kind"] for r in read_checkpoint_header(tmp_path / "ck")["replaced"]}
     want = "LowRankGatedMLP" if method == "svd" else "PrunedGatedMLP"
-    assert kinds == {tuple(cm.parse_path(p)): want for p in paths}
+    assert kinds == {tuple(parse_path(p)): want for p in paths}
     loaded = jb.load_compressed(tmp_path / "ck", build(variant)[0])
     for p in paths:
-        assert type(cm.get_submodule(loaded, p)) is type(cm.get_submodule(model, p))
+        assert type(get_submodule(loaded, p)) is type(get_submodule(model, p))
     a, b = nnx.state(model, nnx.Param), nnx.state(loaded, nnx.Param)
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):

@@ -16,9 +16,10 @@ from flax import nnx
 from scipy.special import erf
 
 import jaxbsd as jb
-from jaxbsd import baselines, compress
-from jaxbsd.compress_model import DEFAULT_CONFIG, build_replacement
-from jaxbsd.compress_model import make_site
+from jaxbsd import baselines
+from jaxbsd.compression import blockwise as compress
+from jaxbsd.compression.methods import Prune
+from jaxbsd.compression.sites import make_site
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 
@@ -209,7 +210,7 @@ def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit, big_si
     """With more calibration tokens than the 8192 check tokens, pruning refits on the others
     (when there are >= 4 (k + 1) of them), so its reported output error is held out."""
     ffn, site = big_site
-    module, info = build_replacement(site, "prune", k, DEFAULT_CONFIG, jax.random.key(0))
+    module, info = Prune().build(site, k, jax.random.key(0))
     assert info["fit_tokens"] == fit
     X, Y = (site.fit_X, site.fit_Y) if fit == "held-out" else (site.check_X, site.check_Y)
     X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
@@ -239,10 +240,37 @@ def test_prune_bad_arguments_raise(kwargs, match):
         jb.compress_model(Net(nnx.Rngs(0)), jax.random.normal(jax.random.key(1), (32, 8, 6)), **args)
 
 
-def test_prune_needs_enough_calibration_tokens():
+def test_prune_with_fewer_tokens_than_coefficients_refits_towards_the_original_weights():
+    """8 calibration tokens and 21 coefficients per output: the plain refit is not determined.
+    Pruning then refits with a pull towards the original output weights (numpy's solve of
+    ``min ‖H_k W + 1 bᵀ − Y‖² + λ ‖W − K2[kept]‖²``, ``λ = 0.01 ‖H_k − mean‖² / k``) and says so in
+    the report; a warm start, which must not be regularized, still needs the tokens (``calibration``)."""
+    model, x, k = Net(nnx.Rngs(0)), jax.random.normal(jax.random.key(1), (2, 4, 6)), 20
+    h = model.embed(x)
+    for ffn in model.layers[:2]:
+        h = h + ffn(h)
+    X = np.asarray(h.reshape(-1, 16), np.float64)  # the inputs of layers.2 (replaced first, back to front)
+    ffn = model.layers[2]
+    K1, b1, K2, b2 = (np.asarray(a, np.float64) for a in (ffn.up.kernel[...], ffn.up.bias[...],
+                                                           ffn.down.kernel[...], ffn.down.bias[...]))
+    model, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: k for p in PATHS}, method="prune",
+                                      mlp_specs=SPEC, key=jax.random.key(0))
+    rep = {r.path: r for r in report.mlps}["layers.2"]
+    assert "regularized" in rep.notes and "8 calibration tokens < 21 coefficients" in rep.notes
+    hidden = NP_ACT["gelu"](X @ K1 + b1)
+    kept = np.sort(np.argsort(-np.linalg.norm(K2, axis=1) * np.sqrt(np.mean(hidden ** 2, axis=0)))[:k])
+    assert list(rep.kept) == kept.tolist()
+    Y = hidden @ K2 + b2
+    Hc, Yc = hidden[:, kept] - hidden[:, kept].mean(0), Y - Y.mean(0)
+    lam = 1e-2 * np.sum(Hc ** 2) / k
+    W = np.linalg.solve(Hc.T @ Hc + lam * np.eye(k), Hc.T @ Yc + lam * K2[kept])
+    new = model.layers[2]
+    np.testing.assert_allclose(np.asarray(new.fc2.kernel[...]), W, rtol=2e-4, atol=2e-5)  # float32 module
+    np.testing.assert_allclose(np.asarray(new.fc2.bias[...]), Y.mean(0) - hidden[:, kept].mean(0) @ W,
+                               rtol=2e-4, atol=2e-5)
     with pytest.raises(ValueError, match="calibration"):
-        jb.compress_model(Net(nnx.Rngs(0)), jax.random.normal(jax.random.key(1), (2, 4, 6)), mlps=PATHS,
-                          ranks={p: 20 for p in PATHS}, method="prune", mlp_specs=SPEC, key=jax.random.key(0))
+        jb.compress_model(Net(nnx.Rngs(0)), x, mlps=PATHS, ranks={p: k + 1 for p in PATHS}, method="bsd",
+                          warm_start=True, mlp_specs=SPEC, key=jax.random.key(0))
 
 
 # ----------------------------------------------------------------------------- compress (jaxbsd models)

@@ -1,4 +1,4 @@
-"""Specs found, not written: ``jaxbsd.specs.find_spec`` on MLP classes the package has never seen,
+"""Specs found, not written: ``jaxbsd.compression.specs.find_spec`` on MLP classes the package has never seen,
 and ``jb.compress_model`` with no ``mlp_specs``."""
 
 import pathlib
@@ -12,8 +12,8 @@ from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd.baselines import LowRankMLP
-from jaxbsd.compress_model import get_submodule
-from jaxbsd.specs import GatedMLPSpec, choose_spec, find_spec, match_tolerance
+from jaxbsd.compression.specs import GatedMLPSpec, choose_spec, find_spec, match_tolerance
+from jaxbsd.compression.surgery import get_submodule
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The user's own activations, written as a user would (not jaxbsd's table).
@@ -323,7 +323,7 @@ def test_an_explicit_spec_wins_over_the_found_one():
 
 
 def test_jaxbsd_mlps_are_known_without_a_search(monkeypatch):
-    from jaxbsd import specs
+    from jaxbsd.compression import specs
     from jaxbsd.models.layers import MLP
 
     monkeypatch.setattr(specs, "find_spec", lambda *a: pytest.fail("searched although the class is known"))
