@@ -456,7 +456,8 @@ def run_study(args, plan: dict, prefix: str, *, script: str, argv, mode: str, de
     model_path = pathlib.Path(model_info["checkpoint"])
     model_path = model_path if model_path.is_absolute() else common.ROOT / model_path
 
-    order = list(block_order("back-to-front", len(model.blocks)))
+    # Back to front (the paper's BF) unless the plan says otherwise (the refinement targets' ablation).
+    order = list(block_order(plan.get("order", "back-to-front"), len(model.blocks)))
     if plan["blocks"]:
         order = order[: plan["blocks"]]
     acc_original = 100 * evaluate(model, data.test_images, data.test_labels)
