@@ -316,14 +316,25 @@ def solver_config(plan: dict) -> jb.CMTFConfig:
     return DEFAULT_CONFIG.replace(lam=0.25, max_iter=plan["max_iter"])
 
 
+def _method(value: str) -> str:
+    """argparse type of ``--methods``: one of :data:`METHODS`, optionally refined (``bsd-ref300``)."""
+    if comparison.split_refine(value)[0] not in METHODS:
+        raise argparse.ArgumentTypeError(f"invalid method {value!r} (choose from {', '.join(METHODS)}, "
+                                         "each optionally with -ref<n>)")
+    return value
+
+
 def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict, log) -> dict:
     """One (method, ρ, seed) unit: compress every listed MLP back to front, test bpc; fine-tune,
     test bpc again. Its saved record if it finished before under the same tag."""
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = ctx["protocol_dir"] / name
     finetune = TrainConfig(**plan["finetune"], seed=seed)
+    base, refine_steps, refine_target = comparison.split_refine(method)  # "bsd-ref300": refined (issue 37)
+    refine = jb.Refine(steps=refine_steps, target=refine_target) if refine_steps else None
     tag = json.dumps({"method": method, "reduction": reduction, "seed": seed, "max_iter": plan["max_iter"],
-                      "num_samples": ctx["num_samples"][reduction], "finetune": finetune.to_dict()}, sort_keys=True)
+                      "num_samples": ctx["num_samples"][reduction], "finetune": finetune.to_dict(),
+                      **({"refine": refine.to_dict()} if refine else {})}, sort_keys=True)
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return done
     timer = common.Timer()
@@ -332,9 +343,9 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
               "num_samples": ctx["num_samples"][reduction], "machine": common.machine()}
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     try:
-        model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=method,
+        model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=base,
                                           config=solver_config(plan), num_samples=ctx["num_samples"][reduction],
-                                          key=jax.random.key(seed))
+                                          key=jax.random.key(seed), refine=refine)
     except ValueError as err:
         return common.save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)
     free_bpc = evaluate_lm(model, ctx["test_ids"])
@@ -346,7 +357,7 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
         status="ok", params=report.params_after, reduction_achieved=report.reduction,
         ranks={r.path: r.rank for r in report.mlps}, output_errors={r.path: r.output_error for r in report.mlps},
         mlps=[{k: getattr(r, k) for k in ("path", "rank", "params_after", "error_J", "error_F", "output_error",
-                                          "jacobian", "spec", "seconds")} for r in report.mlps],
+                                          "jacobian", "spec", "seconds", "refine")} for r in report.mlps],
         settings={"training-free": {"test_bpc": free_bpc, "seconds": seconds_free},
                   "fine-tuned": {"test_bpc": tuned_bpc, "seconds": tune_timer(),
                                  "train_bpc": history[-1]["train_bpc"], "val_bpc": history[-1]["val_bpc"]}},
@@ -453,7 +464,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size: a tiny LM trained in seconds, 1 ρ, 2 seeds")
     parser.add_argument("--budgets", type=float, nargs="+", default=None, help="target reductions ρ (full: 0.1 0.2 0.35)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None, help="methods (full: all four)")
+    parser.add_argument("--methods", nargs="+", type=_method, default=None,
+                        help="methods (full: all four); any may end in -ref<n> (refined, n steps)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, ρ) and per fit (full: 3)")
     parser.add_argument("--max-iter", type=int, default=None, help="R-CMTF sweeps per MLP (full: 300)")
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)

@@ -74,7 +74,8 @@ QUICK = dict(FULL, budgets=(0.2,), methods=("bsd", "prune"), seeds=2, test_subse
              capture_images=64)
 
 
-def main(argv=None, *, presets: dict | None = None, stem: str = "training_free", doc: str | None = None) -> int:
+def main(argv=None, *, presets: dict | None = None, stem: str = "training_free", doc: str | None = None,
+         script: str | None = None) -> int:
     """Run the study. ``presets`` (``{"deit"|"vit"|"quick"|"default": plan}``) and ``stem``
     (the output name ``<stem>_<model>_<dataset>``) let another study reuse it (``knobs.py``)."""
     presets = presets or {"deit": FULL, "vit": FULL_VIT, "quick": QUICK, "default": FULL}
@@ -90,7 +91,8 @@ def main(argv=None, *, presets: dict | None = None, stem: str = "training_free",
     capture = plan.get("capture_images", 256)
 
     def describe(plan, data, teacher, order):
-        return (f"{kind}/{name}; training-free: every method compresses the MLPs of blocks {order} back to front "
+        direction = plan.get("order", "back-to-front").replace("-", " ")
+        return (f"{kind}/{name}; training-free: every method compresses the MLPs of blocks {order} {direction} "
                 "under the budget rule params <= (1 - rho) * P (P = all nnx.Param scalars of the model; ranks "
                 "planned by jaxbsd.compress on the original model), with no fine-tuning at any step; each block "
                 f"is compressed from {capture} calibration images of the {data.train_images.shape[0]} training "
@@ -98,7 +100,7 @@ def main(argv=None, *, presets: dict | None = None, stem: str = "training_free",
                 + (f"S = {args.samples} per block" if args.samples else "S = max(128, 2r) per block")
                 + "; a seed sets the calibration images and the solver key")
 
-    return comparison.run_study(args, plan, prefix, script=f"{stem}.py", argv=argv,
+    return comparison.run_study(args, plan, prefix, script=script or f"{stem}.py", argv=argv,
                                 mode="quick" if args.quick else "full", describe=describe,
                                 title=f"{kind} on {name}, training-free")
 

@@ -1,0 +1,66 @@
+"""Label-free refinement: how many steps, and which target (issue 37's ablation).
+
+The protocol of ``training_free.py`` (a trained model, every MLP replaced at a whole-model
+reduction ρ, nothing trained with labels, 256 calibration images per block and seed), with each
+replacement refined for ``n`` Adam steps to reproduce the original MLP's outputs on the
+calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % held-out tokens kept:
+
+* ``--study steps`` (default): ``n`` ∈ {0, 50, 100, 300, 1000} for the warm-started B-spline
+  decoupling and for pruning, at ρ = 0.5, back to front (the order of every study);
+* ``--study targets``: the two targets at 300 steps, **front to back**: ``-ref300`` trains towards
+  the original MLP applied to the inputs the compressed model feeds it (``"local"``),
+  ``-refc300`` towards the original model's own MLP outputs on the same images
+  (``"consistent"``). Back to front, no MLP upstream of the one being replaced has changed yet,
+  so the two targets are the same tokens and give identical results; front to back, every
+  upstream MLP is already compressed, and the targets differ.
+
+Usage::
+
+    python experiments/refine_ablation.py                       # steps, ViT/Fashion-MNIST
+    python experiments/refine_ablation.py --study targets
+    python experiments/refine_ablation.py --quick               # CI: ~2 min on 2 cores
+
+Writes ``<out>/refine_steps_<model>_<dataset>.json`` (or ``refine_targets_…``; + ``.csv``,
+``.png``), resuming unit by unit like ``training_free.py``; verdicts are paired against ``bsd``
+where it is run, else read the table.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import training_free  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
+
+STEPS = (50, 100, 300, 1000)
+STEP_METHODS = ("bsd-warm", "prune", *(f"{m}-ref{n}" for m in ("bsd-warm", "prune") for n in STEPS))
+TARGET_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "bsd-warm-refc300", "prune-ref300", "prune-refc300")
+
+STEPS_VIT = dict(training_free.FULL_VIT, budgets=(0.5,), methods=STEP_METHODS)
+STEPS_DEIT = dict(training_free.FULL, budgets=(0.5,), methods=STEP_METHODS)
+TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
+TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
+QUICK = dict(training_free.QUICK, budgets=(0.35,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),
+             order="front-to-back")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    study = "steps"
+    if "--study" in argv:
+        i = argv.index("--study")
+        study = argv[i + 1]
+        del argv[i: i + 2]
+    if study not in ("steps", "targets"):
+        raise SystemExit(f"--study must be 'steps' or 'targets', got {study!r}")
+    vit, deit = (STEPS_VIT, STEPS_DEIT) if study == "steps" else (TARGETS_VIT, TARGETS_DEIT)
+    return training_free.main(argv, presets={"deit": deit, "vit": vit, "quick": QUICK, "default": vit},
+                              stem=f"refine_{study}", doc=__doc__, script=f"refine_ablation.py --study {study}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
