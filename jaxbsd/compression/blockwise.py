@@ -46,7 +46,7 @@ from jaxbsd import metrics
 from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compression.engine import ALLOCATIONS, PLAN, Plan, Step, run, site_at
-from jaxbsd.compression.methods import JUDGES, Method, get_method
+from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine
 from jaxbsd.compression.state import RunState
 from jaxbsd.compression.surgery import model_outputs
@@ -75,7 +75,7 @@ __all__ = [
     "judge_indices",
 ]
 
-METHODS = ("bsd", "svd", "drone", "prune", "auto")
+METHODS = method_names()
 ORDERS = {"front-to-back": "fb", "back-to-front": "bf"}
 #: Where each block's sampling points come from (see :class:`CompressionConfig`).
 CAPTURES = ("current", "original")

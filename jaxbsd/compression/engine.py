@@ -409,23 +409,17 @@ def resolve_method(method, *, config=None, restarts=1, warm_start=None, selectio
             raise ValueError(f"{given[0]}: method is a method object, which carries its own options; "
                              f"give {given[0]} to it (e.g. jb.BSD({given[0]}=...))")
         return method
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS} or a method object, got {method!r}")
     if config is not None and not isinstance(config, CMTFConfig):
         raise ValueError(f"config must be a jaxbsd.CMTFConfig, got {type(config).__name__}")
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be a positive int, got {restarts!r}")
     if warm_start is not None and not isinstance(warm_start, bool):
         raise ValueError(f"warm_start must be True, False or None, got {warm_start!r}")
-    if warm_start and method not in ("bsd", "auto"):
-        raise ValueError(f"warm_start=True starts a decoupling from the pruned MLP: it needs method 'bsd' or "
-                         f"'auto', got {method!r}")
-    if warm_start is False and method == "auto":
-        raise ValueError("warm_start=False: method 'auto' always warm-starts its decoupling from the pruned MLP")
     if selection is not None and selection not in SELECTIONS:
         raise ValueError(f"selection must be 'objective', 'output' or None, got {selection!r}")
     if auto_judge not in JUDGES:
         raise ValueError(f"auto_judge must be one of {JUDGES}, got {auto_judge!r}")
+    # Each method's factory takes the options it has and refuses those it cannot honour.
     return get_method(method, config=config, restarts=restarts, warm_start=warm_start,
                       selection="output" if selection is None else selection, auto_judge=auto_judge)
 

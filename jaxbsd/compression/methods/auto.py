@@ -121,7 +121,9 @@ class Auto(Method):
         return module, info
 
 
-def _from_options(config=None, restarts=1, selection="output", auto_judge="model", **_):
+def _from_options(config=None, restarts=1, warm_start=None, selection="output", auto_judge="model", **_):
+    if warm_start is False:
+        raise ValueError("warm_start=False: method 'auto' always warm-starts its decoupling from the pruned MLP")
     bsd = BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=None,
               selection=selection)
     return Auto(bsd=bsd, prune=Prune(), judge=auto_judge)

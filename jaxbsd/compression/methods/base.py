@@ -23,7 +23,7 @@ from flax import nnx
 
 from jaxbsd.compression.sites import Site
 
-__all__ = ["Method", "Build", "register", "get_method", "method_names", "largest_rank"]
+__all__ = ["Method", "Build", "register", "get_method", "method_names", "largest_rank", "no_warm_start"]
 
 #: ``(replacement, info)``: info holds the report fields (``error_J``, ``error_F``, ``output_error``,
 #: ``jacobian``, and what the method adds).
@@ -119,12 +119,22 @@ _REGISTRY: dict[str, Callable[..., Method]] = {}
 
 
 def register(name: str, factory: Callable[..., Method]) -> None:
-    """Make ``method="<name>"`` a shortcut for ``factory(**options)``."""
+    """Make ``method="<name>"`` a shortcut for ``factory(**options)``: the factory receives every
+    option :func:`jaxbsd.compress_model` takes by keyword (``config``, ``restarts``,
+    ``warm_start``, ``selection``, ``auto_judge``; unset ones at None or their defaults), uses
+    those it has and raises ``ValueError`` naming an option it cannot honour."""
     _REGISTRY[name] = factory
 
 
 #: The built-in methods first, in the order the documentation lists them.
 _BUILT_IN = ("bsd", "svd", "drone", "prune", "auto")
+
+
+def no_warm_start(name: str, warm_start=None, **_) -> None:
+    """For the factories of methods without a decoupling: ``warm_start=True`` cannot be honoured."""
+    if warm_start:
+        raise ValueError(f"warm_start=True starts a decoupling from the pruned MLP: it needs method 'bsd' or "
+                         f"'auto', got {name!r}")
 
 
 def method_names() -> tuple[str, ...]:

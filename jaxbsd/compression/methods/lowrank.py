@@ -16,7 +16,7 @@ import jax
 from flax import nnx
 
 from jaxbsd import baselines, metrics
-from jaxbsd.compression.methods.base import Build, Method, register
+from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
 from jaxbsd.compression.sites import (
     Site,
     apply_module,
@@ -94,5 +94,12 @@ class DRONE(LowRank):
     kind: ClassVar[str] = "drone"
 
 
-register("svd", lambda **options: SVD())
-register("drone", lambda **options: DRONE())
+def _factory(cls):
+    def from_options(**options):
+        no_warm_start(cls.kind, **options)
+        return cls()
+    return from_options
+
+
+register("svd", _factory(SVD))
+register("drone", _factory(DRONE))

@@ -16,7 +16,7 @@ import jax
 from flax import nnx
 
 from jaxbsd import baselines, metrics
-from jaxbsd.compression.methods.base import Build, Method, register
+from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
 from jaxbsd.compression.sites import (
     Site,
     apply_module,
@@ -112,4 +112,9 @@ class Prune(Method):
         return module, info
 
 
-register("prune", lambda **options: Prune())
+def _from_options(**options) -> Prune:
+    no_warm_start("prune", **options)
+    return Prune()
+
+
+register("prune", _from_options)
