@@ -7,6 +7,10 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
 
 * ``--study steps`` (default): ``n`` ∈ {0, 50, 100, 300, 1000} for the warm-started B-spline
   decoupling and for pruning, at ρ = 0.5, back to front (the order of every study);
+* ``--study main``: the training-free study with and without refinement (300 steps) for the
+  warm-started B-spline decoupling, pruning and ``auto`` — on DeiT/USPS, whose decouplings are the
+  slowest to run, at the budgets given (default ρ ∈ {0.35, 0.5}); the ViT/Fashion-MNIST pair has
+  every method in ``training_free.py``'s own result;
 * ``--study targets``: the two targets at 300 steps, **front to back**: ``-ref300`` trains towards
   the original MLP applied to the inputs the compressed model feeds it (``"local"``),
   ``-refc300`` towards the original model's own MLP outputs on the same images
@@ -18,6 +22,7 @@ Usage::
 
     python experiments/refine_ablation.py                       # steps, ViT/Fashion-MNIST
     python experiments/refine_ablation.py --study targets
+    python experiments/refine_ablation.py --study main          # DeiT/USPS, ρ ∈ {0.35, 0.5}
     python experiments/refine_ablation.py --quick               # CI: ~2 min on 2 cores
 
 Writes ``<out>/refine_steps_<model>_<dataset>.json`` (or ``refine_targets_…``; + ``.csv``,
@@ -42,6 +47,9 @@ TARGET_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "bsd-warm-refc300", "p
 
 STEPS_VIT = dict(training_free.FULL_VIT, budgets=(0.5,), methods=STEP_METHODS)
 STEPS_DEIT = dict(training_free.FULL, budgets=(0.5,), methods=STEP_METHODS)
+MAIN_METHODS = ("bsd-warm", "prune", "auto", "bsd-warm-ref300", "prune-ref300", "auto-ref300")
+MAIN_DEIT = dict(training_free.FULL, budgets=(0.35, 0.5), methods=MAIN_METHODS)
+MAIN_VIT = dict(training_free.FULL_VIT, budgets=(0.35, 0.5), methods=MAIN_METHODS)
 TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
 TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
 QUICK = dict(training_free.QUICK, budgets=(0.35,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),
@@ -55,10 +63,12 @@ def main(argv=None) -> int:
         i = argv.index("--study")
         study = argv[i + 1]
         del argv[i: i + 2]
-    if study not in ("steps", "targets"):
-        raise SystemExit(f"--study must be 'steps' or 'targets', got {study!r}")
-    vit, deit = (STEPS_VIT, STEPS_DEIT) if study == "steps" else (TARGETS_VIT, TARGETS_DEIT)
-    return training_free.main(argv, presets={"deit": deit, "vit": vit, "quick": QUICK, "default": vit},
+    presets = {"steps": (STEPS_VIT, STEPS_DEIT), "targets": (TARGETS_VIT, TARGETS_DEIT), "main": (MAIN_VIT, MAIN_DEIT)}
+    if study not in presets:
+        raise SystemExit(f"--study must be one of {sorted(presets)}, got {study!r}")
+    vit, deit = presets[study]
+    default = deit if study == "main" else vit
+    return training_free.main(argv, presets={"deit": deit, "vit": vit, "quick": QUICK, "default": default},
                               stem=f"refine_{study}", doc=__doc__, script=f"refine_ablation.py --study {study}")
 
 
