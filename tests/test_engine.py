@@ -240,8 +240,6 @@ def test_an_infeasible_explicit_rank_names_ranks_and_leaves_the_model(kind, meth
     assert_untouched(model, Net(kind))
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: fewer sampling points than the basis's coefficients reach "
-                   "jb.decouple, whose ValueError names its own argument X, not calibration/num_samples")
 @pytest.mark.parametrize("method", ["bsd", "auto"])
 @pytest.mark.parametrize("tokens, num_samples, name", [((1, 3), None, "calibration"), ((16, 8), 3, "num_samples")],
                          ids=["3-tokens", "num_samples=3"])

@@ -425,9 +425,6 @@ def _scaled(module, path):
     return model
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: a run's identity holds the model's size and the MLPs' input "
-                   "tokens, not its weights: another model of the same size whose MLP inputs are the same resumes "
-                   "the state and gets the state's weights back")
 @pytest.mark.parametrize("changed", ["head", "blocks.2.ffn.project"])
 def test_another_model_of_the_same_size_is_refused_naming_state_dir(toy_module, references, tmp_path, changed):
     """Weights after the MLPs' inputs (the head; the first MLP compressed, back to front) do not

@@ -197,6 +197,19 @@ def _refiner(plan: Plan, site: Site, reference, key: jax.Array):
     return lambda module: refine_module(module, X, Y, plan.refine, key)
 
 
+def model_digest(model: nnx.Module) -> str:
+    """A hash of every variable of ``model`` (names, shapes, dtypes, values): part of a resumable
+    run's identity, so a state is never loaded over another model of the same size."""
+    h = hashlib.sha256()
+    for path, var in sorted(nnx.to_flat_state(nnx.state(model)), key=lambda kv: tuple(map(str, kv[0]))):
+        value = var[...]
+        if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        a = np.asarray(value)
+        h.update(".".join(map(str, path)).encode() + str(a.shape).encode() + str(a.dtype).encode() + a.tobytes())
+    return h.hexdigest()[:16]
+
+
 def calibration_digest(tokens: dict) -> dict[str, str]:
     """A hash of each MLP's planning tokens (part of a resumable run's identity)."""
     out = {}
@@ -231,6 +244,7 @@ def run(
     """
     method = plan.method
     params_total = count_params(model)
+    digest = model_digest(model) if state is not None else None  # before anything is replaced
     # 1. Every MLP's tokens on the original model; its site (this validates every path first).
     tokens, first_calls = source.capture(model, plan.paths, PLAN)
     sites = {p: _site(model, plan, source, p, tokens[p], PLAN, source.num_samples(p, None, PLAN)) for p in plan.paths}
@@ -248,7 +262,7 @@ def run(
     run_state = None if state is None else state({
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,
         "ranks": None if plan.ranks is None else dict(plan.ranks), "allocation": plan.allocation,
-        "order": order, "structured": plan.structured, "params": params_total,
+        "order": order, "structured": plan.structured, "params": params_total, "model": digest,
         "refine": None if not refining else plan.refine.to_dict(),
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
     records = [] if run_state is None else run_state.load(model)

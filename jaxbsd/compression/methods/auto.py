@@ -59,6 +59,10 @@ class Auto(Method):
     def judges_by_model(self) -> bool:  # type: ignore[override]
         return self.judge == "model"
 
+    def check_site(self, site: Site) -> None:
+        self.bsd.check_site(site)
+        self.prune.check_site(site)
+
     def params(self, site: Site, rank) -> int:
         # Whichever candidate is kept, the budget must hold: count the larger.
         r, k = rank

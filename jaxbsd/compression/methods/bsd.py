@@ -105,6 +105,18 @@ class BSD(Method):
     def max_rank(self, site: Site) -> int:
         return max(1, site.params // (site.m + site.n + self.dof))
 
+    def check_site(self, site: Site) -> None:
+        """The solver needs at least as many samples as the basis has coefficients."""
+        super().check_site(site)
+        S = site.X.shape[0]
+        if S < self.dof:
+            tokens = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
+            # S is all the tokens there are (the calibration is too small), or what num_samples asked for.
+            name = "calibration" if S >= tokens else "num_samples"
+            raise ValueError(f"{name}: {site.path!r} gets S = {S} sampling points from {tokens} calibration tokens, "
+                             f"but a decoupling needs at least the basis's {self.dof} coefficients; calibrate on "
+                             f"more tokens, sample more, or use a smaller basis")
+
     def _init(self, site: Site, rank: int, config: CMTFConfig, info: dict):
         if self.warm_start is None:  # wherever the MLP can be pruned to rank - 1 units
             if site.spec is None or site.gated:
