@@ -18,7 +18,10 @@ A figure in a sentence is a reference too: ``<!-- fig EXPR -->TEXT<!-- /fig -->`
 :data:`SOURCES`, with helpers such as ``cmp_vit.vs("bsd", "svd", 0.1).d`` for a difference
 paired over seeds, recomputed from the per-seed runs) and the formatters :func:`pct`,
 :func:`sgn`, :func:`pv`, :func:`rng`, :func:`ratio`, :func:`count`...; ``TEXT`` is its
-rendering, rewritten by this script. The HTML comments are invisible on the site. A number
+rendering, rewritten by this script. A sentence that only a result yet to be committed can
+write is one figure guarded by ``has``: ``<!-- fig ("... " + rf_deit.moves("prune", 0.5)) if
+has("rf_deit", "prune-ref300") else "not committed yet" -->`` renders the fallback until the
+result (and those runs) exist, then the sentence; an unguarded figure of an absent result fails. The HTML comments are invisible on the site. A number
 quoted from elsewhere (the paper, a run that is not committed) is wrapped in
 ``<!-- from SOURCE -->...<!-- /from -->``, naming the source. ``--check`` fails, naming file and
 line, when a block or a figure no longer matches its result, and when a result-like number
@@ -330,13 +333,16 @@ def _vs_prune_cell(d: dict, row: dict) -> str:
     return "—" if v is None else _verdict_text(v)
 
 
-def _study_rows(d: dict, *, output_error: bool = True, verdict_header: str = "B-spline beats it") -> str:
+def _study_rows(d: dict, *, output_error: bool = True, verdict_header: str = "B-spline beats it",
+                keep: Callable[[str], bool] = lambda method: True) -> str:
     """One table of a study: method × ρ (mean ± std, parameters, reduction), the mean per-block
     output error (``output_error``), the paired verdict against B-spline and, where pruning ran,
-    against pruning."""
+    against pruning. Only the methods ``keep`` accepts are shown."""
     vs_prune = bool(d.get("verdicts_vs_prune"))
     rows = []
     for r in d["rows"]:
+        if not keep(r["method"]):
+            continue
         if r["status"] != "ok":
             rows.append([_name(r), f"{r['reduction']:g}", "infeasible"] + ["—"] * (3 + output_error + vs_prune))
             continue
@@ -392,7 +398,11 @@ def training_free_table() -> str:
                 "images and solver key). Output error = relative squared error of a block's output on its "
                 "calibration tokens, averaged over blocks and seeds. Verdicts = \"B-spline (old defaults) beats "
                 "this method\" and, where pruning ran beside them, \"pruning beats this method\", paired over seeds "
-                "(t-test, p < 0.05).", "", _source_line(d), "", _study_rows(d), ""]
+                "(t-test, p < 0.05).", "", _source_line(d), "",
+                _study_rows(d, keep=lambda m: not is_refined(m)), ""]
+        if any(is_refined(r["method"]) for r in d["rows"]):
+            out += ["The refined units of this result (`-ref…`) are in the tables of "
+                    "[label-free refinement](#label-free-refinement-issue-37).", ""]
         if check := auto_check(d):
             out += ["`auto` against the best of the others (means over seeds):", ""] + [f"- {c}" for c in check] + [""]
         plot = pathlib.Path(name).with_suffix(".png").name
@@ -471,14 +481,27 @@ def lm_compression_table() -> str:
            f"solver key); fine-tuned = {d['plan']['finetune']['steps']} steps of train_lm (lr "
            f"{d['plan']['finetune']['lr']:g}) after the last replacement. Verdict = \"B-spline has lower test bpc\", "
            "paired over seeds (t-test, p < 0.05; Δ = method − B-spline, bits per character).", "", _source_line(d), ""]
+    lm = LanguageModel(d)
+    if any(is_refined(r["method"]) for r in d["rows"]):
+        out[0] += (" Refined rows (`+ refined`: every replacement refined without labels as it is built, "
+                   "before any fine-tuning) are compared with the B-spline decoupling refined the same way.")
     rows = []
     for r in d["rows"]:
         if r["status"] != "ok":
             rows.append([r["setting"], _name(r), f"{r['reduction']:g}", "infeasible", "—", "—", "—"])
             continue
         v = d["verdicts"][f"{r['setting']} {r['reduction']!r}"].get(r["method"])
-        cell = ("(reference)" if v is None else "no paired runs" if not v["n"]
-                else f"{v['verdict']} (Δ {v['mean_diff']:+.3f}, p = {_pval(v['p_ttest'])})")
+        if is_refined(r["method"]):  # refined rows: against the B-spline refined the same way
+            reference = "bsd" + r["method"][len(split_refined(r["method"])[0]):]
+            if r["method"] == reference:
+                cell = "(reference, refined)"
+            else:
+                p = lm.vs(r["method"], reference, r["reduction"], setting=r["setting"], digits=3)
+                cell = ("no paired runs" if not p.n else
+                        f"{p.verdict} (Δ {p.diff:+.3f}, p = {_pval(p.p if np.isfinite(p.p) else None)})")
+        else:
+            cell = ("(reference)" if v is None else "no paired runs" if not v["n"]
+                    else f"{v['verdict']} (Δ {v['mean_diff']:+.3f}, p = {_pval(v['p_ttest'])})")
         err = "—" if r.get("output_error_mean") is None else f"{r['output_error_mean']:.3g}"
         rows.append([r["setting"], _name(r), f"{r['reduction']:g}", _pm(r["bpc_mean"], r["bpc_std"], 3),
                      f"{r['params_mean']:,.0f}", err, cell])
@@ -495,6 +518,320 @@ def lm_compression_table() -> str:
                   f"{r['params_mlp']:,} → {r['params_decoupled']:,}"] for r in fit["rows"]]), "",
             f"Finding: {fit['finding']}."]
     return "\n".join(out).rstrip()
+
+
+# --------------------------------------------------------------------------- label-free refinement
+# Issue 37: every replacement refined without labels (jaxbsd.Refine). The refined units of a
+# study are its methods with a suffix ``-ref<n>`` (n Adam steps, target "local") or ``-refc<n>``
+# (target "consistent"), beside the unrefined units of the same study.
+
+_REFINED = re.compile(r"-ref(c?)(\d+)$")
+
+#: The refinement every study and table below means unless it says otherwise (``-ref300``).
+REFINE_STEPS = 300
+
+
+def split_refined(method: str) -> tuple[str, int, str]:
+    """``(base method, steps, target)``: ``"prune-ref300"`` → ``("prune", 300, "local")``,
+    ``"prune-refc300"`` → ``("prune", 300, "consistent")``, an unrefined method → ``(method, 0,
+    "local")`` (the studies' own rule, ``experiments/comparison.py``'s ``split_refine``)."""
+    m = _REFINED.search(method)
+    if m is None or m.start() == 0:
+        return method, 0, "local"
+    return method[: m.start()], int(m[2]), "consistent" if m[1] else "local"
+
+
+def is_refined(method: str) -> bool:
+    return split_refined(method)[1] > 0
+
+
+def refined(method: str, steps: int = REFINE_STEPS, target: str = "local") -> str:
+    """The name of ``method`` refined for ``steps`` (0: ``method`` itself) towards ``target``."""
+    return f"{method}-ref{'c' if target == 'consistent' else ''}{steps}" if steps else method
+
+
+_PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B-spline decoupling (old defaults)",
+                "prune": "pruning", "auto": "`auto`", "svd": "SVD", "drone": "DRONE"}
+
+
+def prose_name(method: str) -> str:
+    """A method as prose: ``"pruning"``, ``"refined pruning"``, ``"the refined warm-started B-spline
+    decoupling"``."""
+    base, steps, target = split_refined(method)
+    name = _PROSE_NAMES.get(base, f"`{base}`")
+    if not steps:
+        return name
+    tail = f" ({steps} steps{', consistent target' if target == 'consistent' else ''})" if steps != REFINE_STEPS \
+        or target != "local" else ""
+    return (name.replace("the ", "the refined ", 1) if name.startswith("the ") else "refined " + name) + tail
+
+
+#: The refined training-free study per pair: (title, short name in :data:`SOURCES`, file, the
+#: command that writes it, methods in table order, the fine-tuned comparison of the same pair and
+#: which of its methods stands beside each of ours).
+REFINE_PAIRS = (
+    ("ViT / Fashion-MNIST", "tf_vit", "training_free_vit_fashion-mnist.json",
+     "python experiments/training_free.py --model vit --dataset fashion-mnist --budgets 0.1 0.2 0.35 0.5 --methods "
+     "bsd svd drone prune bsd-warm auto auto-block bsd-warm-ref300 svd-ref300 drone-ref300 prune-ref300 auto-ref300",
+     ("bsd-warm", "prune", "auto", "svd", "drone"), "comparison_vit_fashion-mnist.json",
+     {"bsd-warm": "bsd", "prune": "prune", "svd": "svd", "drone": "drone"}),
+    ("DeiT / USPS", "rf_deit", "refine_main_deit_usps.json", "python experiments/refine_ablation.py --study main",
+     ("bsd-warm", "prune", "auto"), "comparison.json", {"bsd-warm": "bsd", "prune": "prune"}),
+)
+#: Issue 37's acceptance: the best refined method at ρ = 0.5 within this many points of the original.
+REFINE_BOUND = {"tf_vit": 1.5, "rf_deit": 0.5}
+#: Issue 37's rule for ``auto``: at least max(B-spline, pruning) − this, or not significantly below.
+AUTO_MARGIN = 0.1
+REFINE_TITLES = {"tf_vit": "ViT/Fashion-MNIST", "rf_deit": "DeiT/USPS", "rf_steps": "ViT/Fashion-MNIST",
+                 "rf_targets": "ViT/Fashion-MNIST"}
+
+
+def _paired_cell(v: "Paired", unit: str = "") -> str:
+    """A paired difference as a table cell: ``+1.58 (p = 0.0031)``."""
+    if not v.n:
+        return "—"
+    if v.n < 2:
+        return f"{v.d}{unit} (1 seed)"
+    return f"{v.d}{unit} ({v.pv})"
+
+
+def _verdict_paired(v: "Paired") -> str:
+    """A paired verdict as a table cell: ``holds (+0.80, p = 0.011)``."""
+    if not v.n:
+        return "no paired runs"
+    return f"{v.verdict} ({v.d}, " + ("1 seed" if v.n < 2 else v.pv) + ")"
+
+
+def _seeds_pm(values: list[float], digits: int = 2) -> str:
+    return "—" if not values else _pm(float(np.mean(values)), float(np.std(values)), digits)
+
+
+def _refine_missing(title: str, d: dict | None, command: str, methods: Iterable[str]) -> str | None:
+    """The line a refinement table shows instead of itself, or ``None`` when it has runs to show."""
+    if d is None:
+        return f"**{title}**: No current result committed (`{command}`)."
+    if not Study(d).has(*methods):
+        return f"**{title}**: the committed result has no refined runs yet (`{command}`)."
+    return None
+
+
+def refine_main_table() -> str:
+    """Issue 37: per pair, method and ρ, top-1 without and with label-free refinement (mean ± std
+    over seeds), the gain paired over seeds, and beside it the fine-tuned (labels) comparison."""
+    out = []
+    for title, _, name, command, methods, cmp_name, cmp_methods in REFINE_PAIRS:
+        d = _load(name)
+        if (missing := _refine_missing(title, d, command, [refined(m) for m in methods[:2]])) is not None:
+            out += [missing, ""]
+            continue
+        s, c = Study(d), _load(cmp_name)
+        cmp = Study(c) if c is not None else None
+        rows = []
+        for rho in [r for r in d["plan"]["budgets"] if any(s.has(refined(m), rho=r) for m in methods)]:
+            for m in methods:
+                if not s.has(m, rho=rho) and not s.has(refined(m), rho=rho):
+                    continue
+                base, ref = s.seeds(m, rho), s.seeds(refined(m), rho)
+                gain = s.gain(m, rho)
+                ft, behind = "—", "—"
+                other = cmp_methods.get(m)
+                if cmp is not None and other and cmp.has(other, rho=rho):
+                    ft_values = cmp.seeds(other, rho)
+                    ft = _seeds_pm(ft_values) + ("" if other == m else f" ({_NAMES.get(other, other)})")
+                    if ref:
+                        behind = sgn(float(np.mean(ref)) - float(np.mean(ft_values)))
+                rows.append([f"{rho:g}", _display(m), str(len(ref)), _seeds_pm(base), _seeds_pm(ref),
+                             _paired_cell(gain), ft, behind])
+        ft_head = (f"fine-tuned with labels ({c['plan']['epochs']} epoch(s) after every block)" if c is not None
+                   else "fine-tuned with labels")
+        out += [f"**{title}**, no labels (original {d['accuracy_original']:.2f} %; mean ± std over the seeds shown: "
+                "calibration images and solver key). Refined = every replacement trained for "
+                f"{REFINE_STEPS} Adam steps towards the original MLP's outputs on its calibration tokens as it is "
+                "built, the best step on held-out tokens kept. Gain = refined − unrefined, paired over seeds (t-test). "
+                "Beside it the committed comparison with label fine-tuning"
+                + ("" if c is None else f" (`{c['provenance']['command']}`)" if c.get("provenance") else "")
+                + " at the same ρ (the B-spline rows: the old-default decoupling, `bsd`, fine-tuned) and the refined "
+                "mean minus the fine-tuned one (separate studies: not paired).", "", _source_line(d), "",
+                _md(["ρ", "method", "seeds", "no refinement", f"refined ({REFINE_STEPS} steps)", "gain",
+                     ft_head, "refined − fine-tuned"], rows), ""]
+    return "\n".join(out).rstrip()
+
+
+class AutoRule:
+    """Issue 37's rule for ``auto`` at one ρ: ``auto`` (refined) against the better (by mean) of
+    the refined B-spline decoupling and refined pruning, paired over seeds; ``holds`` when auto ≥
+    that − :data:`AUTO_MARGIN` or the paired difference is not significant (p ≥ 0.05)."""
+
+    def __init__(self, study: "Study", rho: float, steps: int = REFINE_STEPS):
+        auto, candidates = refined("auto", steps), [refined(m, steps) for m in ("bsd-warm", "prune")]
+        self.rho = rho
+        self.against = max(candidates, key=lambda m: study.mean(m, rho))
+        self.paired = study.vs(auto, self.against, rho)
+        self.diff = study.mean(auto, rho) - study.mean(self.against, rho)
+        # Means of accuracies with two decimals: compare at the precision they carry.
+        self.holds = bool(round(self.diff, 6) >= -AUTO_MARGIN or not self.paired.p < 0.05)
+
+    def __str__(self) -> str:
+        return f"{sgn(self.diff)} against {prose_name(self.against)}, {self.paired.pv}"
+
+
+def refine_verdicts_table() -> str:
+    """Issue 37's acceptance with refinement, per pair and ρ: the best refined method against the
+    original, ``auto`` against the better of B-spline and pruning (refined), and B-spline against
+    pruning (refined), paired over seeds."""
+    out = []
+    for title, short, name, command, methods, _, _ in REFINE_PAIRS:
+        d = _load(name)
+        needed = [refined(m) for m in ("bsd-warm", "prune")]
+        if (missing := _refine_missing(title, d, command, needed)) is not None:
+            out += [missing, ""]
+            continue
+        s = Study(d)
+        rows = []
+        for rho in s.budgets(*needed):
+            best = s.best_refined(rho, methods)
+            gap = s.mean(best, rho) - d["accuracy_original"]
+            bound = REFINE_BOUND.get(short)
+            bound_cell = ("—" if rho != 0.5 or bound is None else
+                          f"within {bound:g}: " + ("yes" if gap >= -bound else "**no**"))
+            if s.has(refined("auto"), rho=rho):
+                rule = AutoRule(s, rho)
+                auto_cells = [f"{sgn(rule.diff)} against {_display(split_refined(rule.against)[0])} ({rule.paired.pv})",
+                              "yes" if rule.holds else "**no**"]
+            else:
+                auto_cells = ["—", "—"]
+            v = s.vs(needed[0], needed[1], rho)
+            rows.append([f"{rho:g}", f"{_display(split_refined(best)[0])} ({s.mean(best, rho):.2f} %)",
+                         f"{sgn(gap)}", bound_cell, *auto_cells,
+                         _verdict_paired(v)])
+        out += [f"**{title}** (original {d['accuracy_original']:.2f} %), every method refined ({REFINE_STEPS} steps):",
+                "", _md(["ρ", "best refined method", "its gap to the original, points", "issue 37's bound (ρ = 0.5)",
+                         "auto − max(B-spline, pruning)", f"auto ≥ max − {AUTO_MARGIN:g} or p ≥ 0.05",
+                         "B-spline beats pruning (Δ = B-spline − pruning)"], rows), ""]
+    return "\n".join(out).rstrip()
+
+
+_DISPLAY = {"bsd-warm": "B-spline (warm start)", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto",
+            "svd": "SVD", "drone": "DRONE"}
+
+
+def _display(method: str) -> str:
+    """A method's short name in the refinement tables."""
+    return _DISPLAY.get(method, method)
+
+
+def _refine_records(study: "Study", method: str, rho: float) -> list[dict]:
+    """The ``refine`` record of every block of every seed's run (empty if the runs record none)."""
+    return [st["refine"] for r in study._runs(method, rho).values() for st in r.get("steps") or []
+            if isinstance(st.get("refine"), dict)]
+
+
+def refine_steps_table() -> str:
+    """Issue 37's ablation of the number of steps (0 = the unrefined method): top-1 mean ± std,
+    the gain over the unrefined method paired over seeds, and the seconds of refinement per block."""
+    d = _load("refine_steps_vit_fashion-mnist.json")
+    command = "python experiments/refine_ablation.py --study steps"
+    if d is None:
+        return f"No current result committed (`{command}`)."
+    s = Study(d)
+    bases = [m for m in ("bsd-warm", "prune") if any(split_refined(x)[0] == m for x in d["plan"]["methods"])]
+    steps = sorted({split_refined(m)[1] for m in d["plan"]["methods"] if split_refined(m)[0] in bases} | {0})
+    rho = d["plan"]["budgets"][0]
+    rows = []
+    for n in steps:
+        row = [str(n)]
+        for b in bases:
+            m = refined(b, n)
+            if not s.has(m, rho=rho):
+                row += ["—", "—", "—"]
+                continue
+            recs = _refine_records(s, m, rho)
+            secs_ = [r["seconds"] for r in recs if r.get("seconds") is not None]
+            row += [s.pm(m, rho), "(reference)" if not n else _paired_cell(s.vs(m, b, rho)),
+                    "—" if not secs_ else _bench_value(float(np.mean(secs_)), "s")]
+        rows.append(row)
+    header = ["steps"] + [f"{_display(b)}{h}" for b in bases for h in (": top-1 %", ": gain", ": s per block")]
+    return "\n".join([f"ViT / Fashion-MNIST, ρ = {rho:g}, no labels (original {d['accuracy_original']:.2f} %; "
+                      f"mean ± std over {d['plan']['seeds']} seeds). Gain = against the same method unrefined, "
+                      "paired over seeds; s per block = seconds of the refinement stage per MLP, mean over blocks "
+                      "and seeds.", "", _source_line(d), "", _md(header, rows)])
+
+
+def refine_targets_table() -> str:
+    """Issue 37's two targets, front to back: local against consistent, paired over seeds."""
+    d = _load("refine_targets_vit_fashion-mnist.json")
+    command = "python experiments/refine_ablation.py --study targets"
+    if d is None:
+        return f"No current result committed (`{command}`)."
+    s = Study(d)
+    rho = d["plan"]["budgets"][0]
+    rows = []
+    for b in ("bsd-warm", "prune"):
+        local, consistent = refined(b), refined(b, target="consistent")
+        if not (s.has(local, rho=rho) or s.has(consistent, rho=rho)):
+            continue
+        v = s.vs(consistent, local, rho)
+        rows.append([_display(b), f"{rho:g}", s.pm(b, rho) if s.has(b, rho=rho) else "—",
+                     s.pm(local, rho) if s.has(local, rho=rho) else "—",
+                     s.pm(consistent, rho) if s.has(consistent, rho=rho) else "—",
+                     _verdict_paired(v)])
+    return "\n".join([f"ViT / Fashion-MNIST, every MLP replaced **front to back** (so the inputs an MLP is fed "
+                      f"differ from the original model's), {REFINE_STEPS} steps, no labels (original "
+                      f"{d['accuracy_original']:.2f} %; mean ± std over {d['plan']['seeds']} seeds). Local = the "
+                      "original MLP applied to the inputs the compressed model feeds it; consistent = the original "
+                      "model's own MLP outputs on the same images. Verdict = \"the consistent target is better\", "
+                      "paired over seeds (Δ = consistent − local).", "", _source_line(d), "",
+                      _md(["method", "ρ", "no refinement", "local target", "consistent target",
+                           "consistent beats local"], rows)])
+
+
+def refine_lm_table() -> str:
+    """Issue 37 on the character LM's gated MLPs, training-free: test bpc of B-spline and pruning
+    with and without refinement per ρ, and refined B-spline against refined pruning."""
+    d = _load("lm_compression.json")
+    command = ("python experiments/lm_compression.py --methods bsd svd drone prune "
+               f"bsd-ref{REFINE_STEPS} prune-ref{REFINE_STEPS}")
+    if d is None:
+        return f"No current result committed (`{command}`)."
+    lm, setting = LanguageModel(d), "training-free"
+    if not lm.has(refined("bsd"), refined("prune")):
+        return f"The committed result has no refined runs yet (`{command}`)."
+    rows = []
+    for rho in lm.budgets(refined("bsd"), refined("prune")):
+        cells = [f"{rho:g}"]
+        for m in ("bsd", "prune"):
+            cells += [_seeds_pm(lm.seeds(x, rho, setting=setting), 3) for x in (m, refined(m))]
+            cells.append(_paired_cell(lm.gain(m, rho, setting=setting, digits=3)))
+        v = lm.vs(refined("prune"), refined("bsd"), rho, setting=setting, digits=3)
+        cells.append(_verdict_paired(v))
+        rows.append(cells)
+    return "\n".join([f"Character LM on pystdlib, training-free (original {d['bpc_original']:.4f} bits per "
+                      f"character); mean ± std over {d['plan']['seeds']} seeds; lower is better. Gain = refined − "
+                      "unrefined (negative: refinement lowers the bpc); verdict = \"refined B-spline has lower test "
+                      "bpc than refined pruning\" (Δ = pruning − B-spline), paired over seeds. All methods, with "
+                      "the fine-tuned setting, are in [the LM table](#a-character-language-model-with-gated-mlps-issue-23).",
+                      "", _source_line(d), "",
+                      _md(["ρ", "B-spline", "B-spline refined", "gain", "pruning", "pruning refined", "gain",
+                           "refined B-spline lower bpc"], rows)])
+
+
+def refine_benchmark_table() -> str:
+    """``benchmarks/refine.json``: the refinement stage against the decoupling, per MLP shape."""
+    path = BENCHMARKS / "refine.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/refine.py`)."
+    d = json.loads(path.read_text())
+    rows = []
+    for r in d["rows"]:
+        m = re.search(r"refinement / decoupling, (?P<what>.*?) \((?P<shape>[^)]*)\)", r["name"])
+        what, shape = (m["what"], m["shape"]) if m else (r["name"], "")
+        ratio_ = "—" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+        rows.append([what, shape, _bench_value(r.get("ours"), "s"), _bench_value(r.get("reference"), "s"), ratio_,
+                     str(r.get("target") or "—").replace("<=", "≤"),
+                     {True: "yes", False: "**no**", None: "—"}[r.get("passed")]])
+    head = (_source_line(d) + f" Device: {d.get('device', '?')}; median of the timed repeats, the two stages "
+            "timed alternately, compiled.")
+    return "\n".join([head, "", _md(["MLP", "shape", "refine", "decouple", "ratio", "target", "met"], rows)])
 
 
 def fb_bf_table() -> str:
@@ -738,6 +1075,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "knobs": knobs_table,
     "fidelity": fidelity_table,
     "lm-compression": lm_compression_table,
+    "refine-main": refine_main_table,
+    "refine-verdicts": refine_verdicts_table,
+    "refine-steps": refine_steps_table,
+    "refine-targets": refine_targets_table,
+    "refine-lm": refine_lm_table,
+    "refine-benchmark": refine_benchmark_table,
     "fb-bf": fb_bf_table,
     "vit-cifar10": lambda: cifar10_table("vit"),
     "swin-cifar10": lambda: cifar10_table("swin"),
@@ -794,7 +1137,9 @@ SOURCES = {
     "tf_deit": "training_free_deit_usps.json", "tf_vit": "training_free_vit_fashion-mnist.json",
     "fid_deit": "fidelity_deit_usps.json", "fid_vit": "fidelity_vit_fashion-mnist.json",
     "knobs": "knobs_vit_fashion-mnist.json", "lm": "lm_compression.json", "alloc": "allocation.json",
-    "bench": "results.json", "bench_gpu": "results_gpu.json",
+    "rf_deit": "refine_main_deit_usps.json", "rf_steps": "refine_steps_vit_fashion-mnist.json",
+    "rf_targets": "refine_targets_vit_fashion-mnist.json",
+    "bench": "results.json", "bench_gpu": "results_gpu.json", "bench_refine": "refine.json",
 }
 
 
@@ -885,6 +1230,12 @@ class Paired:
 
     def __str__(self) -> str:
         return f"{self.d} ({self.pv})"
+
+    def says(self, a: str, b: str) -> str:
+        """The verdict as prose naming the two sides: "**a is better** (+0.30, p = 0.01)", "**b is
+        better** (...)" or "**within noise** (...)"."""
+        word = {"holds": f"{a} is better", "does not hold": f"{b} is better"}.get(self.verdict, self.verdict)
+        return f"**{word}** ({self.dp})"
 
 
 class Result:
@@ -977,6 +1328,56 @@ class Study(Result):
         """The method with the highest mean at ρ among ``methods``."""
         return max(methods, key=lambda m: self.mean(m, rho, key))
 
+    # Label-free refinement (issue 37): a refined unit is its method with ``-ref<n>`` / ``-refc<n>``.
+
+    def has(self, *methods: str, rho: float | None = None) -> bool:
+        """Whether each of ``methods`` has a finished run (at ρ, or at any ρ)."""
+        return all(any(r["method"] == m and r.get("status", "ok") == "ok" and (rho is None or r["reduction"] == rho)
+                       for r in self.json["runs"]) for m in methods)
+
+    def budgets(self, *methods: str) -> list[float]:
+        """The study's ρ at which each of ``methods`` has runs."""
+        return [r for r in self.json["plan"]["budgets"] if self.has(*methods, rho=r)]
+
+    def gain(self, method: str, rho: float, steps: int = REFINE_STEPS, target: str = "local", key: str | None = None,
+             setting=None, digits: int = 2) -> Paired:
+        """What refinement changes: ``method`` refined (``steps`` towards ``target``) − ``method``,
+        paired over seeds."""
+        return self.vs(refined(method, steps, target), method, rho, key, setting, digits)
+
+    def best_refined(self, rho: float, methods: Iterable[str] | None = None, steps: int = REFINE_STEPS) -> str:
+        """The refined method (``-ref<steps>``) with the highest mean at ρ, among ``methods``'
+        refined units (default: every refined unit at ρ)."""
+        names = ([refined(m, steps) for m in methods] if methods is not None else
+                 sorted({r["method"] for r in self.json["runs"] if split_refined(r["method"])[1:] == (steps, "local")}))
+        return self.best(rho, [m for m in names if self.has(m, rho=rho)])
+
+    def changes(self, a: str, b: str, a0: str, b0: str, setting=None) -> str:
+        """Whether the verdict of ``a`` against ``b`` differs from that of ``a0`` against ``b0``
+        (say, both refined against both unrefined) at any ρ where all four ran: "at no ρ" or
+        "at ρ = 0.2 and 0.35"."""
+        rhos = [r for r in self.budgets(a, b, a0, b0)
+                if self.vs(a, b, r, setting=setting).verdict != self.vs(a0, b0, r, setting=setting).verdict]
+        return "at no ρ" if not rhos else "at ρ = " + _join([f"{r:g}" for r in rhos])
+
+    def auto_rule(self, rho: float, steps: int = REFINE_STEPS) -> "AutoRule":
+        """Issue 37's rule for ``auto`` at ρ (:class:`AutoRule`)."""
+        return AutoRule(self, rho, steps)
+
+    def moves(self, method: str, rho: float, steps: int = REFINE_STEPS, target: str = "local") -> str:
+        """``from 85.32 % to 86.90 % (+1.58, p = 0.0031)``: ``method`` before and after refinement."""
+        after = refined(method, steps, target)
+        return f"from {pct(self.mean(method, rho))} to {pct(self.mean(after, rho))} ({self.gain(method, rho, steps, target).dp})"
+
+    def gap(self, method: str, rho: float) -> str:
+        """``1.52 points below the original (88.42 %)``: ``method``'s mean against the original model."""
+        x = self.mean(method, rho) - self["accuracy_original"]
+        return f"{num(abs(x))} points {'below' if x < 0 else 'above'} the original ({pct(self['accuracy_original'])})"
+
+    def curve(self, method: str, rho: float, steps: Iterable[int]) -> str:
+        """Mean top-1 after each number of refinement steps: ``85.32 / 86.10 / 86.90 %``."""
+        return slash(self.mean(refined(method, n), rho) for n in steps)
+
 
 class LanguageModel(Study):
     """The character LM study: test bits per character per setting ("training-free",
@@ -1001,6 +1402,52 @@ def pmax(paired: Iterable[Paired]) -> str:
     """The largest p-value of several paired tests, as prose: ``p < 0.001``, ``p ≤ 0.0069``."""
     worst = max(v.p for v in paired)
     return "p < 0.001" if worst < 0.001 else f"p ≤ {float(f'{worst:.2g}'):g}"
+
+
+def _title(study: "Study") -> str:
+    return REFINE_TITLES.get(getattr(study, "source", ""), getattr(study, "source", "?"))
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def auto_rules(*studies: "Study", steps: int = REFINE_STEPS) -> str:
+    """Issue 37's rule for refined ``auto`` (:class:`AutoRule`) at every ρ of ``studies``, as a
+    predicate grouped by outcome: "**holds** on ViT/Fashion-MNIST at every ρ (0.1: +0.00 against
+    refined pruning, p = 0.42; ...) and on DeiT/USPS at ρ = 0.5 (...); it **fails** on DeiT/USPS
+    at ρ = 0.35 (...)". A flipped outcome moves its ρ."""
+    groups: dict[bool, list[str]] = {True: [], False: []}
+    for s in studies:
+        rules = [s.auto_rule(r, steps) for r in s.budgets(*(refined(m, steps) for m in ("auto", "bsd-warm", "prune")))]
+        for outcome in (True, False):
+            at = [r for r in rules if r.holds == outcome]
+            if len(at) == len(rules) > 1:
+                groups[outcome].append(f"on {_title(s)} at every ρ (" + "; ".join(f"{r.rho:g}: {r}" for r in at) + ")")
+            elif at:
+                groups[outcome].append(f"on {_title(s)} at ρ = " + _join([f"{r.rho:g} ({r})" for r in at]))
+    parts = [f"**{'holds' if o else 'fails'}** " + _join(items) for o, items in groups.items() if items]
+    return "; it ".join(parts) if parts else "is not measured yet (no refined `auto` run is committed)"
+
+
+def refined_verdicts(a: str, b: str, *studies: "Study") -> str:
+    """``a`` against ``b`` paired over seeds, per study, grouped by verdict (:meth:`Study.verdicts`):
+    "on ViT/Fashion-MNIST, **holds** at ρ = ...; on DeiT/USPS, **within noise** at ρ = ..."."""
+    parts = [f"on {_title(s)}, {s.verdicts(a, b)}" for s in studies if s.budgets(a, b)]
+    return "; ".join(parts) if parts else "not measured yet (no refined runs are committed)"
+
+
+def recovery(study: "Study", finetuned: "Study", rho: float, methods: Iterable[str]) -> str:
+    """What label-free refinement gains over each unrefined method at ρ, beside what fine-tuning
+    with labels (``finetuned``, the same method) gains over it: "+1.67 of +1.84 points for
+    pruning, +5.07 of +15.02 for SVD and +3.07 of +9.36 for DRONE" (means over seeds)."""
+    items = []
+    for m in methods:
+        if study.has(m, refined(m), rho=rho) and finetuned.has(m, rho=rho):
+            base = study.mean(m, rho)
+            items.append(f"{sgn(study.mean(refined(m), rho) - base)} of {sgn(finetuned.mean(m, rho) - base)}"
+                         + (" points" if not items else "") + f" for {prose_name(m)}")
+    return _join(items) if items else "nothing (no method ran in both studies)"
 
 
 class FullCompression(Result):
@@ -1145,7 +1592,8 @@ class Benchmark(Result):
         return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
 
 
-_KINDS = {"synthetic": Synthetic, "training": Training, "cmp_": Study, "tf_": Study, "fid_": Study, "knobs": Study, "lm": LanguageModel, "fc_": FullCompression,
+_KINDS = {"synthetic": Synthetic, "training": Training, "cmp_": Study, "tf_": Study, "fid_": Study, "knobs": Study,
+          "rf_": Study, "lm": LanguageModel, "fc_": FullCompression,
           "abl_": Ablation, "bench": Benchmark}
 
 
@@ -1167,18 +1615,35 @@ def namespace(results: pathlib.Path | None = None, benchmarks: pathlib.Path | No
     results = results or RESULTS
     benchmarks = benchmarks or BENCHMARKS
 
+    def path_of(name: str) -> pathlib.Path:
+        return (benchmarks if name.startswith("bench") else results) / SOURCES[name]
+
     class Lazy(dict):
         def __missing__(self, name):
             if name not in SOURCES:
                 raise KeyError(name)
-            path = (benchmarks if name.startswith("bench") else results) / SOURCES[name]
             kind = next((k for p, k in _KINDS.items() if name.startswith(p)), Result)
-            self[name] = value = kind(_read_json(path))
+            self[name] = value = kind(_read_json(path_of(name)))
+            value.source = name
             return value
+
+    def has(name: str, *methods: str, rho: float | None = None) -> bool:
+        """Whether the result ``name`` is committed and, for a study, has runs of each of ``methods``
+        (at ρ, or at any ρ): the guard of a sentence that only a result yet to land can write,
+        ``<!-- fig (...) if has("rf_deit", "prune-ref300") else "..." -->``."""
+        if not path_of(name).exists():
+            return False
+        return not methods or ns[name].has(*methods, rho=rho)
+
+    def present(*names: str, methods: Iterable[str] = ()) -> list:
+        """The studies among ``names`` that are committed and have runs of each of ``methods``."""
+        return [ns[n] for n in names if has(n, *methods)]
 
     ns = Lazy(num=num, pct=pct, slash=slash, pmax=pmax, sgn=sgn, pv=pv, rng=rng, ratio=ratio, count=count, secs=secs, Paired=Paired,
               np=np, min=min, max=max, abs=abs, len=len, sum=sum, round=round, sorted=sorted, zip=zip,
-              str=str, int=int, float=float, next=next, list=list, all=all, any=any)
+              str=str, int=int, float=float, next=next, list=list, all=all, any=any,
+              has=has, present=present, prose_name=prose_name, refined=refined, auto_rules=auto_rules,
+              refined_verdicts=refined_verdicts, recovery=recovery)
     return ns
 
 
@@ -1189,8 +1654,16 @@ def figure(expr: str, ns: dict | None = None) -> str:
         raise ValueError(f"figure `{expr}`: write r[\"a\", \"b\"], not r[\"a\"][\"b\"] (Markdown reads ][ and ]( as links)")
     try:
         for name in set(re.findall(r"[A-Za-z_]\w*", expr)) & set(SOURCES):
-            ns[name]  # load the results it names (comprehensions see globals only)
+            try:
+                ns[name]  # load the results it names (comprehensions see globals only)
+            except FileNotFoundError:
+                pass  # absent: an expression that reads it fails naming it; one guarded by has() does not
         value = eval(expr, {**ns, "__builtins__": {}})  # noqa: S307  (our own pages' expressions)
+    except NameError as e:
+        if e.name in SOURCES:
+            raise ValueError(f"figure `{expr}` reads {e.name} ({SOURCES[e.name]}), which is not committed: guard it "
+                             f"with has(\"{e.name}\", ...)") from e
+        raise ValueError(f"figure `{expr}` cannot be evaluated: {type(e).__name__}: {e}") from e
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"figure `{expr}` cannot be evaluated: {type(e).__name__}: {e}") from e
     return value if isinstance(value, str) else str(value)
