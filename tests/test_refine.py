@@ -40,7 +40,8 @@ def _calibration(d, seed=0):
     return jax.random.normal(jax.random.key(seed), (12, 8, d), jnp.float32)
 
 
-@pytest.mark.parametrize("method", ["bsd", "svd", "drone", "prune", "auto"])
+@pytest.mark.parametrize("method", ["svd", "prune", *(pytest.param(m, marks=pytest.mark.slow)
+                                                      for m in ("bsd", "drone", "auto"))])
 def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(method):
     d, h = 12, 32
     x = _calibration(d)
