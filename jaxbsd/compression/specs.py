@@ -69,6 +69,15 @@ __all__ = [
 
 
 
+def _check_activation(activation) -> None:
+    """``ValueError`` naming ``activation`` unless it is a known name or a callable."""
+    if isinstance(activation, str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+    elif not callable(activation):
+        raise ValueError(f"activation must be a name or a callable, got {activation!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class MLPSpec:
     """Declares that a submodule computes ``fc2(h(fc1(x)))`` with two ``nnx.Linear`` children.
@@ -96,12 +105,7 @@ class MLPSpec:
     activation: str | Callable[[jax.Array], jax.Array] = "gelu"
 
     def __post_init__(self):
-        if isinstance(self.activation, str):
-            if self.activation not in ACTIVATIONS:
-                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, "
-                                 f"got {self.activation!r}")
-        elif not callable(self.activation):
-            raise ValueError(f"activation must be a name or a callable, got {self.activation!r}")
+        _check_activation(self.activation)
 
     @property
     def h(self) -> Callable[[jax.Array], jax.Array]:
@@ -177,12 +181,7 @@ class GatedMLPSpec:
         for name in ("gate", "up", "down"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty attribute name, got {getattr(self, name)!r}")
-        if isinstance(self.activation, str):
-            if self.activation not in ACTIVATIONS:
-                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, "
-                                 f"got {self.activation!r}")
-        elif not callable(self.activation):
-            raise ValueError(f"activation must be a name or a callable, got {self.activation!r}")
+        _check_activation(self.activation)
 
     h = MLPSpec.h
     h_prime = MLPSpec.h_prime
