@@ -52,7 +52,7 @@ MAIN_DEIT = dict(training_free.FULL, budgets=(0.35, 0.5), methods=MAIN_METHODS)
 MAIN_VIT = dict(training_free.FULL_VIT, budgets=(0.35, 0.5), methods=MAIN_METHODS)
 TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
 TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
-QUICK = dict(training_free.QUICK, budgets=(0.35,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),
+QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),
              order="front-to-back")
 
 
