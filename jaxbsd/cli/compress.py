@@ -256,9 +256,9 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refine-steps", type=nonnegative_int, default=0,
                    help="steps of label-free refinement of each replacement before fine-tuning (0: none)")
     p.add_argument("--refine-lr", type=positive_float, default=1e-3, help="refinement learning rate")
-    p.add_argument("--refine-target", default="local", choices=("local", "consistent"),
-                   help="what refinement reproduces: the original MLP on the current inputs (local) or the "
-                        "original model's MLP outputs (consistent)")
+    p.add_argument("--refine-target", default="consistent", choices=("consistent", "local"),
+                   help="what refinement reproduces: the original model's MLP outputs (consistent) or the "
+                        "original MLP on the current inputs (local)")
     p.add_argument("--finetune-epochs", type=nonnegative_int, default=2)
     p.add_argument("--lr", type=positive_float, default=1e-4, help="fine-tuning learning rate")
     p.add_argument("--seed", type=nonnegative_int, default=0)

@@ -136,9 +136,9 @@ class CompressionConfig:
       seed: seeds the image subset, the token draw, the solver and the fine-tuning.
       refine_steps: steps of the label-free refinement of each replacement
         (:class:`~jaxbsd.compression.refine.Refine`; 0: none), before fine-tuning.
-      refine_lr, refine_target: its learning rate and target (``"local"``: the original MLP on
-        the tokens the compressed model feeds it; ``"consistent"``: the original model's MLP
-        outputs on the step's capture images).
+      refine_lr, refine_target: its learning rate and target (``"consistent"``, the default: the
+        original model's MLP outputs on the step's capture images; ``"local"``: the original MLP
+        on the tokens the compressed model feeds it).
     """
 
     method: str = "bsd"
@@ -168,7 +168,7 @@ class CompressionConfig:
     judge_images: int = 2048
     refine_steps: int = 0
     refine_lr: float = 1e-3
-    refine_target: str = "local"
+    refine_target: str = "consistent"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -244,6 +244,9 @@ class CompressionConfig:
             d.pop("auto_judge", None)  # only "auto" has candidates to judge
         if self.method != "auto" or self.auto_judge != "model":
             d.pop("judge_images", None)  # only the model judge looks at images
+        if not self.refine_steps:  # no refinement: its settings mean nothing
+            d.pop("refine_lr", None)
+            d.pop("refine_target", None)
         return d
 
 

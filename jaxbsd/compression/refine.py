@@ -6,9 +6,15 @@ MLP's factors and biases) are trained for a few hundred full-batch Adam steps to
 relative squared output error ``‖f̂(X) − Y‖² / ‖Y‖²`` on the calibration tokens ``X`` the MLP is
 fed, against a target ``Y`` that needs no labels:
 
-* ``target="local"``: the original MLP applied to those same inputs;
-* ``target="consistent"``: the original *model*'s MLP outputs on the same calibration inputs, so
-  the replacement also absorbs what the MLPs replaced before it changed upstream.
+* ``target="consistent"`` (the default): the original *model*'s MLP outputs on the same
+  calibration inputs, so the replacement also absorbs what the MLPs replaced before it changed
+  upstream;
+* ``target="local"``: the original MLP applied to the inputs the compressed model feeds it.
+
+Back to front (the default order) no MLP upstream has changed yet when one is replaced, so the two
+targets are the same tokens; front to back they differ, and on ViT/Fashion-MNIST at ρ = 0.5 the
+consistent one was as good for pruning and better for the decoupling (``experiments/refine_ablation.py
+--study targets``; the results page has the figures).
 
 A share ``holdout`` of the tokens is held out; the step with the lowest held-out error is kept
 (step 0, the replacement as built, included), so refining never raises the held-out error. The
@@ -45,14 +51,14 @@ class Refine:
       steps: Adam steps (full batch over the training tokens); 0 turns the stage off.
       learning_rate: Adam's step size.
       holdout: share of the tokens held out to keep the best step (in ``(0, 1)``).
-      target: ``"local"`` or ``"consistent"`` (:data:`TARGETS`).
+      target: ``"consistent"`` (default) or ``"local"`` (:data:`TARGETS`).
       max_tokens: at most this many tokens are used (drawn at random), train and held out together.
     """
 
     steps: int = 300
     learning_rate: float = 1e-3
     holdout: float = 0.2
-    target: str = "local"
+    target: str = "consistent"
     max_tokens: int = 16384
 
     def __post_init__(self):
