@@ -230,10 +230,12 @@ def refined_results(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]
     results, benchmarks = tmp_path / "results", tmp_path / "benchmarks"
     results.mkdir()
     benchmarks.mkdir()
+    # Copies, never links: the synthetic studies below are written into these folders, and a write
+    # through a link would overwrite the committed result itself.
     for src in committed.glob("*.json"):
-        (results / src.name).symlink_to(src)
+        shutil.copyfile(src, results / src.name)
     for src in (ROOT / "benchmarks").glob("*.json"):
-        (benchmarks / src.name).symlink_to(src)
+        shutil.copyfile(src, benchmarks / src.name)
     load = lambda name: json.loads((committed / name).read_text())  # noqa: E731
     write = lambda path, d: path.write_text(json.dumps(d))  # noqa: E731
 
