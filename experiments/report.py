@@ -1423,7 +1423,7 @@ def auto_rules(*studies: "Study", steps: int = REFINE_STEPS) -> str:
         for outcome in (True, False):
             at = [r for r in rules if r.holds == outcome]
             if len(at) == len(rules) > 1:
-                groups[outcome].append(f"on {_title(s)} at every ρ (" + "; ".join(f"{r.rho:g}: {r}" for r in at) + ")")
+                groups[outcome].append(f"on {_title(s)} at every ρ measured (" + "; ".join(f"{r.rho:g}: {r}" for r in at) + ")")
             elif at:
                 groups[outcome].append(f"on {_title(s)} at ρ = " + _join([f"{r.rho:g} ({r})" for r in at]))
     parts = [f"**{'holds' if o else 'fails'}** " + _join(items) for o, items in groups.items() if items]
