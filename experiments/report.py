@@ -575,7 +575,7 @@ REFINE_PAIRS = (
      "bsd svd drone prune bsd-warm auto auto-block bsd-warm-ref300 svd-ref300 drone-ref300 prune-ref300 auto-ref300",
      ("bsd-warm", "prune", "auto", "svd", "drone"), "comparison_vit_fashion-mnist.json",
      {"bsd-warm": "bsd", "prune": "prune", "svd": "svd", "drone": "drone"}),
-    ("DeiT / USPS", "rf_deit", "refine_main_deit_usps.json", "python experiments/refine_ablation.py --study main",
+    ("DeiT / USPS", "rf_deit", "refine_main_deit_usps.json", "python experiments/refine_ablation.py --study main --budgets 0.2 0.35 0.5",
      ("bsd-warm", "prune", "auto"), "comparison.json", {"bsd-warm": "bsd", "prune": "prune"}),
 )
 #: Issue 37's acceptance: the best refined method at ρ = 0.5 within this many points of the original.
