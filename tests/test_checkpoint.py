@@ -434,25 +434,27 @@ def test_old_formats_are_refused_naming_the_path(tmp_path):
 
 @pytest.mark.slow
 def test_cli_compress_resumes_from_its_state_and_exports(tmp_path, monkeypatch):
-    from jaxbsd import cli, compress
+    from jaxbsd import cli
+    from jaxbsd.compression.methods import BSD
 
     out = tmp_path / "run"
     argv = ["compress", "--dataset", "digits", "--train-epochs", "1", "--rank", "4", "--samples", "32",
             "--max-iter", "5", "--finetune-epochs", "1", "--out", str(out), "--no-progress"]
-    real, calls = compress.compress_block, []
+    real, calls = BSD.build, []
+    block_of = lambda site: int(site.path.split(".")[1])  # noqa: E731  ("blocks.<i>.mlp")
 
-    def killed_after_one_step(model, block, *args, **kwargs):
+    def killed_after_one_step(self, site, *args, **kwargs):
         if calls:
             raise Crash  # the process dies while compressing the second block
-        calls.append(block)
-        return real(model, block, *args, **kwargs)
+        calls.append(block_of(site))
+        return real(self, site, *args, **kwargs)
 
-    monkeypatch.setattr(compress, "compress_block", killed_after_one_step)
+    monkeypatch.setattr(BSD, "build", killed_after_one_step)
     with pytest.raises(Crash):
         cli.main(argv)
     assert read_checkpoint_header(out / "state" / "model")["metadata"]["steps"][0]["block"] == calls[0]
-    monkeypatch.setattr(compress, "compress_block", lambda model, block, *a, **k: calls.append(block) or
-                        real(model, block, *a, **k))
+    monkeypatch.setattr(BSD, "build", lambda self, site, *a, **k: calls.append(block_of(site)) or
+                        real(self, site, *a, **k))
     assert cli.main(argv) == 0
     depth = len(json.loads((out / "compression.json").read_text())["steps"])
     assert calls == [depth - 1, *range(depth - 2, -1, -1)]  # back to front; block depth-1 not redone
