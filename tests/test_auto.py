@@ -325,7 +325,6 @@ def test_auto_keeps_the_candidate_its_judge_prefers_over_the_block_error(monkeyp
 
     monkeypatch.setattr(BSD, "build", lambda self, site, rank, key, **kw: (bsd, {"output_error": 0.5}))
     monkeypatch.setattr(Prune, "build", lambda self, site, rank, key, **kw: (pruned, {"output_error": 0.1}))
-    monkeypatch.setattr(auto_module, "site_jacobian", lambda site: None)
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=5)
     auto = Auto(bsd=BSD(config=config))
     by_block = auto.build(None, (2, 3), jax.random.key(1))[1]

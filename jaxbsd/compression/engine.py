@@ -342,11 +342,11 @@ class BatchCalibration:
         except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
             raise ValueError(f"calibration: the model's forward pass fails on it "
                              f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
-        for path, (X, Y) in tokens.items():
-            _check_finite(f"the inputs of {path!r} in the forward pass", X)
-            _check_finite(f"the outputs of {path!r} in the forward pass", Y)
-            if stage == PLAN:  # the original model's outputs (refinement's "consistent" target)
-                self._outputs.setdefault(path, Y)
+        if stage == PLAN:  # checked once, on the original model (later stages see the same batch)
+            for path, (X, Y) in tokens.items():
+                _check_finite(f"the inputs of {path!r} in the forward pass", X)
+                _check_finite(f"the outputs of {path!r} in the forward pass", Y)
+                self._outputs.setdefault(path, Y)  # the original model's outputs ("consistent" target)
         return tokens, order
 
     def keys(self, path, stage):

@@ -20,7 +20,7 @@ from flax import nnx
 from jaxbsd.compression.methods.base import Build, Method, largest_rank, register
 from jaxbsd.compression.methods.bsd import BSD, DEFAULT_CONFIG
 from jaxbsd.compression.methods.prune import Prune
-from jaxbsd.compression.sites import Site, site_jacobian
+from jaxbsd.compression.sites import Site
 from jaxbsd.models import count_params
 
 __all__ = ["Auto", "JUDGES"]
@@ -91,7 +91,6 @@ class Auto(Method):
               refine: Callable[[nnx.Module], Build] | None = None) -> Build:
         start = time.perf_counter()
         bsd_rank, prune_rank = rank
-        site_jacobian(site)  # computed once, shared by both candidates
         bsd, bsd_info = self.bsd.build(site, bsd_rank, key)
         pruned, prune_info = self.prune.build(site, prune_rank, key)
         if refine is not None:  # both candidates refined (same tokens, same split) before the judge
