@@ -30,7 +30,6 @@ from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import choose_restart, decoupled_from_pruned
 
 bsd_module = importlib.import_module("jaxbsd.compression.methods.bsd")  # where BSD.build calls decouple
-auto_module = importlib.import_module("jaxbsd.compression.methods.auto")
 
 NP_ACT = {"gelu": lambda z: 0.5 * z * (1 + erf(z / math.sqrt(2))), "tanh": np.tanh}
 
