@@ -64,6 +64,7 @@ import json
 import re
 import pathlib
 import sys
+from typing import NamedTuple
 
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -132,22 +133,38 @@ def bsd_variant(method: str) -> dict:
     return fields
 
 
-def split_refine(method: str) -> tuple[str, int, str]:
-    """``(base method, refinement steps, target)``: any method may end in ``-ref<n>`` (``n`` steps of
-    label-free refinement of every replacement, target ``"local"``) or ``-refc<n>`` (target
-    ``"consistent"``): ``"prune-ref300"`` → ``("prune", 300, "local")``; no suffix: ``(method, 0, "local")``."""
+class RefineSuffix(NamedTuple):
+    """What a method name's ``-ref…`` suffix asks for (:func:`split_refine`)."""
+
+    base: str
+    steps: int
+    target: str
+    batch: int | None  # tokens per step; None: full batch
+
+
+def split_refine(method: str) -> RefineSuffix:
+    """``(base method, refinement steps, target, batch)``: any method may end in ``-ref<n>`` (``n``
+    full-batch steps of label-free refinement of every replacement, target ``"local"``) or
+    ``-refc<n>`` (target ``"consistent"``), optionally followed by ``b<B>``: minibatches of ``B``
+    tokens. ``"prune-ref300"`` → ``("prune", 300, "local", None)``, ``"prune-ref300b512"`` →
+    ``("prune", 300, "local", 512)``; no suffix: ``(method, 0, "local", None)``.
+
+    The bare ``-ref<n>`` is full batch (the loop before minibatches, so its committed units stay
+    reproducible), whatever :class:`jaxbsd.Refine`'s default."""
     head, _, last = method.rpartition("-")
-    match = re.fullmatch(r"ref(c?)(\d+)", last) if head else None
+    match = re.fullmatch(r"ref(c?)(\d+)(?:b(\d+))?", last) if head else None
     if match is None:
-        return method, 0, "local"
-    return head, int(match[2]), "consistent" if match[1] else "local"
+        return RefineSuffix(method, 0, "local", None)
+    return RefineSuffix(head, int(match[2]), "consistent" if match[1] else "local",
+                        int(match[3]) if match[3] else None)
 
 
 def method_name(method: str) -> str:
     """Display name: ``"B-spline (greedy)"``, ``"B-spline (warm start, held-out selection; ν = 8)"``…"""
-    base, steps, target = split_refine(method)
+    base, steps, target, batch = split_refine(method)
     if steps:
-        return f"{method_name(base)} + refined ({steps} steps{', consistent target' if target == 'consistent' else ''})"
+        return (f"{method_name(base)} + refined ({steps} steps{f' of {batch} tokens' if batch else ''}"
+                f"{', consistent target' if target == 'consistent' else ''})")
     fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)",
              "auto-block": "Auto, judged by the block's output error"}
     if method in fixed:
@@ -180,7 +197,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     ``plan["val_fraction"]`` and ``plan["capture_images"]`` (default: ``CompressionConfig``'s,
     which keeps the tags, hence the saved units, of runs configured before they existed).
     """
-    method, refine_steps, refine_target = split_refine(method)
+    method, refine_steps, refine_target, refine_batch = split_refine(method)
     variant = bsd_variant(method) if method.startswith("bsd") else {}
     # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
     # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
@@ -194,7 +211,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
         finetune_epochs=plan["epochs"], seed=seed, auto_judge=judge,
         val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
         capture_images=plan.get("capture_images", CompressionConfig.capture_images),
-        refine_steps=refine_steps, refine_target=refine_target,
+        refine_steps=refine_steps, refine_target=refine_target, refine_batch=refine_batch,
     )
 
 

@@ -330,11 +330,16 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = ctx["protocol_dir"] / name
     finetune = TrainConfig(**plan["finetune"], seed=seed)
-    base, refine_steps, refine_target = comparison.split_refine(method)  # "bsd-ref300": refined (issue 37)
-    refine = jb.Refine(steps=refine_steps, target=refine_target) if refine_steps else None
+    base, refine_steps, refine_target, refine_batch = comparison.split_refine(method)  # "bsd-ref300": refined
+    refine = (jb.Refine(steps=refine_steps, target=refine_target, batch_size=refine_batch)
+              if refine_steps else None)
+    # the settings added with minibatches are left out of the tag at their full-batch values, so the
+    # units saved before they existed keep their tags
+    refine_tag = refine and {k: v for k, v in refine.to_dict().items()
+                             if k not in ("batch_size", "eval_every") or v is not None}
     tag = json.dumps({"method": method, "reduction": reduction, "seed": seed, "max_iter": plan["max_iter"],
                       "num_samples": ctx["num_samples"][reduction], "finetune": finetune.to_dict(),
-                      **({"refine": refine.to_dict()} if refine else {})}, sort_keys=True)
+                      **({"refine": refine_tag} if refine else {})}, sort_keys=True)
     if (done := common.resume_unit(state, tag, name, log)) is not None:
         return done
     timer = common.Timer()

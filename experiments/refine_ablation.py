@@ -16,13 +16,18 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
   ``-refc300`` towards the original model's own MLP outputs on the same images
   (``"consistent"``). Back to front, no MLP upstream of the one being replaced has changed yet,
   so the two targets are the same tokens and give identical results; front to back, every
-  upstream MLP is already compressed, and the targets differ.
+  upstream MLP is already compressed, and the targets differ;
+* ``--study batch``: full-batch steps (``-ref<n>``, every training token at every step) against
+  minibatches of 512 tokens (``-ref<n>b512``, :class:`jaxbsd.Refine`'s default), at ρ = 0.5 back
+  to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
+  accuracy (on the ViT also 1000 minibatch steps, still cheaper than 300 full-batch ones).
 
 Usage::
 
     python experiments/refine_ablation.py                       # steps, ViT/Fashion-MNIST
     python experiments/refine_ablation.py --study targets
     python experiments/refine_ablation.py --study main          # DeiT/USPS, ρ ∈ {0.2, 0.35, 0.5}
+    python experiments/refine_ablation.py --study batch         # ViT/Fashion-MNIST (--model deit: DeiT/USPS)
     python experiments/refine_ablation.py --quick               # CI: ~2 min on 2 cores
 
 Writes ``<out>/refine_steps_<model>_<dataset>.json`` (or ``refine_targets_…``; + ``.csv``,
@@ -52,6 +57,9 @@ MAIN_DEIT = dict(training_free.FULL, budgets=(0.2, 0.35, 0.5), methods=MAIN_METH
 MAIN_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.35, 0.5), methods=MAIN_METHODS)
 TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
 TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
+BATCH_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "prune-ref300", "bsd-warm-ref300b512", "prune-ref300b512")
+BATCH_VIT = dict(STEPS_VIT, methods=(*BATCH_METHODS, "bsd-warm-ref1000b512", "prune-ref1000b512"))
+BATCH_DEIT = dict(STEPS_DEIT, methods=BATCH_METHODS)
 QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),
              order="front-to-back")
 
@@ -63,7 +71,8 @@ def main(argv=None) -> int:
         i = argv.index("--study")
         study = argv[i + 1]
         del argv[i: i + 2]
-    presets = {"steps": (STEPS_VIT, STEPS_DEIT), "targets": (TARGETS_VIT, TARGETS_DEIT), "main": (MAIN_VIT, MAIN_DEIT)}
+    presets = {"steps": (STEPS_VIT, STEPS_DEIT), "targets": (TARGETS_VIT, TARGETS_DEIT), "main": (MAIN_VIT, MAIN_DEIT),
+               "batch": (BATCH_VIT, BATCH_DEIT)}
     if study not in presets:
         raise SystemExit(f"--study must be one of {sorted(presets)}, got {study!r}")
     vit, deit = presets[study]

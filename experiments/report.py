@@ -525,29 +525,33 @@ def lm_compression_table() -> str:
 # study are its methods with a suffix ``-ref<n>`` (n Adam steps, target "local") or ``-refc<n>``
 # (target "consistent"), beside the unrefined units of the same study.
 
-_REFINED = re.compile(r"-ref(c?)(\d+)$")
+_REFINED = re.compile(r"-ref(c?)(\d+)(?:b(\d+))?$")
 
 #: The refinement every study and table below means unless it says otherwise (``-ref300``).
 REFINE_STEPS = 300
 
 
-def split_refined(method: str) -> tuple[str, int, str]:
-    """``(base method, steps, target)``: ``"prune-ref300"`` → ``("prune", 300, "local")``,
-    ``"prune-refc300"`` → ``("prune", 300, "consistent")``, an unrefined method → ``(method, 0,
-    "local")`` (the studies' own rule, ``experiments/comparison.py``'s ``split_refine``)."""
+def split_refined(method: str) -> tuple[str, int, str, int | None]:
+    """``(base method, steps, target, batch)``: ``"prune-ref300"`` → ``("prune", 300, "local", None)``
+    (full batch), ``"prune-refc300"`` → ``("prune", 300, "consistent", None)``, ``"prune-ref300b512"``
+    → ``("prune", 300, "local", 512)``, an unrefined method → ``(method, 0, "local", None)`` (the
+    studies' own rule, ``experiments/comparison.py``'s ``split_refine``)."""
     m = _REFINED.search(method)
     if m is None or m.start() == 0:
-        return method, 0, "local"
-    return method[: m.start()], int(m[2]), "consistent" if m[1] else "local"
+        return method, 0, "local", None
+    return method[: m.start()], int(m[2]), "consistent" if m[1] else "local", int(m[3]) if m[3] else None
 
 
 def is_refined(method: str) -> bool:
     return split_refined(method)[1] > 0
 
 
-def refined(method: str, steps: int = REFINE_STEPS, target: str = "local") -> str:
-    """The name of ``method`` refined for ``steps`` (0: ``method`` itself) towards ``target``."""
-    return f"{method}-ref{'c' if target == 'consistent' else ''}{steps}" if steps else method
+def refined(method: str, steps: int = REFINE_STEPS, target: str = "local", batch: int | None = None) -> str:
+    """The name of ``method`` refined for ``steps`` (0: ``method`` itself) towards ``target``, on
+    minibatches of ``batch`` tokens (None: full batch)."""
+    if not steps:
+        return method
+    return f"{method}-ref{'c' if target == 'consistent' else ''}{steps}{f'b{batch}' if batch else ''}"
 
 
 _PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B-spline decoupling (old defaults)",
@@ -557,12 +561,13 @@ _PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the 
 def prose_name(method: str) -> str:
     """A method as prose: ``"pruning"``, ``"refined pruning"``, ``"the refined warm-started B-spline
     decoupling"``."""
-    base, steps, target = split_refined(method)
+    base, steps, target, batch = split_refined(method)
     name = _PROSE_NAMES.get(base, f"`{base}`")
     if not steps:
         return name
-    tail = f" ({steps} steps{', consistent target' if target == 'consistent' else ''})" if steps != REFINE_STEPS \
-        or target != "local" else ""
+    tail = (f" ({steps} steps{f' of {batch} tokens' if batch else ''}"
+            f"{', consistent target' if target == 'consistent' else ''})"
+            if steps != REFINE_STEPS or target != "local" or batch else "")
     return (name.replace("the ", "the refined ", 1) if name.startswith("the ") else "refined " + name) + tail
 
 
@@ -1349,7 +1354,7 @@ class Study(Result):
         """The refined method (``-ref<steps>``) with the highest mean at ρ, among ``methods``'
         refined units (default: every refined unit at ρ)."""
         names = ([refined(m, steps) for m in methods] if methods is not None else
-                 sorted({r["method"] for r in self.json["runs"] if split_refined(r["method"])[1:] == (steps, "local")}))
+                 sorted({r["method"] for r in self.json["runs"] if split_refined(r["method"])[1:] == (steps, "local", None)}))
         return self.best(rho, [m for m in names if self.has(m, rho=rho)])
 
     def changes(self, a: str, b: str, a0: str, b0: str, setting=None) -> str:

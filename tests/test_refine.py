@@ -63,7 +63,8 @@ def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(
     assert np.all(np.isfinite(np.asarray(refined(x))))
 
 
-def test_the_reported_heldout_error_is_that_of_the_returned_module():
+@pytest.mark.parametrize("batch_size", [None, 32])
+def test_the_reported_heldout_error_is_that_of_the_returned_module(batch_size):
     d, h, k = 10, 24, 6
     rngs = nnx.Rngs(3)
     ffn = FFN(d, h, rngs)
@@ -71,7 +72,7 @@ def test_the_reported_heldout_error_is_that_of_the_returned_module():
     Y = ffn(X)
     pruned, _ = jb.baselines.prune_mlp(ffn.inp.kernel[...], ffn.inp.bias[...], ffn.out.kernel[...],
                                        ffn.out.bias[...], "gelu", k, X[:50], Y[:50])
-    config = jb.Refine(steps=60, learning_rate=3e-3, holdout=0.25)
+    config = jb.Refine(steps=60, learning_rate=3e-3, holdout=0.25, batch_size=batch_size)
     key = jax.random.key(9)
     refined, info = refine_mod.refine_module(pruned, X, Y, config, key)
     # the same split: a permutation of the tokens, the first quarter held out
@@ -111,7 +112,55 @@ def test_the_loop_compiles_once_for_mlps_of_one_shape():
     assert refine_mod.trace_count() - before == 1
 
 
-@pytest.mark.parametrize("bad", [dict(steps=-1), dict(learning_rate=0.0), dict(holdout=1.0), dict(target="labels")])
+@pytest.mark.parametrize("steps, batch_size, eval_every, evaluations, batch", [
+    (60, 32, None, 12, 32),     # 150 training tokens in batches of 32: an epoch is 5 steps
+    (61, 32, None, 13, 32),     # ... and the last step is always evaluated
+    (60, 32, 7, 9, 32),         # every 7th step (7, 14, ..., 56) and the last
+    (20, None, None, 20, 150),  # full batch: every step
+    (20, 500, None, 20, 150),   # a batch of at least the training tokens is the full batch
+])
+def test_minibatches_are_evaluated_on_schedule_and_never_raise_the_heldout_error(
+        steps, batch_size, eval_every, evaluations, batch):
+    d, h = 10, 24
+    ffn = FFN(d, h, nnx.Rngs(7))
+    X = jax.random.normal(jax.random.key(8), (200, d), jnp.float32)
+    Y = ffn(X)
+    pruned, _ = jb.baselines.prune_mlp(ffn.inp.kernel[...], ffn.inp.bias[...], ffn.out.kernel[...],
+                                       ffn.out.bias[...], "gelu", 6, X[:40], Y[:40])
+    config = jb.Refine(steps=steps, learning_rate=3e-3, holdout=0.25, batch_size=batch_size, eval_every=eval_every)
+    _, info = refine_mod.refine_module(pruned, X, Y, config, jax.random.key(1))
+    assert info["evaluations"] == evaluations and info["batch_size"] == batch
+    assert info["error_after"] < 0.9 * info["error_before"]
+    every = eval_every or -(-150 // batch)
+    # the step kept is one that was evaluated
+    assert info["steps_kept"] % every == 0 or info["steps_kept"] == steps
+
+
+def test_minibatch_steps_draw_every_training_token():
+    """Over 40 steps of 16 tokens from 60 every training token is drawn at least once: a target far
+    off on any one of them changes the refined module (same key, so the same draws otherwise)."""
+    d, h = 6, 12
+    ffn = FFN(d, h, nnx.Rngs(0))
+    X = jax.random.normal(jax.random.key(2), (80, d), jnp.float32)
+    key = jax.random.key(3)
+    order = np.asarray(jax.random.permutation(key, 80))  # the split: the first 20 held out
+    config = jb.Refine(steps=40, learning_rate=1e-2, holdout=0.25, batch_size=16, eval_every=1)
+    Y = np.asarray(ffn(X)) + 0.1
+
+    def params(module):
+        return np.concatenate([np.ravel(np.asarray(v)) for v in jax.tree.leaves(nnx.state(module, nnx.Param))])
+
+    base, info = refine_mod.refine_module(ffn, X, Y, config, key)
+    assert info["steps_kept"] > 0
+    for i in (order[20], order[45], order[79]):
+        Y_off = Y.copy()
+        Y_off[i] += 1e3
+        moved, _ = refine_mod.refine_module(ffn, X, Y_off, config, key)
+        assert not np.allclose(params(moved), params(base))
+
+
+@pytest.mark.parametrize("bad", [dict(steps=-1), dict(learning_rate=0.0), dict(holdout=1.0), dict(target="labels"),
+                                 dict(batch_size=0), dict(eval_every=0), dict(batch_size=2.5)])
 def test_bad_settings_name_refine(bad):
     with pytest.raises(ValueError, match="refine"):
         jb.Refine(**bad)

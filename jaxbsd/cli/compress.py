@@ -65,6 +65,7 @@ def validate_compress_args(args: argparse.Namespace):
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
         reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
         refine_steps=args.refine_steps, refine_lr=args.refine_lr, refine_target=args.refine_target,
+        refine_batch=args.refine_batch or None,
     )
     existing_path("--checkpoint", args.checkpoint)
     existing_path("--data-root", args.data_root)
@@ -256,6 +257,8 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refine-steps", type=nonnegative_int, default=0,
                    help="steps of label-free refinement of each replacement before fine-tuning (0: none)")
     p.add_argument("--refine-lr", type=positive_float, default=1e-3, help="refinement learning rate")
+    p.add_argument("--refine-batch", type=nonnegative_int, default=512,
+                   help="refinement tokens per step, drawn at random (0: all of them, full batch)")
     p.add_argument("--refine-target", default="consistent", choices=("consistent", "local"),
                    help="what refinement reproduces: the original model's MLP outputs (consistent) or the "
                         "original MLP on the current inputs (local)")

@@ -139,6 +139,7 @@ class CompressionConfig:
       refine_lr, refine_target: its learning rate and target (``"consistent"``, the default: the
         original model's MLP outputs on the step's capture images; ``"local"``: the original MLP
         on the tokens the compressed model feeds it).
+      refine_batch: its tokens per step (None: all of them, full batch).
     """
 
     method: str = "bsd"
@@ -169,6 +170,7 @@ class CompressionConfig:
     refine_steps: int = 0
     refine_lr: float = 1e-3
     refine_target: str = "consistent"
+    refine_batch: int | None = Refine.batch_size
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -218,7 +220,8 @@ class CompressionConfig:
         """The refinement stage these settings describe (None with ``refine_steps=0``)."""
         if isinstance(self.refine_steps, bool) or not isinstance(self.refine_steps, int) or self.refine_steps < 0:
             raise ValueError(f"refine_steps must be an int >= 0, got {self.refine_steps!r}")
-        refine = Refine(steps=self.refine_steps, learning_rate=self.refine_lr, target=self.refine_target)
+        refine = Refine(steps=self.refine_steps, learning_rate=self.refine_lr, target=self.refine_target,
+                        batch_size=self.refine_batch)
         return refine if self.refine_steps else None
 
     def method_object(self) -> Method:
@@ -247,13 +250,14 @@ class CompressionConfig:
         if not self.refine_steps:  # no refinement: its settings mean nothing
             d.pop("refine_lr", None)
             d.pop("refine_target", None)
+            d.pop("refine_batch", None)
         return d
 
 
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 _LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
-                 "refine_target": "local"}
+                 "refine_target": "local", "refine_batch": None}
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:
