@@ -1,9 +1,11 @@
 """Refinement against decoupling: the time of the refinement stage per MLP, side by side.
 
-Issue 37's budget: at the default settings (``jb.Refine()``: 300 full-batch Adam steps on at most
-16,384 calibration tokens, 20 % held out) the refinement of one replacement costs at most 25 % of
-the decoupling's own time for that MLP (``jb.BSD()``: 300 sweeps, the warm start, restart chosen
-on held-out tokens). Measured on the two MLP shapes the studies compress — ViT/Fashion-MNIST
+Issue 37's budget: at the default settings (``jb.Refine()``: 300 Adam steps on minibatches of 512
+of at most 16,384 calibration tokens, 20 % held out and evaluated once per epoch) the refinement of
+one replacement costs at most 25 % of the decoupling's own time for that MLP (``jb.BSD()``: 300
+sweeps, the warm start, restart chosen on held-out tokens). The full-batch loop (``batch_size=None``,
+every training token at every step, the held-out tokens at every step: the studies' ``-ref300``)
+is timed beside them, without a target. Measured on the two MLP shapes the studies compress — ViT/Fashion-MNIST
 (``m = 64``, ``H = 256``, 4,352 calibration tokens) and DeiT/USPS (``m = 96``, ``H = 384``,
 16,640 tokens) — at the rank a ρ = 0.5 training-free run gives them, in float32, compiled
 (one warm-up round), the two timed alternately (:func:`benchmarks.common.interleaved`).
@@ -42,32 +44,43 @@ SHAPES = (("ViT/Fashion-MNIST block", 64, 256, 4352, 40), ("DeiT/USPS block", 96
 TARGET = 0.25
 
 
-def measure(name: str, m: int, H: int, tokens: int, rank: int, repeats: int) -> Row:
+def measure(name: str, m: int, H: int, tokens: int, rank: int, repeats: int) -> list[Row]:
     mlp = MLP(m, H, rngs=nnx.Rngs(0))
     X = jax.random.normal(jax.random.key(1), (tokens, m), jnp.float32)
     Y = mlp(X)
     site = make_site("mlp", mlp, MLPSpec("fc1", "fc2", mlp.activation), X, Y, max(128, 2 * rank), jax.random.key(2))
     method = jb.BSD()
     module, _ = method.build(site, rank, jax.random.key(3))
-    refine = jb.Refine()
+    settings = {"refine": jb.Refine(), "refine_full_batch": jb.Refine(batch_size=None)}
     XY = (jnp.concatenate([site.check_X, site.fit_X]), jnp.concatenate([site.check_Y, site.fit_Y]))
 
     def decouple():
         out, _ = method.build(site, rank, jax.random.key(3))
         jax.block_until_ready(nnx.state(out))
 
-    def refined():
-        out, _ = refine_module(module, *XY, refine, jax.random.key(4))
-        jax.block_until_ready(nnx.state(out))
+    def refiner(refine):
+        def run():
+            out, _ = refine_module(module, *XY, refine, jax.random.key(4))
+            jax.block_until_ready(nnx.state(out))
+        return run
 
-    t = interleaved({"decouple": decouple, "refine": refined}, repeats=repeats)
-    ratio = t["refine"]["median"] / t["decouple"]["median"]
-    return Row(name=f"refinement / decoupling, {name} (m={m}, H={H}, r={rank}, {tokens} tokens)",
-               ours=t["refine"]["median"], reference=t["decouple"]["median"], ratio=ratio,
-               target=f"<= {TARGET}", passed=ratio <= TARGET, note="ratio = refine / decouple (lower is better)",
-               ratio_min=t["refine"]["min"] / t["decouple"]["min"],
-               details={"refine": t["refine"], "decouple": t["decouple"], "steps": refine.steps,
-                        "sweeps": method.config.max_iter, "tokens_used": int(min(XY[0].shape[0], refine.max_tokens))})
+    t = interleaved({"decouple": decouple, **{k: refiner(v) for k, v in settings.items()}}, repeats=repeats)
+    rows = []
+    for key, refine in settings.items():
+        ratio = t[key]["median"] / t["decouple"]["median"]
+        _, info = refine_module(module, *XY, refine, jax.random.key(4))
+        default = key == "refine"
+        rows.append(Row(
+            name=(f"refinement{'' if default else ' (full batch)'} / decoupling, {name} "
+                  f"(m={m}, H={H}, r={rank}, {tokens} tokens)"),
+            ours=t[key]["median"], reference=t["decouple"]["median"], ratio=ratio,
+            target=f"<= {TARGET}" if default else "", passed=ratio <= TARGET if default else None,
+            note="ratio = refine / decouple (lower is better)", ratio_min=t[key]["min"] / t["decouple"]["min"],
+            details={"refine": t[key], "decouple": t["decouple"], "settings": refine.to_dict(),
+                     "sweeps": method.config.max_iter, "tokens_used": info["tokens_train"] + info["tokens_heldout"],
+                     "batch_size": info["batch_size"], "evaluations": info["evaluations"],
+                     "error_before": info["error_before"], "error_after": info["error_after"]}))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -76,7 +89,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     shapes, repeats = (SHAPES[:1], 2) if args.quick else (SHAPES, 5)
-    rows = [measure(*shape, repeats=repeats) for shape in shapes]
+    rows = [row for shape in shapes for row in measure(*shape, repeats=repeats)]
     print(format_table(rows))
     out = args.out or (pathlib.Path("/tmp/refine_quick.json") if args.quick else HERE / "refine.json")
     command = "python benchmarks/refine.py" + (" --quick" if args.quick else "")
@@ -84,7 +97,7 @@ def main(argv=None) -> int:
                             "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
                             "provenance": provenance(command)})
     print(f"wrote {out}")
-    return 0 if all(r.passed for r in rows) or args.quick else 1
+    return 0 if all(r.passed is not False for r in rows) or args.quick else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
   ``-refc300`` towards the original model's own MLP outputs on the same images
   (``"consistent"``). Back to front, no MLP upstream of the one being replaced has changed yet,
   so the two targets are the same tokens and give identical results; front to back, every
-  upstream MLP is already compressed, and the targets differ;
+  upstream MLP is already compressed, and the targets differ (with the consistent target also
+  the default minibatch loop, at 300 and 1000 steps);
 * ``--study batch``: full-batch steps (``-ref<n>``, every training token at every step) against
   minibatches of 512 tokens (``-ref<n>b512``, :class:`jaxbsd.Refine`'s default), at ρ = 0.5 back
   to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
@@ -48,7 +49,9 @@ import training_free  # noqa: E402  (imports common first: BLAS threads, the che
 
 STEPS = (50, 100, 300, 1000)
 STEP_METHODS = ("bsd-warm", "prune", *(f"{m}-ref{n}" for m in ("bsd-warm", "prune") for n in STEPS))
-TARGET_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "bsd-warm-refc300", "prune-ref300", "prune-refc300")
+TARGET_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "bsd-warm-refc300", "prune-ref300", "prune-refc300",
+                  # the default loop (minibatches of 512), at 300 and 1000 steps, consistent target
+                  *(f"{m}-refc{n}b512" for n in (300, 1000) for m in ("bsd-warm", "prune")))
 
 STEPS_VIT = dict(training_free.FULL_VIT, budgets=(0.5,), methods=STEP_METHODS)
 STEPS_DEIT = dict(training_free.FULL, budgets=(0.5,), methods=STEP_METHODS)

@@ -828,8 +828,9 @@ def refine_benchmark_table() -> str:
     d = json.loads(path.read_text())
     rows = []
     for r in d["rows"]:
-        m = re.search(r"refinement / decoupling, (?P<what>.*?) \((?P<shape>[^)]*)\)", r["name"])
-        what, shape = (m["what"], m["shape"]) if m else (r["name"], "")
+        m = re.search(r"refinement(?P<how> \(full batch\))? / decoupling, (?P<what>.*?) \((?P<shape>[^)]*)\)", r["name"])
+        what, shape = (m["what"] + (", full batch" if m["how"] else ", default (minibatches of 512)"),
+                       m["shape"]) if m else (r["name"], "")
         ratio_ = "—" if r.get("ratio") is None else f"{r['ratio']:.3f}"
         rows.append([what, shape, _bench_value(r.get("ours"), "s"), _bench_value(r.get("reference"), "s"), ratio_,
                      str(r.get("target") or "—").replace("<=", "≤"),
