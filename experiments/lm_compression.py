@@ -389,7 +389,8 @@ def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> 
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     params_mlp = count_params(get_submodule(model, ctx["fit_mlp"]))
     _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method="bsd",
-                                  config=solver_config(plan), num_samples=samples, key=jax.random.key(seed))
+                                  config=solver_config(plan), num_samples=samples, key=jax.random.key(seed),
+                                  refine=None)  # the fit of the decoupling itself
     r = report.mlps[0]
     record = {"kind": kind, "rank": rank, "seed": seed, "mlp": ctx["fit_mlp"], "num_samples": samples,
               "params_mlp": params_mlp, "params_decoupled": r.params_after, "error_J": r.error_J, "error_F": r.error_F,

@@ -9,7 +9,7 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
   decoupling and for pruning, at ρ = 0.5, back to front (the order of every study);
 * ``--study main``: the training-free study with and without refinement (300 steps) for the
   warm-started B-spline decoupling, pruning and ``auto`` — on DeiT/USPS, whose decouplings are the
-  slowest to run, at the budgets given (default ρ ∈ {0.2, 0.35, 0.5}); the ViT/Fashion-MNIST pair has
+  slowest to run, at the budgets given (default ρ ∈ {0.1, 0.2, 0.35, 0.5}); the ViT/Fashion-MNIST pair has
   every method in ``training_free.py``'s own result;
 * ``--study targets``: the two targets at 300 steps, **front to back**: ``-ref300`` trains towards
   the original MLP applied to the inputs the compressed model feeds it (``"local"``),
@@ -19,15 +19,14 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
   upstream MLP is already compressed, and the targets differ (with the consistent target also
   the default minibatch loop, at 300 and 1000 steps);
 * ``--study batch``: full-batch steps (``-ref<n>``, every training token at every step) against
-  minibatches of 512 tokens (``-ref<n>b512``, :class:`jaxbsd.Refine`'s default), at ρ = 0.5 back
-  to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
+  minibatches of 512 and 256 tokens (``-ref<n>b512``, ``-ref<n>b256``), at ρ = 0.5 back to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
   accuracy (on the ViT also 1000 minibatch steps, still cheaper than 300 full-batch ones).
 
 Usage::
 
     python experiments/refine_ablation.py                       # steps, ViT/Fashion-MNIST
     python experiments/refine_ablation.py --study targets
-    python experiments/refine_ablation.py --study main          # DeiT/USPS, ρ ∈ {0.2, 0.35, 0.5}
+    python experiments/refine_ablation.py --study main          # DeiT/USPS, ρ ∈ {0.1, 0.2, 0.35, 0.5}
     python experiments/refine_ablation.py --study batch         # ViT/Fashion-MNIST (--model deit: DeiT/USPS)
     python experiments/refine_ablation.py --quick               # CI: ~2 min on 2 cores
 
@@ -56,11 +55,12 @@ TARGET_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "bsd-warm-refc300", "p
 STEPS_VIT = dict(training_free.FULL_VIT, budgets=(0.5,), methods=STEP_METHODS)
 STEPS_DEIT = dict(training_free.FULL, budgets=(0.5,), methods=STEP_METHODS)
 MAIN_METHODS = ("bsd-warm", "prune", "auto", "bsd-warm-ref300", "prune-ref300", "auto-ref300")
-MAIN_DEIT = dict(training_free.FULL, budgets=(0.2, 0.35, 0.5), methods=MAIN_METHODS)
+MAIN_DEIT = dict(training_free.FULL, budgets=(0.1, 0.2, 0.35, 0.5), methods=MAIN_METHODS)
 MAIN_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.35, 0.5), methods=MAIN_METHODS)
 TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
 TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
-BATCH_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "prune-ref300", "bsd-warm-ref300b512", "prune-ref300b512")
+BATCH_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "prune-ref300", "bsd-warm-ref300b512", "prune-ref300b512",
+                 "bsd-warm-ref300b256", "prune-ref300b256")
 BATCH_VIT = dict(STEPS_VIT, methods=(*BATCH_METHODS, "bsd-warm-ref1000b512", "prune-ref1000b512"))
 BATCH_DEIT = dict(STEPS_DEIT, methods=BATCH_METHODS)
 QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),

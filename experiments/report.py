@@ -580,7 +580,7 @@ REFINE_PAIRS = (
      "bsd svd drone prune bsd-warm auto auto-block bsd-warm-ref300 svd-ref300 drone-ref300 prune-ref300 auto-ref300",
      ("bsd-warm", "prune", "auto", "svd", "drone"), "comparison_vit_fashion-mnist.json",
      {"bsd-warm": "bsd", "prune": "prune", "svd": "svd", "drone": "drone"}),
-    ("DeiT / USPS", "rf_deit", "refine_main_deit_usps.json", "python experiments/refine_ablation.py --study main --budgets 0.2 0.35 0.5",
+    ("DeiT / USPS", "rf_deit", "refine_main_deit_usps.json", "python experiments/refine_ablation.py --study main --budgets 0.1 0.2 0.35 0.5",
      ("bsd-warm", "prune", "auto"), "comparison.json", {"bsd-warm": "bsd", "prune": "prune"}),
 )
 #: Issue 37's acceptance: the best refined method at ρ = 0.5 within this many points of the original.
@@ -588,7 +588,7 @@ REFINE_BOUND = {"tf_vit": 1.5, "rf_deit": 0.5}
 #: Issue 37's rule for ``auto``: at least max(B-spline, pruning) − this, or not significantly below.
 AUTO_MARGIN = 0.1
 REFINE_TITLES = {"tf_vit": "ViT/Fashion-MNIST", "rf_deit": "DeiT/USPS", "rf_steps": "ViT/Fashion-MNIST",
-                 "rf_targets": "ViT/Fashion-MNIST"}
+                 "rf_targets": "ViT/Fashion-MNIST", "rf_batch_vit": "ViT/Fashion-MNIST", "rf_batch_deit": "DeiT/USPS"}
 
 
 def _paired_cell(v: "Paired", unit: str = "") -> str:
@@ -762,6 +762,49 @@ def refine_steps_table() -> str:
                       "and seeds.", "", _source_line(d), "", _md(header, rows)])
 
 
+#: Tokens per step of :class:`jaxbsd.Refine`'s default loop, as the studies name it (``-ref<n>b512``).
+REFINE_BATCH = 512
+
+
+def refine_batch_table() -> str:
+    """Issue 37's full-batch loop (the studies' ``-ref300``) against the default minibatch loop
+    (``-ref300b512``, and on the ViT ``-ref1000b512``), per pair at ρ = 0.5: top-1, the difference
+    from the full-batch loop paired over seeds, and the seconds of refinement per block."""
+    out = []
+    for pair, file in (("ViT / Fashion-MNIST", "refine_batch_vit_fashion-mnist.json"),
+                       ("DeiT / USPS", "refine_batch_deit_usps.json")):
+        d = _load(file)
+        if d is None:
+            model = "" if "vit" in file else " --model deit"
+            out.append(f"**{pair}**: no current result committed (`python experiments/refine_ablation.py "
+                       f"--study batch{model}`).")
+            continue
+        s = Study(d)
+        rho = d["plan"]["budgets"][0]
+        rows = []
+        for b in ("bsd-warm", "prune"):
+            full = refined(b)
+            variants = [(full, "300 full-batch steps")] + [
+                (refined(b, n, batch=REFINE_BATCH), f"{n} steps of {REFINE_BATCH} tokens")
+                for n in sorted({split_refined(m)[1] for m in d["plan"]["methods"]
+                                 if split_refined(m)[0] == b and split_refined(m)[3] == REFINE_BATCH})]
+            for m, how in variants:
+                if not s.has(m, rho=rho):
+                    continue
+                recs = _refine_records(s, m, rho)
+                secs_ = [r["seconds"] for r in recs if r.get("seconds") is not None]
+                rows.append([_display(b), how, s.pm(b, rho) if s.has(b, rho=rho) else "—", s.pm(m, rho),
+                             "(reference)" if m == full else _paired_cell(s.vs(m, full, rho)),
+                             "—" if not secs_ else _bench_value(float(np.mean(secs_)), "s")])
+        out += [f"**{pair}**, ρ = {rho:g}, back to front, no labels (original {d['accuracy_original']:.2f} %; mean ± "
+                f"std over {d['plan']['seeds']} seeds). Δ = against the full-batch loop, paired over seeds; "
+                "s per block = seconds of the refinement stage per MLP, mean over blocks and seeds (wall "
+                "time of a study on a shared machine: the benchmark below times the two loops side by side).",
+                "", _source_line(d), "",
+                _md(["method", "refinement", "unrefined", "refined", "Δ against full batch", "s per block"], rows), ""]
+    return "\n".join(out).rstrip()
+
+
 def refine_targets_table() -> str:
     """Issue 37's two targets, front to back: local against consistent, paired over seeds."""
     d = _load("refine_targets_vit_fashion-mnist.json")
@@ -776,18 +819,23 @@ def refine_targets_table() -> str:
         if not (s.has(local, rho=rho) or s.has(consistent, rho=rho)):
             continue
         v = s.vs(consistent, local, rho)
+        mini = [(n, refined(b, n, "consistent", REFINE_BATCH)) for n in (300, 1000)]
         rows.append([_display(b), f"{rho:g}", s.pm(b, rho) if s.has(b, rho=rho) else "—",
                      s.pm(local, rho) if s.has(local, rho=rho) else "—",
                      s.pm(consistent, rho) if s.has(consistent, rho=rho) else "—",
-                     _verdict_paired(v)])
+                     _verdict_paired(v),
+                     *(s.pm(m, rho) if s.has(m, rho=rho) else "—" for _, m in mini)])
     return "\n".join([f"ViT / Fashion-MNIST, every MLP replaced **front to back** (so the inputs an MLP is fed "
                       f"differ from the original model's), {REFINE_STEPS} steps, no labels (original "
                       f"{d['accuracy_original']:.2f} %; mean ± std over {d['plan']['seeds']} seeds). Local = the "
                       "original MLP applied to the inputs the compressed model feeds it; consistent = the original "
                       "model's own MLP outputs on the same images. Verdict = \"the consistent target is better\", "
-                      "paired over seeds (Δ = consistent − local).", "", _source_line(d), "",
+                      "paired over seeds (Δ = consistent − local). The last two columns: the consistent "
+                      f"target with the default loop (minibatches of {REFINE_BATCH} tokens), 300 and 1000 steps.",
+                      "", _source_line(d), "",
                       _md(["method", "ρ", "no refinement", "local target", "consistent target",
-                           "consistent beats local"], rows)])
+                           "consistent beats local", f"consistent, {REFINE_BATCH}-token batches, 300 steps",
+                           "… 1000 steps"], rows)])
 
 
 def refine_lm_table() -> str:
@@ -1085,6 +1133,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "refine-verdicts": refine_verdicts_table,
     "refine-steps": refine_steps_table,
     "refine-targets": refine_targets_table,
+    "refine-batch": refine_batch_table,
     "refine-lm": refine_lm_table,
     "refine-benchmark": refine_benchmark_table,
     "fb-bf": fb_bf_table,
@@ -1144,6 +1193,7 @@ SOURCES = {
     "fid_deit": "fidelity_deit_usps.json", "fid_vit": "fidelity_vit_fashion-mnist.json",
     "knobs": "knobs_vit_fashion-mnist.json", "lm": "lm_compression.json", "alloc": "allocation.json",
     "rf_deit": "refine_main_deit_usps.json", "rf_steps": "refine_steps_vit_fashion-mnist.json",
+    "rf_batch_vit": "refine_batch_vit_fashion-mnist.json", "rf_batch_deit": "refine_batch_deit_usps.json",
     "rf_targets": "refine_targets_vit_fashion-mnist.json",
     "bench": "results.json", "bench_gpu": "results_gpu.json", "bench_refine": "refine.json",
 }

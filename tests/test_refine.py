@@ -48,12 +48,14 @@ def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(
     paths = ["ffns.0", "ffns.1"]
     kw = dict(mlps=paths, reduction=0.4, method=method, key=jax.random.key(1),
               config=None if method in ("svd", "drone", "prune") else FAST)
-    plain, plain_report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, **kw)
+    plain, plain_report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, refine=None, **kw)
     refined, report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, refine=jb.Refine(steps=40), **kw)
     assert report.params_after == plain_report.params_after <= (1 - 0.4) * report.params_before
     for r, p in zip(report.mlps, plain_report.mlps):
         assert r.refine is not None and p.refine is None
         assert r.refine["error_after"] <= r.refine["error_before"]
+        # the report describes the module returned: output_error refined, the built one beside it
+        assert r.refine["output_error_built"] == p.output_error
         assert 0 <= r.refine["steps_kept"] <= 40
         module = jb.compression.get_submodule(refined, r.path)
         # the same kind of replacement (auto may keep the other candidate once both are refined)
@@ -164,6 +166,24 @@ def test_minibatch_steps_draw_every_training_token():
 def test_bad_settings_name_refine(bad):
     with pytest.raises(ValueError, match="refine"):
         jb.Refine(**bad)
+
+
+def test_compress_model_refines_by_default_and_none_turns_it_off():
+    d, h = 12, 32
+    x = _calibration(d, seed=4)
+    kw = dict(mlps=["ffns.0"], reduction=0.4, method="prune", key=jax.random.key(1))
+    default_model, default = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, **kw)
+    explicit_model, explicit = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=jb.Refine(), **kw)
+    off_model, off = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=None, **kw)
+    assert default.mlps[0].refine == {**explicit.mlps[0].refine, "seconds": default.mlps[0].refine["seconds"]}
+    np.testing.assert_array_equal(np.asarray(default_model(x)), np.asarray(explicit_model(x)))
+    assert off.mlps[0].refine is None
+    # the output error reported is that of the module returned (on the 96 calibration tokens)
+    tokens = x.reshape(-1, d)
+    for model, report in ((default_model, default), (off_model, off)):
+        ffn, original = model.ffns[0], Net(d, h, 1, nnx.Rngs(0)).ffns[0]
+        out, ref = np.asarray(ffn(tokens), np.float64), np.asarray(original(tokens), np.float64)
+        np.testing.assert_allclose(report.mlps[0].output_error, np.sum((out - ref) ** 2) / np.sum(ref ** 2), rtol=1e-4)
 
 
 def test_compress_model_checks_refine():

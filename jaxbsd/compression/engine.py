@@ -33,7 +33,7 @@ from jaxbsd.compression import budget as budgets
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine, refine_module
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
-from jaxbsd.compression.sites import Site, make_site, same_site
+from jaxbsd.compression.sites import Site, make_site, output_error, same_site
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec
 from jaxbsd.compression.state import RunState, run_id
 from jaxbsd.compression.surgery import capture_calls, get_submodule, model_outputs, output_judge, parse_path, set_submodule
@@ -190,6 +190,9 @@ def _refiner(plan: Plan, site: Site, reference, key: jax.Array):
     if site.fit_X is not None and site.fit_X.shape[0]:
         parts.append((site.fit_X, site.fit_Y, site.fit_idx))
     X = jnp.concatenate([x for x, _, _ in parts])
+    if X.shape[0] < 2:  # nothing to hold out: the replacement stays as built, and the report says so
+        return lambda module: (module, {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
+                                        "skipped": f"{X.shape[0]} calibration token(s); refinement needs 2"})
     if plan.refine.target == "local":
         Y = jnp.concatenate([y for _, y, _ in parts])
     else:
@@ -287,6 +290,10 @@ def run(
                                         refine=refine if method.refines_candidates else None)
         if refine is not None and not method.refines_candidates:
             module, info["refine"] = refine(module)  # the engine's stage, the same for every method
+        if refine is not None and info.get("refine") and "skipped" not in info["refine"]:
+            # the report describes the module returned: its output error once refined
+            info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
+            info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
         set_submodule(model, path, module)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
@@ -459,7 +466,7 @@ def compress_model(
     auto_judge: str = "model",
     state_dir: str | os.PathLike | None = None,
     resume: bool = True,
-    refine: Refine | None = None,
+    refine: Refine | None = Refine(),
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -551,7 +558,11 @@ def compress_model(
       refine: a :class:`~jaxbsd.compression.refine.Refine` to train each replacement, once built,
         to reproduce the original MLP's outputs on the calibration tokens (no labels; the best
         step on held-out tokens is kept; ``report.mlps[i].refine`` says what it did); ``"auto"``
-        refines both candidates before judging them. None: no refinement.
+        refines both candidates before judging them. **On by default** (``jb.Refine()``: 300
+        Adam steps on minibatches of 512 tokens): without labels it raised every method's accuracy
+        at ρ = 0.5 on both studied pairs and never lowered a mean significantly, at a fraction of
+        the decoupling's time (the results page, "Label-free refinement"). None: no refinement,
+        the method's replacement exactly as built.
 
     ``method="auto"``: each MLP gets one parameter share, within which a decoupling (warm-started
     from the pruned MLP wherever that is possible) and a pruned MLP are built, and the one judged

@@ -45,8 +45,10 @@ class MLPReport:
       warm_start_skipped: with ``warm_start=None`` (the default), why this decoupling had no
         warm start (no two-layer spec, ``rank − 1`` above the hidden width, …); else None.
       refine: what the refinement stage did (``target``, ``steps``, ``steps_kept``,
-        ``error_before``/``error_after`` on its held-out tokens, token counts, ``seconds``); None
-        without refinement. ``output_error`` is the replacement's as built, before refinement.
+        ``error_before``/``error_after`` on its held-out tokens, token counts, ``batch_size``,
+        ``evaluations``, ``seconds``, and ``output_error_built``: the ``output_error`` of the
+        replacement as built), or why it was ``skipped``; None without refinement.
+        ``output_error`` is that of the replacement returned, refined.
       notes: what else the method says about this replacement (e.g. a pruning refit regularized
         because the calibration had fewer tokens than coefficients); else None.
     """
