@@ -767,8 +767,8 @@ REFINE_BATCH = 512
 
 
 def refine_batch_table() -> str:
-    """Issue 37's full-batch loop (the studies' ``-ref300``) against the default minibatch loop
-    (``-ref300b512``, and on the ViT ``-ref1000b512``), per pair at ρ = 0.5: top-1, the difference
+    """Issue 37's full-batch loop (the studies' ``-ref300``) against minibatch loops (``-ref300b512``,
+    ``-ref300b256``, on the ViT also ``-ref1000b512``), per pair at ρ = 0.5: top-1, the difference
     from the full-batch loop paired over seeds, and the seconds of refinement per block."""
     out = []
     for pair, file in (("ViT / Fashion-MNIST", "refine_batch_vit_fashion-mnist.json"),
@@ -785,9 +785,9 @@ def refine_batch_table() -> str:
         for b in ("bsd-warm", "prune"):
             full = refined(b)
             variants = [(full, "300 full-batch steps")] + [
-                (refined(b, n, batch=REFINE_BATCH), f"{n} steps of {REFINE_BATCH} tokens")
-                for n in sorted({split_refined(m)[1] for m in d["plan"]["methods"]
-                                 if split_refined(m)[0] == b and split_refined(m)[3] == REFINE_BATCH})]
+                (refined(b, n, batch=batch), f"{n} steps of {batch} tokens")
+                for batch, n in sorted({(split_refined(m)[3], split_refined(m)[1]) for m in d["plan"]["methods"]
+                                        if split_refined(m)[0] == b and split_refined(m)[3]}, reverse=True)]
             for m, how in variants:
                 if not s.has(m, rho=rho):
                     continue

@@ -265,10 +265,12 @@ def refined_results(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]
     write(benchmarks / "refine.json", {
         "command": "python benchmarks/refine.py", "mode": "full", "device": "cpu",
         "provenance": {"command": "python benchmarks/refine.py", "commit": "0" * 40, "source_hash": "x"},
-        "rows": [{"name": f"refinement / decoupling, {n} block (m={m}, H={h}, r={r}, {t} tokens)", "ours": o,
-                  "reference": ref, "ratio": o / ref, "target": "<= 0.25", "passed": o / ref <= 0.25}
-                 for n, m, h, r, t, o, ref in (("ViT/Fashion-MNIST", 64, 256, 40, 4352, 0.9, 6.0),
-                                               ("DeiT/USPS", 96, 384, 48, 16640, 3.1, 11.0))]})
+        "rows": [{"name": f"refinement{how} / decoupling, {n} block (m={m}, H={h}, r={r}, {t} tokens)", "ours": o,
+                  "reference": ref, "ratio": o / ref, "target": "" if how else "<= 0.25",
+                  "passed": None if how else o / ref <= 0.25}
+                 for how, n, m, h, r, t, o, ref in (("", "ViT/Fashion-MNIST", 64, 256, 40, 4352, 0.9, 6.0),
+                                                    ("", "DeiT/USPS", 96, 384, 48, 16640, 3.1, 11.0),
+                                                    (" (full batch)", "DeiT/USPS", 96, 384, 48, 16640, 33.0, 11.0))]})
     return results, benchmarks
 
 

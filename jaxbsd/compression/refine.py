@@ -130,15 +130,21 @@ def _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learn
             grads = jax.grad(loss)(p, rest, X_train[take], Y_train[take])
         updates, opt_state = tx.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
-        if eval_every == 1:
+        def evaluate(best):
+            best_p, best_err, best_i = best
             err = held(p)
+            # A non-finite step is never kept (and nothing after it is, its parameters being non-finite).
+            better = jnp.isfinite(err) & (err < best_err)
+            best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
+            return (best_p, jnp.where(better, err, best_err), jnp.where(better, i + 1, best_i)), err
+
+        if eval_every == 1:
+            best, err = evaluate((best_p, best_err, best_i))
         else:  # a held-out pass costs as much as a few minibatch steps: only every eval_every-th
             due = ((i + 1) % eval_every == 0) | (i == steps - 1)
-            err = jax.lax.cond(due, held, lambda _: jnp.asarray(jnp.inf, err0.dtype), p)
-        # A non-finite step is never kept (and nothing after it is, its parameters being non-finite).
-        better = jnp.isfinite(err) & (err < best_err)
-        best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
-        return (p, opt_state, best_p, jnp.where(better, err, best_err), jnp.where(better, i + 1, best_i)), err
+            best, err = jax.lax.cond(due, evaluate, lambda b: (b, jnp.asarray(jnp.inf, err0.dtype)),
+                                     (best_p, best_err, best_i))
+        return (p, opt_state, *best), err
 
     init = (params, tx.init(params), params, err0, jnp.asarray(0))
     (_, _, best_p, _, best_i), errs = jax.lax.scan(step, init, jnp.arange(steps))
