@@ -140,31 +140,33 @@ class RefineSuffix(NamedTuple):
     steps: int
     target: str
     batch: int | None  # tokens per step; None: full batch
+    learning_rate: float | None  # None: jaxbsd.Refine's (1e-3)
 
 
 def split_refine(method: str) -> RefineSuffix:
-    """``(base method, refinement steps, target, batch)``: any method may end in ``-ref<n>`` (``n``
-    full-batch steps of label-free refinement of every replacement, target ``"local"``) or
-    ``-refc<n>`` (target ``"consistent"``), optionally followed by ``b<B>``: minibatches of ``B``
-    tokens. ``"prune-ref300"`` → ``("prune", 300, "local", None)``, ``"prune-ref300b512"`` →
-    ``("prune", 300, "local", 512)``; no suffix: ``(method, 0, "local", None)``.
+    """``(base method, refinement steps, target, batch, learning rate)``: any method may end in
+    ``-ref<n>`` (``n`` full-batch steps of label-free refinement of every replacement, target
+    ``"local"``) or ``-refc<n>`` (target ``"consistent"``), optionally followed by ``b<B>``
+    (minibatches of ``B`` tokens) and ``lr<k>`` (learning rate ``k``·1e-4).
+    ``"prune-ref300"`` → ``("prune", 300, "local", None, None)``, ``"prune-ref150b512lr20"`` →
+    ``("prune", 150, "local", 512, 2e-3)``; no suffix: ``(method, 0, "local", None, None)``.
 
     The bare ``-ref<n>`` is full batch (the loop before minibatches, so its committed units stay
     reproducible), whatever :class:`jaxbsd.Refine`'s default."""
     head, _, last = method.rpartition("-")
-    match = re.fullmatch(r"ref(c?)(\d+)(?:b(\d+))?", last) if head else None
+    match = re.fullmatch(r"ref(c?)(\d+)(?:b(\d+))?(?:lr(\d+))?", last) if head else None
     if match is None:
-        return RefineSuffix(method, 0, "local", None)
+        return RefineSuffix(method, 0, "local", None, None)
     return RefineSuffix(head, int(match[2]), "consistent" if match[1] else "local",
-                        int(match[3]) if match[3] else None)
+                        int(match[3]) if match[3] else None, int(match[4]) * 1e-4 if match[4] else None)
 
 
 def method_name(method: str) -> str:
     """Display name: ``"B-spline (greedy)"``, ``"B-spline (warm start, held-out selection; ν = 8)"``…"""
-    base, steps, target, batch = split_refine(method)
+    base, steps, target, batch, lr = split_refine(method)
     if steps:
         return (f"{method_name(base)} + refined ({steps} steps{f' of {batch} tokens' if batch else ''}"
-                f"{', consistent target' if target == 'consistent' else ''})")
+                f"{f', learning rate {lr:g}' if lr else ''}{', consistent target' if target == 'consistent' else ''})")
     fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)",
              "auto-block": "Auto, judged by the block's output error"}
     if method in fixed:
@@ -197,7 +199,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
     ``plan["val_fraction"]`` and ``plan["capture_images"]`` (default: ``CompressionConfig``'s,
     which keeps the tags, hence the saved units, of runs configured before they existed).
     """
-    method, refine_steps, refine_target, refine_batch = split_refine(method)
+    method, refine_steps, refine_target, refine_batch, refine_lr = split_refine(method)
     variant = bsd_variant(method) if method.startswith("bsd") else {}
     # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
     # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
@@ -212,6 +214,7 @@ def unit_config(method: str, reduction: float, seed: int, plan: dict, args) -> C
         val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
         capture_images=plan.get("capture_images", CompressionConfig.capture_images),
         refine_steps=refine_steps, refine_target=refine_target, refine_batch=refine_batch,
+        refine_lr=refine_lr or CompressionConfig.refine_lr,
     )
 
 

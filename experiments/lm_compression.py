@@ -330,9 +330,9 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = ctx["protocol_dir"] / name
     finetune = TrainConfig(**plan["finetune"], seed=seed)
-    base, refine_steps, refine_target, refine_batch = comparison.split_refine(method)  # "bsd-ref300": refined
-    refine = (jb.Refine(steps=refine_steps, target=refine_target, batch_size=refine_batch)
-              if refine_steps else None)
+    base, refine_steps, refine_target, refine_batch, refine_lr = comparison.split_refine(method)  # "bsd-ref300"
+    refine = (jb.Refine(steps=refine_steps, target=refine_target, batch_size=refine_batch,
+                        learning_rate=refine_lr or jb.Refine.learning_rate) if refine_steps else None)
     # the settings added with minibatches are left out of the tag at their full-batch values, so the
     # units saved before they existed keep their tags
     refine_tag = refine and {k: v for k, v in refine.to_dict().items()

@@ -19,7 +19,8 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
   upstream MLP is already compressed, and the targets differ (with the consistent target also
   the default minibatch loop, at 300 and 1000 steps);
 * ``--study batch``: full-batch steps (``-ref<n>``, every training token at every step) against
-  minibatches of 512 and 256 tokens (``-ref<n>b512``, ``-ref<n>b256``), at ρ = 0.5 back to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
+  minibatches of 512 and 256 tokens (``-ref<n>b512``, ``-ref<n>b256``; with 512, also 150 steps
+  and the learning rate 2e-3, ``lr20``), at ρ = 0.5 back to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
   accuracy (on the ViT also 1000 minibatch steps, still cheaper than 300 full-batch ones).
 
 Usage::
@@ -60,7 +61,9 @@ MAIN_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.35, 0.5), methods=MAIN_M
 TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
 TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
 BATCH_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "prune-ref300", "bsd-warm-ref300b512", "prune-ref300b512",
-                 "bsd-warm-ref300b256", "prune-ref300b256")
+                 "bsd-warm-ref300b256", "prune-ref300b256",
+                 # half the steps, and twice the learning rate (lr20: 2e-3), with minibatches of 512
+                 *(f"{m}-ref{v}" for v in ("150b512", "150b512lr20", "300b512lr20") for m in ("bsd-warm", "prune")))
 BATCH_VIT = dict(STEPS_VIT, methods=(*BATCH_METHODS, "bsd-warm-ref1000b512", "prune-ref1000b512"))
 BATCH_DEIT = dict(STEPS_DEIT, methods=BATCH_METHODS)
 QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),

@@ -525,33 +525,38 @@ def lm_compression_table() -> str:
 # study are its methods with a suffix ``-ref<n>`` (n Adam steps, target "local") or ``-refc<n>``
 # (target "consistent"), beside the unrefined units of the same study.
 
-_REFINED = re.compile(r"-ref(c?)(\d+)(?:b(\d+))?$")
+_REFINED = re.compile(r"-ref(c?)(\d+)(?:b(\d+))?(?:lr(\d+))?$")
+
 
 #: The refinement every study and table below means unless it says otherwise (``-ref300``).
 REFINE_STEPS = 300
 
 
-def split_refined(method: str) -> tuple[str, int, str, int | None]:
-    """``(base method, steps, target, batch)``: ``"prune-ref300"`` → ``("prune", 300, "local", None)``
-    (full batch), ``"prune-refc300"`` → ``("prune", 300, "consistent", None)``, ``"prune-ref300b512"``
-    → ``("prune", 300, "local", 512)``, an unrefined method → ``(method, 0, "local", None)`` (the
-    studies' own rule, ``experiments/comparison.py``'s ``split_refine``)."""
+def split_refined(method: str) -> tuple[str, int, str, int | None, float | None]:
+    """``(base method, steps, target, batch, learning rate)``: ``"prune-ref300"`` → ``("prune", 300,
+    "local", None, None)`` (full batch, the default rate), ``"prune-refc300"`` → ``("prune", 300,
+    "consistent", None, None)``, ``"prune-ref150b512lr20"`` → ``("prune", 150, "local", 512, 2e-3)``,
+    an unrefined method → ``(method, 0, "local", None, None)`` (the studies' own rule,
+    ``experiments/comparison.py``'s ``split_refine``)."""
     m = _REFINED.search(method)
     if m is None or m.start() == 0:
-        return method, 0, "local", None
-    return method[: m.start()], int(m[2]), "consistent" if m[1] else "local", int(m[3]) if m[3] else None
+        return method, 0, "local", None, None
+    return (method[: m.start()], int(m[2]), "consistent" if m[1] else "local", int(m[3]) if m[3] else None,
+            int(m[4]) * 1e-4 if m[4] else None)
 
 
 def is_refined(method: str) -> bool:
     return split_refined(method)[1] > 0
 
 
-def refined(method: str, steps: int = REFINE_STEPS, target: str = "local", batch: int | None = None) -> str:
+def refined(method: str, steps: int = REFINE_STEPS, target: str = "local", batch: int | None = None,
+            lr: float | None = None) -> str:
     """The name of ``method`` refined for ``steps`` (0: ``method`` itself) towards ``target``, on
-    minibatches of ``batch`` tokens (None: full batch)."""
+    minibatches of ``batch`` tokens (None: full batch), at learning rate ``lr`` (None: the default)."""
     if not steps:
         return method
-    return f"{method}-ref{'c' if target == 'consistent' else ''}{steps}{f'b{batch}' if batch else ''}"
+    return (f"{method}-ref{'c' if target == 'consistent' else ''}{steps}{f'b{batch}' if batch else ''}"
+            f"{f'lr{round(lr / 1e-4)}' if lr else ''}")
 
 
 _PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B-spline decoupling (old defaults)",
@@ -561,13 +566,13 @@ _PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the 
 def prose_name(method: str) -> str:
     """A method as prose: ``"pruning"``, ``"refined pruning"``, ``"the refined warm-started B-spline
     decoupling"``."""
-    base, steps, target, batch = split_refined(method)
+    base, steps, target, batch, lr = split_refined(method)
     name = _PROSE_NAMES.get(base, f"`{base}`")
     if not steps:
         return name
-    tail = (f" ({steps} steps{f' of {batch} tokens' if batch else ''}"
+    tail = (f" ({steps} steps{f' of {batch} tokens' if batch else ''}{f', learning rate {lr:g}' if lr else ''}"
             f"{', consistent target' if target == 'consistent' else ''})"
-            if steps != REFINE_STEPS or target != "local" or batch else "")
+            if steps != REFINE_STEPS or target != "local" or batch or lr else "")
     return (name.replace("the ", "the refined ", 1) if name.startswith("the ") else "refined " + name) + tail
 
 
@@ -785,9 +790,11 @@ def refine_batch_table() -> str:
         for b in ("bsd-warm", "prune"):
             full = refined(b)
             variants = [(full, "300 full-batch steps")] + [
-                (refined(b, n, batch=batch), f"{n} steps of {batch} tokens")
-                for batch, n in sorted({(split_refined(m)[3], split_refined(m)[1]) for m in d["plan"]["methods"]
-                                        if split_refined(m)[0] == b and split_refined(m)[3]}, reverse=True)]
+                (refined(b, n, batch=batch, lr=lr), f"{n} steps of {batch} tokens" + (f", learning rate {lr:g}" if lr else ""))
+                for batch, n, lr in sorted({(split_refined(m)[3], split_refined(m)[1], split_refined(m)[4] or 0.0)
+                                            for m in d["plan"]["methods"]
+                                            if split_refined(m)[0] == b and split_refined(m)[3]},
+                                           key=lambda v: (-v[0], -v[1], v[2]))]
             for m, how in variants:
                 if not s.has(m, rho=rho):
                     continue
@@ -1405,7 +1412,7 @@ class Study(Result):
         """The refined method (``-ref<steps>``) with the highest mean at ρ, among ``methods``'
         refined units (default: every refined unit at ρ)."""
         names = ([refined(m, steps) for m in methods] if methods is not None else
-                 sorted({r["method"] for r in self.json["runs"] if split_refined(r["method"])[1:] == (steps, "local", None)}))
+                 sorted({r["method"] for r in self.json["runs"] if split_refined(r["method"])[1:] == (steps, "local", None, None)}))
         return self.best(rho, [m for m in names if self.has(m, rho=rho)])
 
     def changes(self, a: str, b: str, a0: str, b0: str, setting=None) -> str:
