@@ -206,3 +206,24 @@ def test_consistent_target_follows_the_original_model_where_inputs_drift():
         runs[target] = report.mlps
     assert runs["local"][0].refine["error_after"] == runs["consistent"][0].refine["error_after"]
     assert runs["local"][1].refine["error_before"] != runs["consistent"][1].refine["error_before"]
+
+
+@pytest.mark.parametrize("batch, eval_every", [(None, 1), (16, 4)])
+def test_the_loop_lowers_for_gpus_as_one_device_loop(batch, eval_every):
+    """Exported for CUDA (lowered here, on the CPU), the whole refinement is one device-side loop
+    (the scan's ``stablehlo.while``), the held-out pass a ``case`` inside it: no host round trip
+    per step on an accelerator."""
+    import re
+
+    d, h = 6, 12
+    ffn = FFN(d, h, nnx.Rngs(0))
+    X = jax.random.normal(jax.random.key(2), (80, d), jnp.float32)
+    graphdef, params, rest = nnx.split(ffn, nnx.Param, ...)
+
+    def loop(params, X, Y):
+        return refine_mod._refine_loop(graphdef, params, rest, X[20:], Y[20:], X[:20], Y[:20], jnp.float32(1e-3),
+                                       jax.random.key(0), steps=12, batch=batch, eval_every=eval_every)
+
+    text = jax.export.export(jax.jit(loop), platforms=("cuda",))(params, X, ffn(X)).mlir_module()
+    assert len(re.findall(r"stablehlo\.while", text)) == 1
+    assert (len(re.findall(r"stablehlo\.case", text)) >= 1) == (eval_every > 1)
