@@ -58,17 +58,19 @@ def measure(name: str, m: int, H: int, tokens: int, rank: int, repeats: int) -> 
         out, _ = method.build(site, rank, jax.random.key(3))
         jax.block_until_ready(nnx.state(out))
 
-    def refiner(refine):
+    infos = {}  # the report of each setting's last timed run (every run is the same computation)
+
+    def refiner(key, refine):
         def run():
-            out, _ = refine_module(module, *XY, refine, jax.random.key(4))
+            out, infos[key] = refine_module(module, *XY, refine, jax.random.key(4))
             jax.block_until_ready(nnx.state(out))
         return run
 
-    t = interleaved({"decouple": decouple, **{k: refiner(v) for k, v in settings.items()}}, repeats=repeats)
+    t = interleaved({"decouple": decouple, **{k: refiner(k, v) for k, v in settings.items()}}, repeats=repeats)
     rows = []
     for key, refine in settings.items():
         ratio = t[key]["median"] / t["decouple"]["median"]
-        _, info = refine_module(module, *XY, refine, jax.random.key(4))
+        info = infos[key]
         default = key == "refine"
         rows.append(Row(
             name=(f"refinement{'' if default else ' (full batch)'} / decoupling, {name} "

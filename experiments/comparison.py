@@ -61,16 +61,15 @@ import argparse
 import csv
 import hashlib
 import json
-import re
 import pathlib
 import sys
-from typing import NamedTuple
 
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402  (sets BLAS threads before numpy/JAX are imported)
+from refine_names import split_refine  # noqa: E402  (the -ref… suffix, shared with report.py)
 
 import numpy as np  # noqa: E402
 
@@ -131,34 +130,6 @@ def bsd_variant(method: str) -> dict:
         else:
             raise ValueError(f"method {method!r}: unknown B-spline option {word!r}")
     return fields
-
-
-class RefineSuffix(NamedTuple):
-    """What a method name's ``-ref…`` suffix asks for (:func:`split_refine`)."""
-
-    base: str
-    steps: int
-    target: str
-    batch: int | None  # tokens per step; None: full batch
-    learning_rate: float | None  # None: jaxbsd.Refine's (1e-3)
-
-
-def split_refine(method: str) -> RefineSuffix:
-    """``(base method, refinement steps, target, batch, learning rate)``: any method may end in
-    ``-ref<n>`` (``n`` full-batch steps of label-free refinement of every replacement, target
-    ``"local"``) or ``-refc<n>`` (target ``"consistent"``), optionally followed by ``b<B>``
-    (minibatches of ``B`` tokens) and ``lr<k>`` (learning rate ``k``·1e-4).
-    ``"prune-ref300"`` → ``("prune", 300, "local", None, None)``, ``"prune-ref150b512lr20"`` →
-    ``("prune", 150, "local", 512, 2e-3)``; no suffix: ``(method, 0, "local", None, None)``.
-
-    The bare ``-ref<n>`` is full batch (the loop before minibatches, so its committed units stay
-    reproducible), whatever :class:`jaxbsd.Refine`'s default."""
-    head, _, last = method.rpartition("-")
-    match = re.fullmatch(r"ref(c?)(\d+)(?:b(\d+))?(?:lr(\d+))?", last) if head else None
-    if match is None:
-        return RefineSuffix(method, 0, "local", None, None)
-    return RefineSuffix(head, int(match[2]), "consistent" if match[1] else "local",
-                        int(match[3]) if match[3] else None, int(match[4]) * 1e-4 if match[4] else None)
 
 
 def method_name(method: str) -> str:

@@ -20,8 +20,9 @@ calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % 
   the default minibatch loop, at 300 and 1000 steps);
 * ``--study batch``: full-batch steps (``-ref<n>``, every training token at every step) against
   minibatches of 512 and 256 tokens (``-ref<n>b512``, ``-ref<n>b256``; with 512, also 150 steps
-  and the learning rate 2e-3, ``lr20``), at ρ = 0.5 back to front, for the warm-started B-spline decoupling and pruning: what the cheaper loop costs in
-  accuracy (on the ViT also 1000 minibatch steps, still cheaper than 300 full-batch ones).
+  and the learning rate 2e-3, ``lr20``), at ρ = 0.5 back to front, for the warm-started B-spline
+  decoupling and pruning: what the cheaper loop costs in accuracy (on the ViT also 1000 minibatch
+  steps, still cheaper than 300 full-batch ones).
 
 Usage::
 

@@ -50,6 +50,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from refine_names import refined as _refined_name, split_refine  # the studies' -ref… suffix (stdlib only)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 README = ROOT / "README.md"
@@ -492,7 +494,7 @@ def lm_compression_table() -> str:
             continue
         v = d["verdicts"][f"{r['setting']} {r['reduction']!r}"].get(r["method"])
         if is_refined(r["method"]):  # refined rows: against the B-spline refined the same way
-            reference = "bsd" + r["method"][len(split_refined(r["method"])[0]):]
+            reference = "bsd" + r["method"][len(split_refine(r["method"])[0]):]
             if r["method"] == reference:
                 cell = "(reference, refined)"
             else:
@@ -525,38 +527,18 @@ def lm_compression_table() -> str:
 # study are its methods with a suffix ``-ref<n>`` (n Adam steps, target "local") or ``-refc<n>``
 # (target "consistent"), beside the unrefined units of the same study.
 
-_REFINED = re.compile(r"-ref(c?)(\d+)(?:b(\d+))?(?:lr(\d+))?$")
-
-
 #: The refinement every study and table below means unless it says otherwise (``-ref300``).
 REFINE_STEPS = 300
 
 
-def split_refined(method: str) -> tuple[str, int, str, int | None, float | None]:
-    """``(base method, steps, target, batch, learning rate)``: ``"prune-ref300"`` → ``("prune", 300,
-    "local", None, None)`` (full batch, the default rate), ``"prune-refc300"`` → ``("prune", 300,
-    "consistent", None, None)``, ``"prune-ref150b512lr20"`` → ``("prune", 150, "local", 512, 2e-3)``,
-    an unrefined method → ``(method, 0, "local", None, None)`` (the studies' own rule,
-    ``experiments/comparison.py``'s ``split_refine``)."""
-    m = _REFINED.search(method)
-    if m is None or m.start() == 0:
-        return method, 0, "local", None, None
-    return (method[: m.start()], int(m[2]), "consistent" if m[1] else "local", int(m[3]) if m[3] else None,
-            int(m[4]) * 1e-4 if m[4] else None)
-
-
 def is_refined(method: str) -> bool:
-    return split_refined(method)[1] > 0
+    return split_refine(method)[1] > 0
 
 
 def refined(method: str, steps: int = REFINE_STEPS, target: str = "local", batch: int | None = None,
             lr: float | None = None) -> str:
-    """The name of ``method`` refined for ``steps`` (0: ``method`` itself) towards ``target``, on
-    minibatches of ``batch`` tokens (None: full batch), at learning rate ``lr`` (None: the default)."""
-    if not steps:
-        return method
-    return (f"{method}-ref{'c' if target == 'consistent' else ''}{steps}{f'b{batch}' if batch else ''}"
-            f"{f'lr{round(lr / 1e-4)}' if lr else ''}")
+    """:func:`refine_names.refined`, ``steps`` defaulting to :data:`REFINE_STEPS`."""
+    return _refined_name(method, steps, target, batch, lr)
 
 
 _PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B-spline decoupling (old defaults)",
@@ -566,7 +548,7 @@ _PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the 
 def prose_name(method: str) -> str:
     """A method as prose: ``"pruning"``, ``"refined pruning"``, ``"the refined warm-started B-spline
     decoupling"``."""
-    base, steps, target, batch, lr = split_refined(method)
+    base, steps, target, batch, lr = split_refine(method)
     name = _PROSE_NAMES.get(base, f"`{base}`")
     if not steps:
         return name
@@ -706,12 +688,12 @@ def refine_verdicts_table() -> str:
                           f"within {bound:g}: " + ("yes" if gap >= -bound else "**no**"))
             if s.has(refined("auto"), rho=rho):
                 rule = AutoRule(s, rho)
-                auto_cells = [f"{sgn(rule.diff)} against {_display(split_refined(rule.against)[0])} ({rule.paired.pv})",
+                auto_cells = [f"{sgn(rule.diff)} against {_display(split_refine(rule.against)[0])} ({rule.paired.pv})",
                               "yes" if rule.holds else "**no**"]
             else:
                 auto_cells = ["—", "—"]
             v = s.vs(needed[0], needed[1], rho)
-            rows.append([f"{rho:g}", f"{_display(split_refined(best)[0])} ({s.mean(best, rho):.2f} %)",
+            rows.append([f"{rho:g}", f"{_display(split_refine(best)[0])} ({s.mean(best, rho):.2f} %)",
                          f"{sgn(gap)}", bound_cell, *auto_cells,
                          _verdict_paired(v)])
         out += [f"**{title}** (original {d['accuracy_original']:.2f} %), every method refined ({REFINE_STEPS} steps):",
@@ -730,10 +712,12 @@ def _display(method: str) -> str:
     return _DISPLAY.get(method, method)
 
 
-def _refine_records(study: "Study", method: str, rho: float) -> list[dict]:
-    """The ``refine`` record of every block of every seed's run (empty if the runs record none)."""
-    return [st["refine"] for r in study._runs(method, rho).values() for st in r.get("steps") or []
-            if isinstance(st.get("refine"), dict)]
+def _refine_seconds(study: "Study", method: str, rho: float) -> str:
+    """The seconds of the refinement stage per MLP, mean over every block of every seed's run
+    (``—`` if the runs record none)."""
+    secs = [st["refine"]["seconds"] for r in study._runs(method, rho).values() for st in r.get("steps") or []
+            if isinstance(st.get("refine"), dict) and st["refine"].get("seconds") is not None]
+    return "—" if not secs else _bench_value(float(np.mean(secs)), "s")
 
 
 def refine_steps_table() -> str:
@@ -744,8 +728,8 @@ def refine_steps_table() -> str:
     if d is None:
         return f"No current result committed (`{command}`)."
     s = Study(d)
-    bases = [m for m in ("bsd-warm", "prune") if any(split_refined(x)[0] == m for x in d["plan"]["methods"])]
-    steps = sorted({split_refined(m)[1] for m in d["plan"]["methods"] if split_refined(m)[0] in bases} | {0})
+    bases = [m for m in ("bsd-warm", "prune") if any(split_refine(x)[0] == m for x in d["plan"]["methods"])]
+    steps = sorted({split_refine(m)[1] for m in d["plan"]["methods"] if split_refine(m)[0] in bases} | {0})
     rho = d["plan"]["budgets"][0]
     rows = []
     for n in steps:
@@ -755,10 +739,8 @@ def refine_steps_table() -> str:
             if not s.has(m, rho=rho):
                 row += ["—", "—", "—"]
                 continue
-            recs = _refine_records(s, m, rho)
-            secs_ = [r["seconds"] for r in recs if r.get("seconds") is not None]
             row += [s.pm(m, rho), "(reference)" if not n else _paired_cell(s.vs(m, b, rho)),
-                    "—" if not secs_ else _bench_value(float(np.mean(secs_)), "s")]
+                    _refine_seconds(s, m, rho)]
         rows.append(row)
     header = ["steps"] + [f"{_display(b)}{h}" for b in bases for h in (": top-1 %", ": gain", ": s per block")]
     return "\n".join([f"ViT / Fashion-MNIST, ρ = {rho:g}, no labels (original {d['accuracy_original']:.2f} %; "
@@ -789,20 +771,17 @@ def refine_batch_table() -> str:
         rows = []
         for b in ("bsd-warm", "prune"):
             full = refined(b)
+            minibatch = sorted(((m, v) for m in d["plan"]["methods"] if (v := split_refine(m)).base == b and v.batch),
+                               key=lambda mv: (-mv[1].batch, -mv[1].steps, mv[1].learning_rate or 0.0))
             variants = [(full, "300 full-batch steps")] + [
-                (refined(b, n, batch=batch, lr=lr), f"{n} steps of {batch} tokens" + (f", learning rate {lr:g}" if lr else ""))
-                for batch, n, lr in sorted({(split_refined(m)[3], split_refined(m)[1], split_refined(m)[4] or 0.0)
-                                            for m in d["plan"]["methods"]
-                                            if split_refined(m)[0] == b and split_refined(m)[3]},
-                                           key=lambda v: (-v[0], -v[1], v[2]))]
+                (m, f"{v.steps} steps of {v.batch} tokens" + (f", learning rate {v.learning_rate:g}" if v.learning_rate else ""))
+                for m, v in minibatch]
             for m, how in variants:
                 if not s.has(m, rho=rho):
                     continue
-                recs = _refine_records(s, m, rho)
-                secs_ = [r["seconds"] for r in recs if r.get("seconds") is not None]
                 rows.append([_display(b), how, s.pm(b, rho) if s.has(b, rho=rho) else "—", s.pm(m, rho),
                              "(reference)" if m == full else _paired_cell(s.vs(m, full, rho)),
-                             "—" if not secs_ else _bench_value(float(np.mean(secs_)), "s")])
+                             _refine_seconds(s, m, rho)])
         out += [f"**{pair}**, ρ = {rho:g}, back to front, no labels (original {d['accuracy_original']:.2f} %; mean ± "
                 f"std over {d['plan']['seeds']} seeds). Δ = against the full-batch loop, paired over seeds; "
                 "s per block = seconds of the refinement stage per MLP, mean over blocks and seeds (wall "
@@ -1412,7 +1391,7 @@ class Study(Result):
         """The refined method (``-ref<steps>``) with the highest mean at ρ, among ``methods``'
         refined units (default: every refined unit at ρ)."""
         names = ([refined(m, steps) for m in methods] if methods is not None else
-                 sorted({r["method"] for r in self.json["runs"] if split_refined(r["method"])[1:] == (steps, "local", None, None)}))
+                 sorted({r["method"] for r in self.json["runs"] if split_refine(r["method"])[1:] == (steps, "local", None, None)}))
         return self.best(rho, [m for m in names if self.has(m, rho=rho)])
 
     def changes(self, a: str, b: str, a0: str, b0: str, setting=None) -> str:

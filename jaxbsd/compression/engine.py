@@ -185,14 +185,14 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
 def _refiner(plan: Plan, site: Site, reference, key: jax.Array):
     """``refine(module) -> (module, info)`` on the site's check and fit tokens (what the MLP is fed
     now), against the original MLP's outputs there (``"local"``) or the original model's
-    (``"consistent"``, ``reference``: its outputs on every captured token)."""
+    (``"consistent"``, ``reference``: its outputs on every captured token); None where there are
+    fewer than 2 tokens (nothing to hold out: the replacement stays as built)."""
     parts = [(site.check_X, site.check_Y, site.check_idx)]
     if site.fit_X is not None and site.fit_X.shape[0]:
         parts.append((site.fit_X, site.fit_Y, site.fit_idx))
     X = jnp.concatenate([x for x, _, _ in parts])
-    if X.shape[0] < 2:  # nothing to hold out: the replacement stays as built, and the report says so
-        return lambda module: (module, {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
-                                        "skipped": f"{X.shape[0]} calibration token(s); refinement needs 2"})
+    if X.shape[0] < 2:
+        return None
     if plan.refine.target == "local":
         Y = jnp.concatenate([y for _, y, _ in parts])
     else:
@@ -288,12 +288,16 @@ def run(
             judge = output_judge(model, path, *judges[step]) if step in judges else None
             module, info = method.build(site, rank, build_key, judge=judge,
                                         refine=refine if method.refines_candidates else None)
-        if refine is not None and not method.refines_candidates:
-            module, info["refine"] = refine(module)  # the engine's stage, the same for every method
-        if refine is not None and info.get("refine") and "skipped" not in info["refine"]:
+        if refine is not None:
+            if not method.refines_candidates:
+                module, info["refine"] = refine(module)  # the engine's stage, the same for every method
             # the report describes the module returned: its output error once refined
             info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
             info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
+        elif refining:  # too few tokens to hold one out (``_refiner``): the replacement stays as built
+            tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
+            info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
+                              "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
         set_submodule(model, path, module)
         seconds = time.perf_counter() - start
         start = time.perf_counter()

@@ -187,5 +187,6 @@ def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine
         "target": config.target, "steps": config.steps, "steps_kept": best_step,
         "error_before": float(errors[0]), "error_after": float(errors[best_step]),
         "tokens_train": n_train, "tokens_heldout": held, "batch_size": batch or n_train,
-        "evaluations": len({*range(every - 1, config.steps, every), config.steps - 1} - {-1}), "seconds": time.perf_counter() - start,
+        # every ``every``-th step and the last: ceil(steps / every)
+        "evaluations": -(-config.steps // every), "seconds": time.perf_counter() - start,
     }

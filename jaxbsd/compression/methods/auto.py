@@ -97,7 +97,7 @@ class Auto(Method):
             bsd, bsd_info["refine"] = refine(bsd)
             pruned, prune_info["refine"] = refine(pruned)
         if self.judge == "block" or judge is None:
-            if refine is None or "skipped" in bsd_info["refine"]:
+            if refine is None:
                 what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
             else:  # the check tokens trained the refinement: compare on its held-out tokens
                 what = "refined held-out output error"
