@@ -1,0 +1,110 @@
+"""The benchmarks (``benchmarks/*.json``): the solver's and the refinement's timings on each
+machine that measured them, with their figure sources."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .. import committed
+from ..committed import source_line
+from ..formats import bench_value, md
+from ..registry import source, table
+from ..stats import Result
+
+
+class Benchmark(Result):
+    def row(self, prefix: str) -> dict:
+        """The benchmark row whose name starts with ``prefix``."""
+        rows = [r for r in self.json["rows"] if r["name"].startswith(prefix)]
+        if len(rows) != 1:
+            raise KeyError(f"{len(rows)} benchmark rows start with {prefix!r}")
+        return rows[0]
+
+    def note(self, prefix: str, pattern: str) -> float:
+        """A number the row's note records: the first group of ``pattern`` (a regex) in it."""
+        note = self.row(prefix).get("note") or ""
+        m = re.search(pattern, note)
+        if m is None:
+            raise KeyError(f"{pattern!r} not in the note of {prefix!r}: {note!r}")
+        return float(m.group(1))
+
+    def rows(self, prefix: str) -> list[dict]:
+        return [r for r in self.json["rows"] if r["name"].startswith(prefix)]
+
+
+@table("benchmarks")
+@table("benchmarks-gpu", "results_gpu.json")
+def benchmark_table(name: str = "results.json") -> str:
+    """The benchmark table of ``benchmarks/<name>``, headed by the machine that measured it."""
+    path = committed.BENCHMARKS / name
+    if not path.exists():
+        return "_No benchmark result committed._"
+    d = json.loads(path.read_text())
+    if not d.get("provenance"):
+        return source_line(d)
+    value = bench_value
+    rows = []
+    for r in d["rows"]:
+        ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}×"
+        passed = {True: "yes", False: "**no**", None: "—"}[r.get("passed")]
+        unit = r.get("unit", "s")
+        rows.append([r["name"], value(r.get("ours"), unit), value(r.get("reference"), unit), ratio,
+                     str(r.get("target") or "—"), passed])
+    m = d["machine"]
+    head = (f"Generated from `{d['provenance']['command']}` at commit `{str(d['provenance']['commit'])[:10]}` "
+            f"({d['total_s'] / 60:.1f} min on {m.get('device_kind', '?')} ({m.get('backend', '?')}), "
+            f"{m.get('cpu_count', '?')} CPUs, jax {m.get('jax', '?')}, load at start "
+            f"{[round(x, 2) for x in m.get('loadavg_start') or []]}).")
+    notes = [f"- {r['name']}: {r['note']}" for r in d["rows"]
+             if r.get("note") and (r["name"].startswith("(f)") or "headline" in r["name"])]
+    table = md(["benchmark", "ours", "reference", "ratio", "target", "met"], rows)
+    return head + "\n\n" + table + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+@table("headline-benchmarks")
+def headline_benchmarks() -> str:
+    """The headline benchmark rows on each machine that measured them."""
+    rows = []
+    for name in ("results.json", "results_gpu.json"):
+        path = committed.BENCHMARKS / name
+        if not path.exists():
+            continue
+        d = json.loads(path.read_text())
+        m = d.get("machine", {})
+        machine = f"{m.get('cpu_count', '?')}-core CPU" if m.get("backend") == "cpu" else m.get("device_kind", "?")
+        for r in d.get("rows", []):
+            if r["name"].startswith(("(c) headline: 100 sweeps", "(d) DecoupledMLP")):
+                unit = r.get("unit", "s")
+                met = {True: "yes", False: "**no**", None: "—"}[r.get("passed")]
+                rows.append([r["name"], machine, bench_value(r.get("ours"), unit),
+                             bench_value(r.get("reference"), unit), str(r.get("target") or "—"), met])
+    if not rows:
+        return "_No benchmark result committed._"
+    return md(["benchmark", "machine", "ours", "reference", "target", "met"], rows)
+
+
+@table("refine-benchmark")
+def refine_benchmark_table() -> str:
+    """``benchmarks/refine.json``: the refinement stage against the decoupling, per MLP shape."""
+    path = committed.BENCHMARKS / "refine.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/refine.py`)."
+    d = json.loads(path.read_text())
+    rows = []
+    for r in d["rows"]:
+        m = re.search(r"refinement(?P<how> \(full batch\))? / decoupling, (?P<what>.*?) \((?P<shape>[^)]*)\)", r["name"])
+        what, shape = (m["what"] + (", full batch" if m["how"] else ", default (minibatches of 512)"),
+                       m["shape"]) if m else (r["name"], "")
+        ratio_ = "—" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+        rows.append([what, shape, bench_value(r.get("ours"), "s"), bench_value(r.get("reference"), "s"), ratio_,
+                     str(r.get("target") or "—").replace("<=", "≤"),
+                     {True: "yes", False: "**no**", None: "—"}[r.get("passed")]])
+    head = (source_line(d) + f" Device: {d.get('device', '?')}; median of the timed repeats, the two stages "
+            "timed alternately, compiled.")
+    return "\n".join([head, "", md(["MLP", "shape", "refine", "decouple", "ratio", "target", "met"], rows)])
+
+
+source("bench", "results.json", Benchmark, folder="benchmarks")
+source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
+source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
