@@ -126,9 +126,11 @@ _STEPS = ("CMTF (1)", "FT (1)", "CMTF (2)", "FT (2)", "CMTF (3)", "FT (3)")
 def _paper_tables() -> dict:
     """``{(model, "cifar10"): {"FB": {step: {basis: (mean, std)}}, "BF": {...}, "original": accuracy}}``."""
     tables = json.loads(pathlib.Path(__file__).with_name("paper_cifar10.json").read_text())
-    return {(model, "cifar10"): {**{order: {s: {b: tuple(cell) for b, cell in zip(BASES, row, strict=True)}
-                                            for s, row in zip(_STEPS, t[order], strict=True)} for order in ("FB", "BF")},
-                                 "original": t["original"]} for model, t in tables.items()}
+    def steps(rows: list) -> dict:
+        return {s: {b: tuple(cell) for b, cell in zip(BASES, row, strict=True)} for s, row in zip(_STEPS, rows, strict=True)}
+
+    return {(model, "cifar10"): {"FB": steps(t["FB"]), "BF": steps(t["BF"]), "original": t["original"]}
+            for model, t in tables.items()}
 
 
 PAPER = _paper_tables()

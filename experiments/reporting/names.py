@@ -15,7 +15,7 @@ def row_name(row: dict) -> str:
 
 
 DISPLAY = {"bsd-warm": "B-spline (warm start)", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto",
-            "svd": "SVD", "drone": "DRONE"}
+           "svd": "SVD", "drone": "DRONE"}
 
 
 def display(method: str) -> str:
@@ -24,7 +24,7 @@ def display(method: str) -> str:
 
 
 PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B-spline decoupling (old defaults)",
-                "prune": "pruning", "auto": "`auto`", "svd": "SVD", "drone": "DRONE"}
+               "prune": "pruning", "auto": "`auto`", "svd": "SVD", "drone": "DRONE"}
 
 
 def prose_name(method: str) -> str:

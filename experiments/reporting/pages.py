@@ -87,11 +87,13 @@ def main(argv=None) -> int:
                                 "with <!-- from SOURCE -->")
         for p in problems:
             print(p, file=sys.stderr)
-        print(f"report check: {len(problems)} problem(s) in {len(committed.result_files())} results and {len(targets)} pages "
-              f"({count_figs} generated figures in prose): {', '.join(str(p.relative_to(committed.ROOT)) for p in targets)}")
+        listed = ", ".join(str(p.relative_to(committed.ROOT)) for p in targets)
+        print(f"report check: {len(problems)} problem(s) in {len(committed.result_files())} results and "
+              f"{len(targets)} pages ({count_figs} generated figures in prose): {listed}")
         return 1 if problems else 0
     for path, (text, new) in rendered.items():
         if new != text:
             path.write_text(new)
-        print(f"{path.relative_to(committed.ROOT)}: {len(BLOCK.findall(text))} generated blocks, {len(figures(text))} figures")
+        print(f"{path.relative_to(committed.ROOT)}: {len(BLOCK.findall(text))} generated blocks, "
+              f"{len(figures(text))} figures")
     return 0

@@ -154,8 +154,8 @@ def fidelity_table() -> str:
             continue
         rows = [r for r in d["rows"] if r["seeds"]]
         table = md(["ρ", "method", "top-1 % (test)", "rel. logit error (test inputs)", "KL (test inputs)",
-                     "agreement % (test inputs)", "rel. logit error (held-out train)", "top-1 % (held-out train)",
-                     "kept per block"],
+                    "agreement % (test inputs)", "rel. logit error (held-out train)", "top-1 % (held-out train)",
+                    "kept per block"],
                     [[f"{r['reduction']:g}", row_name(r), cell(r, "test_accuracy", 2),
                       cell(r, "test_relative_error", 4), cell(r, "test_kl", 4), cell(r, "test_agreement", 2),
                       cell(r, "heldout_train_relative_error", 4), cell(r, "heldout_train_accuracy", 2),
@@ -225,8 +225,8 @@ def allocation_table() -> str:
 @table("headline-comparison")
 def headline_comparison(reduction: float = 0.5) -> str:
     """Claim (1) at one budget: top-1 of B-spline, SVD and DRONE on both models."""
-    models = [(title, committed.load(name)) for name, title in (("comparison.json", "DeiT / USPS"),
-                                                       ("comparison_vit_fashion-mnist.json", "ViT / Fashion-MNIST"))]
+    pairs = (("comparison.json", "DeiT / USPS"), ("comparison_vit_fashion-mnist.json", "ViT / Fashion-MNIST"))
+    models = [(title, committed.load(name)) for name, title in pairs]
     models = [(t, d) for t, d in models if d is not None]
     if not models:
         return "_No comparison result committed._"

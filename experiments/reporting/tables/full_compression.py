@@ -88,7 +88,7 @@ def fb_bf_table() -> str:
             rows.append([capture, basis.replace("nu=", "ν="), pm(fb["mean"], fb["std"]), pm(bf["mean"], bf["std"]),
                          f"{v['mean_diff']:+.2f}", pval(v["p_ttest"]), pval(v["p_sign"]), v["verdict"]])
     out.append(md(["capture", "basis", "FB final %", "BF final %", "BF − FB", "t-test p", "sign p", "verdict"],
-                   rows))
+                  rows))
     return "\n".join(out)
 
 
@@ -161,7 +161,7 @@ def cifar10_table(model: str) -> str:
         out += ["", f"The paper's fine-tuning budget ({budget['plan']['epochs']} epochs on "
                 f"{budget['train_images']:,} images per step), final accuracy:", "", source_line(budget), "",
                 md(["basis", "seeds", "FB final %", "BF final %", "BF − FB", "FB, our budget", "BF, our budget"],
-                    rows)]
+                   rows)]
     return "\n".join(out)
 
 

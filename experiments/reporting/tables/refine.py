@@ -109,7 +109,7 @@ def refine_main_table() -> str:
                 + " at the same ρ (the B-spline rows: the old-default decoupling, `bsd`, fine-tuned) and the refined "
                 "mean minus the fine-tuned one (separate studies: not paired).", "", source_line(d), "",
                 md(["ρ", "method", "seeds", "no refinement", f"refined ({REFINE_STEPS} steps)", "gain",
-                     ft_head, "refined − fine-tuned"], rows), ""]
+                    ft_head, "refined − fine-tuned"], rows), ""]
     return "\n".join(out).rstrip()
 
 
@@ -145,8 +145,8 @@ def refine_verdicts_table() -> str:
                          _verdict_paired(v)])
         out += [f"**{title}** (original {d['accuracy_original']:.2f} %), every method refined ({REFINE_STEPS} steps):",
                 "", md(["ρ", "best refined method", "its gap to the original, points", "issue 37's bound (ρ = 0.5)",
-                         "auto − max(B-spline, pruning)", f"auto ≥ max − {AUTO_MARGIN:g} or p ≥ 0.05",
-                         "B-spline beats pruning (Δ = B-spline − pruning)"], rows), ""]
+                        "auto − max(B-spline, pruning)", f"auto ≥ max − {AUTO_MARGIN:g} or p ≥ 0.05",
+                        "B-spline beats pruning (Δ = B-spline − pruning)"], rows), ""]
     return "\n".join(out).rstrip()
 
 
@@ -261,8 +261,8 @@ def refine_targets_table() -> str:
                       f"target with the default loop (minibatches of {REFINE_BATCH} tokens), 300 and 1000 steps.",
                       "", source_line(d), "",
                       md(["method", "ρ", "no refinement", "local target", "consistent target",
-                           "consistent beats local", f"consistent, {REFINE_BATCH}-token batches, 300 steps",
-                           "… 1000 steps"], rows)])
+                          "consistent beats local", f"consistent, {REFINE_BATCH}-token batches, 300 steps",
+                          "… 1000 steps"], rows)])
 
 
 @table("refine-lm")
@@ -293,7 +293,7 @@ def refine_lm_table() -> str:
                       "the fine-tuned setting, are in [the LM table](#a-character-language-model-with-gated-mlps-issue-23).",
                       "", source_line(d), "",
                       md(["ρ", "B-spline", "B-spline refined", "gain", "pruning", "pruning refined", "gain",
-                           "refined B-spline lower bpc"], rows)])
+                          "refined B-spline lower bpc"], rows)])
 
 
 def _title(study: "Study") -> str:

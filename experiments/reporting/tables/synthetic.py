@@ -108,7 +108,7 @@ def synthetic_tables() -> str:
             statuses = ", ".join(f"{k} {v}" for k, v in r["status_counts"].items())
             rows.append([name.replace("nu", "ν"), s, *cells, statuses])
     out.append(md(["method", "restarts", "held-out e₁ / e₂ / mean %", "outside e₁ / e₂ / mean %",
-                    "restart statuses (all draws)"], rows))
+                   "restart statuses (all draws)"], rows))
     return "\n".join(out)
 
 
