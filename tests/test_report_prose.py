@@ -181,6 +181,16 @@ def test_formatters():
     assert v.verdict == "holds" and v.d == "+0.22" and v.pv == "p = 0.022"
 
 
+def test_a_table_or_figure_source_registered_twice_is_refused():
+    """Each module of ``experiments/reporting/tables`` registers its own tables and figure sources
+    (a new study is a new module); a name two modules claim must fail, not let one shadow the other."""
+    with pytest.raises(ValueError, match="table 'comparison' is registered twice"):
+        report.registry.table("comparison")(lambda: "")
+    with pytest.raises(ValueError, match="figure source 'cmp_vit' is registered twice"):
+        report.registry.source("cmp_vit", "other.json", report.Study)
+    assert report.TABLES["comparison"] is report.comparison_table and report.SOURCES["cmp_vit"] == PERTURBED
+
+
 def test_a_bad_expression_names_itself():
     with pytest.raises(ValueError, match="cmp_vit.nothing"):
         report.render("x <!-- fig cmp_vit.nothing -->1<!-- /fig --> y\n")
