@@ -102,13 +102,13 @@ def refine_main_table() -> str:
                    else "fine-tuned with labels")
         out += [f"**{title}**, no labels (original {d['accuracy_original']:.2f} %; mean ± std over the seeds shown: "
                 "calibration images and solver key). Refined = every replacement trained for "
-                f"{REFINE_STEPS} Adam steps towards the original MLP's outputs on its calibration tokens as it is "
+                f"{REFINE_STEPS} full-batch Adam steps towards the original MLP's outputs (the local target) on its calibration tokens as it is "
                 "built, the best step on held-out tokens kept. Gain = refined − unrefined, paired over seeds (t-test). "
                 "Beside it the committed comparison with label fine-tuning"
                 + ("" if c is None else f" (`{c['provenance']['command']}`)" if c.get("provenance") else "")
                 + " at the same ρ (the B-spline rows: the old-default decoupling, `bsd`, fine-tuned) and the refined "
                 "mean minus the fine-tuned one (separate studies: not paired).", "", source_line(d), "",
-                md(["ρ", "method", "seeds", "no refinement", f"refined ({REFINE_STEPS} steps)", "gain",
+                md(["ρ", "method", "seeds", "no refinement", f"refined ({REFINE_STEPS} full-batch steps, local target)", "gain",
                     ft_head, "refined − fine-tuned"], rows), ""]
     return "\n".join(out).rstrip()
 
@@ -143,7 +143,7 @@ def refine_verdicts_table() -> str:
             rows.append([f"{rho:g}", f"{display(split_refine(best)[0])} ({s.mean(best, rho):.2f} %)",
                          f"{sgn(gap)}", bound_cell, *auto_cells,
                          _verdict_paired(v)])
-        out += [f"**{title}** (original {d['accuracy_original']:.2f} %), every method refined ({REFINE_STEPS} steps):",
+        out += [f"**{title}** (original {d['accuracy_original']:.2f} %), every method refined ({REFINE_STEPS} full-batch steps, local target):",
                 "", md(["ρ", "best refined method", "its gap to the original, points", "issue 37's bound (ρ = 0.5)",
                         "auto − max(B-spline, pruning)", f"auto ≥ max − {AUTO_MARGIN:g} or p ≥ 0.05",
                         "B-spline beats pruning (Δ = B-spline − pruning)"], rows), ""]
