@@ -53,7 +53,8 @@ def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(
     assert report.params_after == plain_report.params_after <= (1 - 0.4) * report.params_before
     for r, p in zip(report.mlps, plain_report.mlps):
         assert r.refine is not None and p.refine is None
-        assert r.refine["error_after"] <= r.refine["error_before"]
+        # (error_after <= error_before holds by construction; the held-out errors themselves are
+        # recomputed in test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_reported)
         # the report describes the module returned: output_error refined, the built one beside it
         assert r.refine["output_error_built"] == p.output_error
         assert 0 <= r.refine["steps_kept"] <= 40
@@ -76,6 +77,7 @@ def test_the_reported_heldout_error_is_that_of_the_returned_module(batch_size):
                                        ffn.out.bias[...], "gelu", k, X[:50], Y[:50])
     config = jb.Refine(steps=60, learning_rate=3e-3, holdout=0.25, batch_size=batch_size)
     key = jax.random.key(9)
+    given = [np.array(v) for v in jax.tree.leaves(nnx.state(pruned))]
     refined, info = refine_mod.refine_module(pruned, X, Y, config, key)
     # the same split: a permutation of the tokens, the first quarter held out
     order = np.asarray(jax.random.permutation(key, X.shape[0]))
@@ -90,8 +92,10 @@ def test_the_reported_heldout_error_is_that_of_the_returned_module(batch_size):
     np.testing.assert_allclose(info["error_after"], rel(refined), rtol=1e-4)
     assert info["error_after"] < 0.9 * info["error_before"]  # fitted on 50 tokens only: room to improve
     assert isinstance(refined, jb.baselines.PrunedMLP) and count_params(refined) == count_params(pruned)
-    # the module given is not changed
-    np.testing.assert_array_equal(np.asarray(pruned(X)), np.asarray(pruned(X)))
+    # the module given is not changed (its variables as before), the one returned is
+    for before, after in zip(given, jax.tree.leaves(nnx.state(pruned)), strict=True):
+        np.testing.assert_array_equal(before, np.asarray(after))
+    assert not all(np.array_equal(a, np.asarray(b)) for a, b in zip(given, jax.tree.leaves(nnx.state(refined))))
 
 
 def test_a_diverging_refinement_keeps_the_replacement_as_built():
@@ -227,3 +231,111 @@ def test_the_loop_lowers_for_gpus_as_one_device_loop(batch, eval_every):
     text = jax.export.export(jax.jit(loop), platforms=("cuda",))(params, X, ffn(X)).mlir_module()
     assert len(re.findall(r"stablehlo\.while", text)) == 1
     assert (len(re.findall(r"stablehlo\.case", text)) >= 1) == (eval_every > 1)
+
+
+# ------------------------------------------------- the engine keeps what it reports (mutation-tested)
+
+
+def _spy_on_refinement(monkeypatch):
+    """Record the tokens, targets and key each refinement of the engine is given (the real
+    refinement still runs): the tests below recompute what it must have done from these."""
+    from jaxbsd.compression import engine
+
+    calls = []
+    real = engine.refine_module
+
+    def spy(module, X, Y, config, key):
+        calls.append(dict(X=np.asarray(X, np.float64), Y=np.asarray(Y, np.float64), key=key, config=config))
+        return real(module, X, Y, config, key)
+
+    monkeypatch.setattr(engine, "refine_module", spy)
+    return calls
+
+
+def _heldout(call, tokens_heldout):
+    """The held-out tokens and targets of a refinement: the first ``tokens_heldout`` of the key's permutation."""
+    order = np.asarray(jax.random.permutation(call["key"], call["X"].shape[0]))[:tokens_heldout]
+    return call["X"][order], call["Y"][order]
+
+
+def _relative(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return np.sum((out - ref) ** 2) / np.sum(ref ** 2)
+
+
+def test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_reported(monkeypatch):
+    """The held-out error of the module *in the model*, recomputed here in numpy on the split the
+    refinement drew, is the reported ``error_after``, and it is well below that of the replacement
+    as built (``refine=None``): an engine that kept the built module while reporting a refinement fails."""
+    d, h = 12, 32
+    x = _calibration(d, seed=6)
+    kw = dict(mlps=["ffns.0"], reduction=0.5, method="svd", key=jax.random.key(2))  # svd: not fitted to the tokens
+    calls = _spy_on_refinement(monkeypatch)
+    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=jb.Refine(steps=60, learning_rate=3e-3),
+                                      **kw)
+    built, _ = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=None, **kw)
+    (info,) = [r.refine for r in report.mlps]
+    (call,) = calls
+    assert call["X"].shape[0] == x.shape[0] * x.shape[1]  # every calibration token, train and held out
+    X_held, Y_held = _heldout(call, info["tokens_heldout"])
+    in_model, as_built = _relative(model.ffns[0](X_held), Y_held), _relative(built.ffns[0](X_held), Y_held)
+    np.testing.assert_allclose(info["error_after"], in_model, rtol=1e-4)
+    np.testing.assert_allclose(info["error_before"], as_built, rtol=1e-4)
+    assert info["steps_kept"] > 0 and in_model < 0.9 * as_built
+
+
+@pytest.mark.parametrize("target", ["local", "consistent"])
+def test_each_target_is_recomputed_from_the_original_model(monkeypatch, target):
+    """Front to back, the second MLP is fed the inputs the first replacement gives it. Its targets,
+    recomputed in numpy: ``"local"`` = the original second MLP on those inputs; ``"consistent"`` =
+    the original model's second-MLP outputs on the same calibration token (matched by the token's
+    drifted input). The two differ on every token here, so swapping them fails."""
+    d, h = 12, 32
+    x = _calibration(d, seed=7)
+    calls = _spy_on_refinement(monkeypatch)
+    model, _ = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, mlps=["ffns.0", "ffns.1"], reduction=0.5,
+                                 method="prune", order="front-to-back", key=jax.random.key(0),
+                                 refine=jb.Refine(steps=2, target=target))
+    original = Net(d, h, 2, nnx.Rngs(0))
+    tokens = np.asarray(x, np.float64).reshape(-1, d)
+    f0 = lambda ffn: np.asarray(ffn(jnp.asarray(tokens, x.dtype)), np.float64)  # noqa: E731
+    drifted = tokens + f0(model.ffns[0])          # what ffns.1 is fed once ffns.0 is replaced
+    undrifted = tokens + f0(original.ffns[0])     # what it was fed in the original model
+    consistent = np.asarray(original.ffns[1](jnp.asarray(undrifted, x.dtype)), np.float64)
+    X, Y = calls[1]["X"], calls[1]["Y"]
+    local = np.asarray(original.ffns[1](jnp.asarray(X, x.dtype)), np.float64)
+    # each refinement token is one calibration token's drifted input
+    match = np.argmin(((X[:, None, :] - drifted[None, :, :]) ** 2).sum(-1), axis=1)
+    np.testing.assert_allclose(X, drifted[match], rtol=1e-5, atol=1e-6)
+    assert len(set(match.tolist())) == X.shape[0]
+    expected, other = (local, consistent[match]) if target == "local" else (consistent[match], local)
+    np.testing.assert_allclose(Y, expected, rtol=1e-5, atol=1e-6)
+    assert np.min(np.abs(Y - other).max(axis=1)) > 1e-3  # the other target is far on every token
+    # the first MLP's inputs have not drifted: both targets are its original outputs there
+    np.testing.assert_allclose(calls[0]["Y"], np.asarray(original.ffns[0](jnp.asarray(calls[0]["X"], x.dtype))),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch, eval_every, steps", [(None, 1, 12), (16, 1, 30), (16, 3, 30), (16, 5, 30)])
+def test_the_step_kept_is_the_best_evaluated_one(batch, eval_every, steps):
+    """A learning rate large enough that the held-out error falls, then rises: the step kept is the
+    argmin of the evaluated steps' held-out errors (not the last evaluated, not a step between), and
+    the held-out error of the parameters returned, recomputed in numpy, is that minimum."""
+    d, h = 6, 12
+    ffn = FFN(d, h, nnx.Rngs(1))
+    X = jax.random.normal(jax.random.key(5), (80, d), jnp.float32)
+    Y = ffn(X) + 0.05 * jax.random.normal(jax.random.key(6), (80, d), jnp.float32)
+    start = FFN(d, h, nnx.Rngs(2))  # another MLP: far from Y, so the first steps help
+    graphdef, params, rest = nnx.split(start, nnx.Param, ...)
+    best, errs, best_i = refine_mod._refine_loop(graphdef, params, rest, X[20:], Y[20:], X[:20], Y[:20],
+                                                 jnp.float32(0.3), jax.random.key(0), steps=steps, batch=batch,
+                                                 eval_every=eval_every)
+    errs, best_i = np.asarray(errs, np.float64), int(best_i)
+    evaluated = [0, *(t for t in range(1, steps + 1) if t % eval_every == 0 or t == steps)]
+    assert np.all(np.isfinite(errs[evaluated]))
+    assert np.all(np.isinf(np.delete(errs, evaluated)))
+    assert best_i == evaluated[int(np.argmin(errs[evaluated]))]
+    assert 0 < best_i < evaluated[-1]  # the case that matters: neither the start nor the last evaluated
+    held = _relative(nnx.merge(graphdef, best, rest)(X[:20]), Y[:20])
+    np.testing.assert_allclose(held, errs[best_i], rtol=1e-4)
+    np.testing.assert_allclose(held, min(errs[evaluated]), rtol=1e-4)
