@@ -108,6 +108,11 @@ PLANTS = [
     ("jaxbsd.train", "jaxbsd.cli.args", {"cli", "layers"}),
     ("jaxbsd.data", "jaxbsd.checkpoint", {"layers"}),
     ("benchmarks.common", "benchmarks.run", {"benchmarks-layers", "acyclic"}),
+    # the engine's own layers: upward, and between the independent modules of one layer
+    ("jaxbsd.compression.sites", "jaxbsd.compression.engine", {"compression-layers"}),
+    ("jaxbsd.compression.methods.prune", "jaxbsd.compression.refine", {"compression-layers"}),
+    ("jaxbsd.compression.refine", "jaxbsd.compression.budget", {"compression-layers"}),
+    ("jaxbsd.compression.surgery", "jaxbsd.compression.specs", {"compression-layers"}),
 ]
 
 

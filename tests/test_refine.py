@@ -339,3 +339,75 @@ def test_the_step_kept_is_the_best_evaluated_one(batch, eval_every, steps):
     held = _relative(nnx.merge(graphdef, best, rest)(X[:20]), Y[:20])
     np.testing.assert_allclose(held, errs[best_i], rtol=1e-4)
     np.testing.assert_allclose(held, min(errs[evaluated]), rtol=1e-4)
+
+
+# ------------------------------------------------------------------ paths the suite did not reach
+
+
+def test_fewer_than_two_tokens_skip_the_refinement_and_say_so():
+    """One calibration token: nothing to hold out, the replacement stays exactly as built."""
+    d, h = 8, 16
+    x = jax.random.normal(jax.random.key(3), (1, 1, d), jnp.float32)
+    kw = dict(mlps=["ffns.0"], ranks={"ffns.0": 2}, method="svd", key=jax.random.key(0))
+    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=jb.Refine(steps=5), **kw)
+    built, _ = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=None, **kw)
+    info = report.mlps[0].refine
+    assert info["steps"] == 0 and info["steps_kept"] == 0 and info["skipped"].startswith("1 calibration token")
+    probe = jax.random.normal(jax.random.key(4), (5, d), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(model.ffns[0](probe)), np.asarray(built.ffns[0](probe)))
+
+
+def test_max_tokens_draws_that_many_tokens_at_random():
+    """``max_tokens=50`` of 200: 50 tokens split 40 / 10, the held-out ones the first 10 of the key's
+    permutation of all 200 (the reported error before refinement, recomputed here, says which)."""
+    d, h = 10, 24
+    ffn = FFN(d, h, nnx.Rngs(3))
+    X = jax.random.normal(jax.random.key(4), (200, d), jnp.float32)
+    Y = ffn(X) + 0.1
+    key = jax.random.key(11)
+    _, info = refine_mod.refine_module(ffn, X, Y, jb.Refine(steps=3, max_tokens=50), key)
+    assert (info["tokens_train"], info["tokens_heldout"]) == (40, 10)
+    held = np.asarray(jax.random.permutation(key, 200))[:10]
+    np.testing.assert_allclose(info["error_before"], _relative(ffn(X[held]), Y[held]), rtol=1e-4)
+    assert not np.isclose(info["error_before"], _relative(ffn(X[:10]), Y[:10]), rtol=1e-3)
+
+
+@pytest.mark.slow  # a decoupling compiled for this test (~25 s alone, more on a loaded machine)
+def test_auto_judges_its_candidates_once_refined():
+    """``method="auto"`` refines both candidates, then judges them by the whole model: the judged
+    error of the one kept, recomputed here in numpy from the returned model against the original,
+    is the one the report gives (a judge of the unrefined candidates would give another)."""
+    d, h = 12, 32
+    x = _calibration(d, seed=8)
+    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method="auto",
+                                      config=FAST, key=jax.random.key(1), refine=jb.Refine(steps=40))
+    auto = report.mlps[0].auto
+    kept, other = auto["kept"], {"bsd": "prune", "prune": "bsd"}[auto["kept"]]
+    assert auto[kept]["refine"]["steps_kept"] > 0 and auto[other]["refine"]["steps"] == 40
+    recomputed = _relative(model(x), Net(d, h, 1, nnx.Rngs(0))(x))
+    np.testing.assert_allclose(auto[kept]["model_output_error"], recomputed, rtol=1e-4)
+    assert auto[kept]["model_output_error"] <= auto[other]["model_output_error"]
+
+
+def test_the_greedy_allocation_builds_again_where_the_method_refines_its_candidates():
+    """Greedy builds candidates on the original model, and step 1 reuses the one of its rank; a
+    method that refines its candidates inside ``build`` must build (and refine) again instead."""
+    from jaxbsd.compression.methods import Prune
+
+    class RefiningPrune(Prune):
+        refines_candidates = True
+
+        def build(self, site, rank, key, *, judge=None, refine=None):
+            module, info = super().build(site, rank, key)
+            if refine is not None:
+                module, info["refine"] = refine(module)
+            return module, info
+
+    d, h = 12, 32
+    x = _calibration(d, seed=9)
+    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4,
+                                      method=RefiningPrune(), allocation="greedy", key=jax.random.key(1),
+                                      refine=jb.Refine(steps=5))
+    assert report.allocation == "greedy"
+    (mlp,) = report.mlps  # step 1: its greedy build was not reused as is
+    assert mlp.refine is not None and mlp.refine["steps"] == 5 and "error_after" in mlp.refine
