@@ -5,6 +5,8 @@ module and the same split; the structure and parameter count of every replacemen
 with an unrefined run; the compile count is read from the loop's trace counter.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,6 +144,21 @@ def test_minibatches_are_evaluated_on_schedule_and_never_raise_the_heldout_error
     assert info["steps_kept"] % every == 0 or info["steps_kept"] == steps
 
 
+def test_a_batch_of_all_the_training_tokens_is_the_full_batch():
+    """``batch_size`` = the training tokens (150) is the full-batch loop, bit for bit, not 150 draws
+    with replacement."""
+    d, h = 10, 24
+    ffn = FFN(d, h, nnx.Rngs(7))
+    X = jax.random.normal(jax.random.key(8), (200, d), jnp.float32)
+    Y = ffn(X) + 0.1
+    runs = [refine_mod.refine_module(ffn, X, Y, jb.Refine(steps=8, holdout=0.25, batch_size=b, learning_rate=1e-2),
+                                     jax.random.key(1)) for b in (None, 150)]
+    (full, full_info), (same, same_info) = runs
+    assert full_info == {**same_info, "seconds": full_info["seconds"]} and full_info["steps_kept"] > 0
+    for a, b in zip(jax.tree.leaves(nnx.state(full)), jax.tree.leaves(nnx.state(same)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_minibatch_steps_draw_every_training_token():
     """Over 40 steps of 16 tokens from 60 every training token is drawn at least once: a target far
     off on any one of them changes the refined module (same key, so the same draws otherwise)."""
@@ -163,6 +180,14 @@ def test_minibatch_steps_draw_every_training_token():
         Y_off[i] += 1e3
         moved, _ = refine_mod.refine_module(ffn, X, Y_off, config, key)
         assert not np.allclose(params(moved), params(base))
+    # ... and no held-out token is trained on: a held-out target moved a little (the same step kept)
+    # leaves the refined parameters bit for bit
+    for i in (order[0], order[19]):
+        Y_off = Y.copy()
+        Y_off[i] += 1e-2
+        moved, moved_info = refine_mod.refine_module(ffn, X, Y_off, config, key)
+        assert moved_info["steps_kept"] == info["steps_kept"]
+        np.testing.assert_array_equal(params(moved), params(base))
 
 
 @pytest.mark.parametrize("bad", [dict(steps=-1), dict(learning_rate=0.0), dict(holdout=1.0), dict(target="labels"),
@@ -190,10 +215,24 @@ def test_compress_model_refines_by_default_and_none_turns_it_off():
         np.testing.assert_allclose(report.mlps[0].output_error, np.sum((out - ref) ** 2) / np.sum(ref ** 2), rtol=1e-4)
 
 
-def test_compress_model_checks_refine():
-    with pytest.raises(ValueError, match="refine"):
+@pytest.mark.parametrize("bad, hint", [(300, r"Refine\(steps=300\)"), ("yes", "None or False"), (0.5, "None or False")])
+def test_compress_model_checks_refine_and_says_how_to_turn_it_off(bad, hint):
+    with pytest.raises(ValueError, match="^refine must be") as err:
         jb.compress_model(Net(8, 16, 1, nnx.Rngs(0)), _calibration(8), mlps=["ffns.0"], reduction=0.3,
-                          method="prune", key=jax.random.key(0), refine=300)
+                          method="prune", key=jax.random.key(0), refine=bad)
+    assert "None or False to turn it off" in str(err.value)
+    assert re.search(hint, str(err.value)), str(err.value)
+
+
+def test_refine_true_and_false_are_the_default_refinement_and_none():
+    d, h = 8, 16
+    x = _calibration(d, seed=10)
+    kw = dict(mlps=["ffns.0"], reduction=0.3, method="prune", key=jax.random.key(0))
+    reports = {str(r): jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=r, **kw)[1].mlps[0].refine
+               for r in (True, False, None, jb.Refine())}
+    assert reports["False"] is None and reports["None"] is None
+    same = lambda info: {k: v for k, v in info.items() if k != "seconds"}  # noqa: E731
+    assert same(reports["True"]) == same(reports[str(jb.Refine())]) and reports["True"]["steps"] == 300
 
 
 def test_consistent_target_follows_the_original_model_where_inputs_drift():
@@ -316,7 +355,8 @@ def test_each_target_is_recomputed_from_the_original_model(monkeypatch, target):
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("batch, eval_every, steps", [(None, 1, 12), (16, 1, 30), (16, 3, 30), (16, 5, 30)])
+@pytest.mark.parametrize("batch, eval_every, steps", [(None, 1, 12), (16, 1, 30), (16, 3, 30), (16, 5, 30),
+                                                       (16, 7, 30)])  # 7, 14, 21, 28 and the last, 30
 def test_the_step_kept_is_the_best_evaluated_one(batch, eval_every, steps):
     """A learning rate large enough that the held-out error falls, then rises: the step kept is the
     argmin of the evaluated steps' held-out errors (not the last evaluated, not a step between), and
@@ -358,18 +398,18 @@ def test_fewer_than_two_tokens_skip_the_refinement_and_say_so():
 
 
 def test_max_tokens_draws_that_many_tokens_at_random():
-    """``max_tokens=50`` of 200: 50 tokens split 40 / 10, the held-out ones the first 10 of the key's
+    """``max_tokens=53`` of 200: 53 tokens split 42 / 11, the held-out ones the first 11 of the key's
     permutation of all 200 (the reported error before refinement, recomputed here, says which)."""
     d, h = 10, 24
     ffn = FFN(d, h, nnx.Rngs(3))
     X = jax.random.normal(jax.random.key(4), (200, d), jnp.float32)
     Y = ffn(X) + 0.1
     key = jax.random.key(11)
-    _, info = refine_mod.refine_module(ffn, X, Y, jb.Refine(steps=3, max_tokens=50), key)
-    assert (info["tokens_train"], info["tokens_heldout"]) == (40, 10)
-    held = np.asarray(jax.random.permutation(key, 200))[:10]
+    _, info = refine_mod.refine_module(ffn, X, Y, jb.Refine(steps=3, max_tokens=53), key)
+    assert (info["tokens_train"], info["tokens_heldout"]) == (42, 11)  # 0.2 * 53 = 10.6 held out: 11
+    held = np.asarray(jax.random.permutation(key, 200))[:11]
     np.testing.assert_allclose(info["error_before"], _relative(ffn(X[held]), Y[held]), rtol=1e-4)
-    assert not np.isclose(info["error_before"], _relative(ffn(X[:10]), Y[:10]), rtol=1e-3)
+    assert not np.isclose(info["error_before"], _relative(ffn(X[:11]), Y[:11]), rtol=1e-3)
 
 
 @pytest.mark.slow  # a decoupling compiled for this test (~25 s alone, more on a loaded machine)
@@ -411,3 +451,26 @@ def test_the_greedy_allocation_builds_again_where_the_method_refines_its_candida
     assert report.allocation == "greedy"
     (mlp,) = report.mlps  # step 1: its greedy build was not reused as is
     assert mlp.refine is not None and mlp.refine["steps"] == 5 and "error_after" in mlp.refine
+
+
+@pytest.mark.parametrize("tokens, S, rank, expected", [
+    (4, None, 6, ("S = 4 sampling points for rank 6", "in-sample: all 4 calibration token(s)")),
+    (40, 4, 6, ("S = 4 sampling points for rank 6",)),
+    (40, None, 6, ("in-sample: all 40 calibration token(s)",)),
+    (40, 8, 6, ()),
+])
+def test_a_decoupling_the_samples_cannot_determine_says_so(tokens, S, rank, expected):
+    """Fewer sampling points than units, or an output error measured on the samples only: the
+    decoupling's report notes it (the site alone decides; no solve needed)."""
+    from jaxbsd.compression.methods.bsd import sampling_notes
+    from jaxbsd.compression.sites import make_site
+
+    ffn = FFN(8, 16, nnx.Rngs(0))
+    X = jax.random.normal(jax.random.key(12), (tokens, 8), jnp.float32)
+    site = make_site("ffn", ffn, None, X, ffn(X), S, jax.random.key(0))
+    notes = sampling_notes(site, rank)
+    if not expected:
+        assert notes is None
+    for text in expected:
+        assert text in notes
+    assert ("sampling points for rank" in (notes or "")) == (site.X.shape[0] < rank)
