@@ -474,3 +474,16 @@ def test_a_decoupling_the_samples_cannot_determine_says_so(tokens, S, rank, expe
     for text in expected:
         assert text in notes
     assert ("sampling points for rank" in (notes or "")) == (site.X.shape[0] < rank)
+
+
+def test_the_report_has_a_short_summary():
+    d, h = 12, 32
+    x = _calibration(d, seed=4)
+    _, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method="prune",
+                                  key=jax.random.key(1), refine=jb.Refine(steps=10))
+    (mlp,) = report.mlps
+    text = report.summary()
+    assert str(report) == text and len(text.splitlines()) == 2
+    assert text.startswith(f"prune, uniform: {report.params_before:,} -> {report.params_after:,} parameters")
+    assert f"ffns.0: prune rank {mlp.rank}" in text and f"output error {mlp.output_error:.3g}" in text
+    assert f"(step {mlp.refine['steps_kept']} of 10)" in text
