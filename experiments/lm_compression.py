@@ -349,7 +349,7 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     try:
         model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=base,
-                                          config=solver_config(plan), num_samples=ctx["num_samples"][reduction],
+                                          config=solver_config(plan) if base in ("bsd", "auto") else None, num_samples=ctx["num_samples"][reduction],
                                           key=jax.random.key(seed), refine=refine)
     except ValueError as err:
         return common.save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)

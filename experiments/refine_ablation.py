@@ -39,6 +39,7 @@ where it is run, else read the table.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 
@@ -47,6 +48,8 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import training_free  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
+import comparison  # noqa: E402
+import refine_names  # noqa: E402
 
 STEPS = (50, 100, 300, 1000)
 STEP_METHODS = ("bsd-warm", "prune", *(f"{m}-ref{n}" for m in ("bsd-warm", "prune") for n in STEPS))
@@ -71,6 +74,79 @@ QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=("prune", "pr
              order="front-to-back")
 
 
+#: What each study varies: the x axis of its plot.
+VARIABLE = {"steps": "refinement steps (full batch, local target)", "targets": "refinement (target, steps, batch)",
+            "batch": "refinement (steps, tokens per step, learning rate)"}
+
+
+def _variant(method: str, study: str) -> str:
+    """The x-axis label of a method name's refinement (``"none"`` for the method as built)."""
+    r = refine_names.split_refine(method)
+    if not r.steps:
+        return "none" if study != "steps" else "0"
+    if study == "steps":
+        return str(r.steps)
+    parts = [r.target] if study == "targets" else []
+    parts += [f"{r.steps} steps", "full batch" if r.batch is None else f"batch {r.batch}"]
+    if study == "batch":
+        parts.append(f"lr {r.learning_rate or 1e-3:g}")
+    return "\n".join(parts)
+
+
+def _order(method: str):
+    r = refine_names.split_refine(method)
+    return (r.steps > 0, r.target, r.batch is not None, r.batch or 0, r.steps, r.learning_rate or 1e-3)
+
+
+def plot_study(rows: list[dict], path: pathlib.Path, acc_original: float, params_original: int, title: str,
+               study: str) -> None:
+    """The refinement study's plot: accuracy (mean ± std over seeds) against what the study varies
+    (steps; the target, steps and batch; the steps, batch and learning rate), one series per base
+    method with its own colour and marker, the original model's accuracy as a dashed line, the
+    legend below the axes (it covers no point) and room for every label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    bases = list(dict.fromkeys(refine_names.split_refine(r["method"]).base for r in ok))
+    labels = list(dict.fromkeys(_variant(r["method"], study) for r in sorted(ok, key=lambda r: _order(r["method"]))))
+    styles = [("tab:green", "o"), ("tab:red", "s"), ("tab:purple", "^"), ("tab:blue", "D"), ("tab:orange", "v")]
+    width = max(6.4, 1.0 * len(labels) + 2)
+    fig, ax = plt.subplots(figsize=(width, 4.6))
+    for k, base in enumerate(bases):
+        mine = {_variant(r["method"], study): r for r in ok if refine_names.split_refine(r["method"]).base == base}
+        xs = [i + (k - (len(bases) - 1) / 2) * 0.12 for i, lab in enumerate(labels) if lab in mine]
+        got = [mine[lab] for lab in labels if lab in mine]
+        colour, marker = styles[k % len(styles)]
+        ax.errorbar(xs, [r["accuracy_mean"] for r in got], yerr=[r["accuracy_std"] for r in got], color=colour,
+                    marker=marker, ms=6, capsize=3, lw=1.2, label=comparison.method_name(base))
+    ax.axhline(acc_original, color="k", lw=0.8, ls="--", label=f"original ({params_original:,} parameters)")
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlim(-0.5, len(labels) - 0.5)
+    ax.set_xlabel(VARIABLE[study])
+    ax.set_ylabel("top-1 test accuracy (%)")
+    ax.set_title(title, fontsize=9, wrap=True)
+    ax.grid(alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=len(bases) + 1, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def replot(path: pathlib.Path, study: str) -> None:
+    """Redraw ``<path>.png`` from the committed ``<path>`` (a study's JSON), computing nothing."""
+    result = json.loads(pathlib.Path(path).read_text())
+    seeds = max((r.get("seeds") or 0) for r in result["rows"])
+    kind, _, name = pathlib.Path(path).stem.removeprefix(f"refine_{study}_").partition("_")
+    plot_study(result["rows"], pathlib.Path(path).with_suffix(".png"), result["accuracy_original"],
+               result["params_original"], f"{kind} on {name}, training-free, ρ = "
+               f"{', '.join(f'{b:g}' for b in sorted({r['reduction'] for r in result['rows']}))}: accuracy against "
+               f"the refinement (mean ± std over {seeds} seeds, population std)", study)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     study = "steps"
@@ -78,6 +154,11 @@ def main(argv=None) -> int:
         i = argv.index("--study")
         study = argv[i + 1]
         del argv[i: i + 2]
+    if "--replot" in argv:  # python experiments/refine_ablation.py --study batch --replot RESULT.json
+        replot(pathlib.Path(argv[argv.index("--replot") + 1]), study)
+        return 0
+    if study in VARIABLE:  # the study's own plot instead of accuracy against parameters
+        comparison.plot = lambda rows, path, acc, params, title: plot_study(rows, path, acc, params, title, study)
     presets = {"steps": (STEPS_VIT, STEPS_DEIT), "targets": (TARGETS_VIT, TARGETS_DEIT), "main": (MAIN_VIT, MAIN_DEIT),
                "batch": (BATCH_VIT, BATCH_DEIT)}
     if study not in presets:

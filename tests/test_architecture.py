@@ -114,6 +114,11 @@ PLANTS = [
     ("experiments.reporting.tables.lm", "jax", {"reporting-no-jax"}),
     ("experiments.reporting.figures", "jaxbsd.fingerprint", {"reporting-no-jax"}),
     ("experiments.reporting.stale", "jaxbsd.io", {"reporting-no-jax"}),
+    # the engine's own layers: upward, and between the independent modules of one layer
+    ("jaxbsd.compression.sites", "jaxbsd.compression.engine", {"compression-layers"}),
+    ("jaxbsd.compression.methods.prune", "jaxbsd.compression.refine", {"compression-layers"}),
+    ("jaxbsd.compression.refine", "jaxbsd.compression.budget", {"compression-layers"}),
+    ("jaxbsd.compression.surgery", "jaxbsd.compression.specs", {"compression-layers"}),
 ]
 
 

@@ -397,6 +397,12 @@ def test_auto_meets_the_budget_with_both_candidates_in_one_share():
     [(dict(allocation="greedy"), "allocation"), (dict(warm_start=False), "warm_start"),
      (dict(method="svd", warm_start=True), "warm_start"), (dict(selection="best"), "selection"),
      (dict(auto_judge="logits"), "auto_judge"),
+     # options the method would ignore are refused, naming them
+     (dict(method="prune"), "^config=.*method 'prune' does not use it"),
+     (dict(method="prune", config=None, restarts=2), "^restarts=2: method 'prune'"),
+     (dict(method="svd", config=None, selection="objective"), "^selection='objective': method 'svd'"),
+     (dict(method="drone", config=None, auto_judge="block"), "^auto_judge='block': method 'drone'"),
+     (dict(method="bsd", auto_judge="block"), "^auto_judge='block': method 'bsd'"),
      (dict(mlp_specs=None, mlps=["layers.0"]), "mlp_specs"), (dict(reduction=0.99), "reduction")],
 )
 def test_auto_bad_arguments_raise(kwargs, match):

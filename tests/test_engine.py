@@ -177,16 +177,18 @@ def test_every_method_meets_the_budget_or_names_the_argument(setting, method, re
 @pytest.mark.parametrize("reduction", _reductions())
 def test_auto_works_wherever_bsd_and_prune_work(setting, reduction):
     kind, tokens = setting
-    if succeeded(kind, tokens, "bsd", reduction) and succeeded(kind, tokens, "prune", reduction):
-        P, model, report, err = outcome(kind, tokens, "auto", reduction)
-        assert err is None, err
-        (mlp,) = report.mlps
-        assert mlp.method == mlp.auto["kept"] in ("bsd", "prune")
-        assert count_params(model) <= (1 - reduction) * P
-        # Both candidates were built within the one share; the kept one is what is in place.
-        assert mlp.params_after == mlp.auto[mlp.method]["params"]
-        for candidate in ("bsd", "prune"):
-            assert mlp.auto[candidate]["params"] <= mlp.params_before
+    # Not a condition (a failing bsd or prune would let this test pass without a check): both must
+    # work on every case of the matrix (test_every_method_meets_the_budget_or_names_the_argument).
+    assert succeeded(kind, tokens, "bsd", reduction) and succeeded(kind, tokens, "prune", reduction)
+    P, model, report, err = outcome(kind, tokens, "auto", reduction)
+    assert err is None, err
+    (mlp,) = report.mlps
+    assert mlp.method == mlp.auto["kept"] in ("bsd", "prune")
+    assert count_params(model) <= (1 - reduction) * P
+    # Both candidates were built within the one share; the kept one is what is in place.
+    assert mlp.params_after == mlp.auto[mlp.method]["params"]
+    for candidate in ("bsd", "prune"):
+        assert mlp.auto[candidate]["params"] <= mlp.params_before
 
 
 @pytest.mark.parametrize("reduction", _reductions())
@@ -266,15 +268,22 @@ def test_fewer_samples_than_the_basis_dof_names_the_argument(tokens, num_samples
 
 
 #: Upper bounds on the relative output error ``‖Y − Ŷ‖² / ‖Y‖²`` of the matrix's runs on the
-#: many-token calibration (1.0 is replacing the MLP by zero), set from what was measured with a
-#: margin of about 3x; measured (two-layer / gated, ρ = 0.05, 0.2, 0.35, 0.6):
-#:   bsd   0.031 0.032 0.037 0.068 / 0.058 0.054 0.053 0.060
-#:   prune 1.5e-4 1.5e-3 9.8e-3 0.109 / 1.2e-4 2.6e-3 0.012 0.092
-#:   auto  what it kept: prune, except bsd at ρ = 0.6 (0.068 / 0.060)
+#: many-token calibration (1.0 is replacing the MLP by zero), about 2x what was measured (the default
+#: warm start and refinement on, ``FAST`` = 20 sweeps); measured (ρ = 0.05, 0.2, 0.35, 0.6):
+#:   bsd   two-layer 0.025 0.025 0.033 0.068   gated 0.015 0.017 0.031 0.053
+#:   prune two-layer 1.5e-4 1.5e-3 9.8e-3 0.047  gated 1.2e-4 2.6e-3 0.012 0.092
+#:   auto  what it kept: prune, except bsd on the gated MLP at ρ = 0.6 (0.053)
+#: A solver limited to one sweep gives (gated) 0.042 0.057 0.065 0.198 and fails the gated bounds at
+#: ρ = 0.05 and 0.6 (the fast cases); on the two-layer MLP the warm start (the pruned MLP) and the
+#: refinement make one sweep as good as 20 (0.021 0.027 0.028 0.063): no bound there can tell them
+#: apart, and test_a_planted_decoupling_is_found checks the solver itself.
 QUALITY_BOUNDS = {
-    "bsd": {0.05: 0.2, 0.2: 0.2, 0.35: 0.2, 0.6: 0.2},
-    "prune": {0.05: 1e-3, 0.2: 1e-2, 0.35: 0.04, 0.6: 0.3},
-    "auto": {0.05: 1e-3, 0.2: 1e-2, 0.35: 0.04, 0.6: 0.2},
+    "bsd": {"two-layer": {0.05: 0.05, 0.2: 0.05, 0.35: 0.065, 0.6: 0.13},
+            "gated": {0.05: 0.03, 0.2: 0.035, 0.35: 0.06, 0.6: 0.1}},
+    "prune": {"two-layer": {0.05: 3e-4, 0.2: 3e-3, 0.35: 0.02, 0.6: 0.1},
+              "gated": {0.05: 3e-4, 0.2: 5e-3, 0.35: 0.025, 0.6: 0.18}},
+    "auto": {"two-layer": {0.05: 3e-4, 0.2: 3e-3, 0.35: 0.02, 0.6: 0.1},
+             "gated": {0.05: 3e-4, 0.2: 5e-3, 0.35: 0.025, 0.6: 0.1}},
 }
 
 
@@ -296,7 +305,7 @@ def test_output_error_is_far_below_the_zero_replacement(kind, method, reduction)
     error = mlp_output_error(kind, model, calibration("many"))
     # The report's output_error is this one (its check tokens are all 128 calibration tokens).
     np.testing.assert_allclose(report.mlps[0].output_error, error, rtol=1e-3, atol=1e-7)
-    assert error < QUALITY_BOUNDS[method][reduction], (report.mlps[0].method, error)
+    assert error < QUALITY_BOUNDS[method][kind][reduction], (report.mlps[0].method, error)
 
 
 class TanhMLP(nnx.Module):

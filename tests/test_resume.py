@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import jaxbsd as jb
 from jaxbsd.checkpoint import read_checkpoint_header
 from jaxbsd.models import count_params
 
@@ -115,10 +116,11 @@ VARIANTS = {
 
 
 def run(state_dir=None, *, variant="bsd", reduction=0.3, finetune=None, resume=True, key=0,
-        calibration=calibration, model=None):
+        calibration=calibration, model=None, **options):
+    """``options``: more of ``compress_model``'s keywords (they win over the variant's)."""
     return jb.compress_model(Toy() if model is None else model, calibration(), mlps=PATHS, reduction=reduction, key=jax.random.key(key),
                              finetune=Finetune() if finetune is None else finetune, state_dir=state_dir,
-                             resume=resume, **VARIANTS[variant])
+                             resume=resume, **{**VARIANTS[variant], **options})
 
 
 def kill_during_save(where):
@@ -331,7 +333,13 @@ def test_another_configuration_is_refused_naming_state_dir_and_resume_false_star
     header = read_checkpoint_header(state_dir / "model")
     other_calibration = lambda: module.calibration() * 1.5  # noqa: E731
     # 0.29 instead of 0.3: the same decoupling rank (13), so nothing new to compile below.
-    for change in (dict(reduction=0.29), dict(key=1), dict(calibration=other_calibration), dict(variant="auto")):
+    # Every part of the identity, each changed alone (the run is refused before anything is built).
+    changes = (dict(reduction=0.29), dict(key=1), dict(calibration=other_calibration), dict(variant="auto"),
+               dict(refine=None), dict(refine=jb.Refine(steps=299)), dict(refine=jb.Refine(target="local")),
+               dict(order="front-to-back"), dict(order=list(module.PATHS)[::-1][1:] + [module.PATHS[-1]]),
+               dict(num_samples=40),
+               dict(config=jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=21)))
+    for change in changes:
         finetune = module.Finetune()
         with pytest.raises(ValueError, match=r"^state_dir\b.*different run"):
             module.run(state_dir, finetune=finetune, **change)

@@ -17,6 +17,8 @@ import re
 
 __all__ = [
     "CLIParser",
+    "DefaultsHelpFormatter",
+    "show_progress",
     "one_line",
     "positive_int",
     "nonnegative_int",
@@ -45,9 +47,26 @@ def one_line(message: object) -> str:
     return _UNSAFE_ADVICE.sub("", text).rstrip(" :;")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows every option's default, ``(default: X)``, where it has one (not for flags,
+    nor for options whose default is None: their help says what they mean then)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        default = action.default
+        if ("%(default)" in help or default is None or default is False or default is argparse.SUPPRESS
+                or not action.option_strings or isinstance(action, argparse._StoreConstAction)):
+            return help
+        return f"{help} (default: %(default)s)".lstrip()
+
+
 class CLIParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message>``, with exit
-    status 2 (``--help`` shows the usage). Its subcommand parsers are of this class too."""
+    status 2 (``--help`` shows the usage and every default). Its subcommand parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
@@ -184,3 +203,10 @@ def train_config_from_args(args: argparse.Namespace):
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     return TrainConfig.recipe(args.model, args.dataset).replace(**given)
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars unless ``--no-progress``, and only on a terminal: redrawn bars garble a log file."""
+    import sys
+
+    return not args.no_progress and sys.stderr.isatty()

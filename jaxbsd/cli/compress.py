@@ -29,6 +29,7 @@ from jaxbsd.cli.args import (
     output_dir,
     positive_float,
     positive_int,
+    show_progress,
 )
 
 __all__ = ["add_compress_command", "validate_compress_args", "plot_steps", "format_table"]
@@ -65,7 +66,7 @@ def validate_compress_args(args: argparse.Namespace):
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
         reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
         refine_steps=args.refine_steps, refine_lr=args.refine_lr, refine_target=args.refine_target,
-        refine_batch=args.refine_batch or None,
+        refine_batch=args.refine_batch or None, warm_start=args.warm_start,
     )
     existing_path("--checkpoint", args.checkpoint)
     existing_path("--data-root", args.data_root)
@@ -164,12 +165,12 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"training {args.model} on {args.dataset} for {args.train_epochs} epochs", file=sys.stderr)
         train.train(model, dataset, epochs=args.train_epochs, lr=args.train_lr, schedule="cosine",
-                    warmup_epochs=2, seed=args.seed, progress=not args.no_progress,
+                    warmup_epochs=2, seed=args.seed, progress=show_progress(args),
                     checkpoint=out / "trained", metadata={"dataset": args.dataset})
     acc_original = train.evaluate(model, dataset.test_images, dataset.test_labels)
     params_original = count_params(model)
     steps = compress.compress(model, dataset, order=args.order, config=config,
-                              state_dir=out / "state", progress=not args.no_progress)
+                              state_dir=out / "state", progress=show_progress(args))
     table = format_table(steps, acc_original, params_original)
     print(table)
     ranks = sorted({s["rank"] for s in steps})
@@ -219,27 +220,39 @@ def _export_and_verify(model, path: pathlib.Path, dataset, args) -> dict:
             "logits_bit_identical": True}
 
 
+#: Why this command's defaults differ from ``jb.compress_model``'s (shown by ``--help``; docs/cli.md says the same).
+DEFAULTS_NOTE = (
+    "Defaults: this command runs the paper's pipeline, as the committed results do: no warm start and no "
+    "label-free refinement, and fine-tuning with labels after every block. jb.compress_model (Python, no "
+    "labels) has both on by default instead: its warm start (a decoupling started from the pruned MLP) and "
+    "jb.Refine() (300 Adam steps on minibatches of 512 tokens, consistent target). To get them here: "
+    "--warm-start --refine-steps 300 (the --refine-* defaults are jb.Refine's)."
+)
+
+
 def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     """Register ``jaxbsd compress``."""
     from jaxbsd.data import DATASETS
 
     p = subparsers.add_parser("compress", help="train (if needed) and compress a transformer block by block",
-                              description=__doc__.split("\n\n")[1])
-    p.add_argument("--model", default="vit", choices=("vit", "swin", "deit"))
-    p.add_argument("--dataset", default="digits", choices=DATASETS)
-    p.add_argument("--data-root", default=None)
+                              description=__doc__.split("\n\n")[1], epilog=DEFAULTS_NOTE)
+    p.add_argument("--model", default="vit", choices=("vit", "swin", "deit"), help="architecture")
+    p.add_argument("--dataset", default="digits", choices=DATASETS, help="image data set")
+    p.add_argument("--data-root", default=None,
+                   help="file or directory holding the data set (default: under $JAXBSD_DATA)")
     p.add_argument("--checkpoint", default=None, help="a trained model (else it is trained first)")
-    p.add_argument("--train-epochs", type=positive_int, default=40)
-    p.add_argument("--train-lr", type=positive_float, default=1e-3)
-    p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"))
+    p.add_argument("--train-epochs", type=positive_int, default=40, help="training epochs without --checkpoint")
+    p.add_argument("--train-lr", type=positive_float, default=1e-3, help="training learning rate without --checkpoint")
+    p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"),
+                   help="the order of the blocks (the paper's BF and FB)")
     p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune", "auto"),  # jaxbsd.compression.blockwise.METHODS
                    help="bsd (decoupling), svd/drone (low rank), prune (hidden units) or auto (per block the better "
                         "of a decoupling warm-started from the pruned MLP and the pruned MLP, judged by the model's "
                         "outputs on held-out images); "
                         "baselines need --rank or --reduction")
-    p.add_argument("--basis", default="bspline", choices=BASES)
-    p.add_argument("--degree", type=nonnegative_int, default=3)
-    p.add_argument("--dof", type=positive_int, default=4)
+    p.add_argument("--basis", default="bspline", choices=BASES, help="basis of the internal functions")
+    p.add_argument("--degree", type=nonnegative_int, default=3, help="degree of the basis")
+    p.add_argument("--dof", type=positive_int, default=4, help="coefficients per internal function (nu)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--rank", type=positive_int, default=None, help="default: the embedding width")
     size.add_argument("--reduction", type=fraction, default=None,
@@ -249,22 +262,28 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
                    help="how --reduction is shared by the blocks (greedy: where the error falls fastest)")
     p.add_argument("--val-fraction", type=fraction, default=0.1,
                    help="training data held out to keep or discard each fine-tuning (0: always keep)")
-    p.add_argument("--lam", type=nonnegative_float, default=0.25)
+    p.add_argument("--lam", type=nonnegative_float, default=0.25, help="lambda, the weight of the outputs in the fit")
     p.add_argument("--non-robust", action="store_true", help="plain CMTF (no normalization/Tikhonov)")
     p.add_argument("--samples", type=positive_int, default=128, help="sampling points S per block")
-    p.add_argument("--max-iter", type=positive_int, default=300)
-    p.add_argument("--restarts", type=positive_int, default=1)
+    p.add_argument("--max-iter", type=positive_int, default=300, help="solver sweeps")
+    p.add_argument("--restarts", type=positive_int, default=1, help="random restarts of the solver")
+    p.add_argument("--warm-start", action="store_true",
+                   help="bsd: add a restart started from the block's MLP pruned to rank - 1 units "
+                        "(jb.compress_model's default; off here, as in the paper)")
     p.add_argument("--refine-steps", type=nonnegative_int, default=0,
-                   help="steps of label-free refinement of each replacement before fine-tuning (0: none)")
+                   help="steps of label-free refinement of each replacement before fine-tuning (0: none; "
+                        "jb.compress_model's default is 300)")
     p.add_argument("--refine-lr", type=positive_float, default=1e-3, help="refinement learning rate")
     p.add_argument("--refine-batch", type=nonnegative_int, default=512,
                    help="refinement tokens per step, drawn at random (0: all of them, full batch)")
     p.add_argument("--refine-target", default="consistent", choices=("consistent", "local"),
                    help="what refinement reproduces: the original model's MLP outputs (consistent) or the "
                         "original MLP on the current inputs (local)")
-    p.add_argument("--finetune-epochs", type=nonnegative_int, default=2)
+    p.add_argument("--finetune-epochs", type=nonnegative_int, default=2,
+                   help="fine-tuning epochs (with labels) after each block (0: none)")
     p.add_argument("--lr", type=positive_float, default=1e-4, help="fine-tuning learning rate")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of training, sampling and restarts")
     p.add_argument("--out", default="runs/compress", help="output folder (results, state for resuming)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (none either when stderr is not a terminal, e.g. a log file)")
     p.set_defaults(func=_run)

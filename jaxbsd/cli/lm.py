@@ -31,7 +31,7 @@ def _machine() -> dict:
 def run_train_lm(args: argparse.Namespace) -> int:
     """Run ``jaxbsd train`` for the language model; returns the exit status."""
     from jaxbsd import data
-    from jaxbsd.cli.args import train_config_from_args
+    from jaxbsd.cli.args import show_progress, train_config_from_args
     from jaxbsd.io import provenance, write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, config_to_dict, count_params
     from jaxbsd.train import evaluate_lm, ngram_bpc, save_checkpoint, train
@@ -78,7 +78,7 @@ def run_train_lm(args: argparse.Namespace) -> int:
         print(f"epoch {h['epoch']:3d}  {h['steps']} steps  loss {h['loss']:.4f}  train {h['train_bpc']:.4f} bpc  "
               f"validation {h['val_bpc']:.4f} bpc  {h['seconds']:.1f} s", flush=True)
 
-    history = train(model, dataset, cfg, progress=not args.no_progress, checkpoint=args.out, metadata=metadata,
+    history = train(model, dataset, cfg, progress=show_progress(args), checkpoint=args.out, metadata=metadata,
                     on_epoch=report)
     train_seconds = time.perf_counter() - start
     val_bpc = history[-1]["val_bpc"]

@@ -16,6 +16,7 @@ from jaxbsd.cli.args import (
     existing_path,
     output_file,
     positive_int,
+    show_progress,
     train_config_from_args,
 )
 
@@ -63,7 +64,8 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
     p.add_argument("--out", default=None, help="checkpoint directory to write, updated every epoch")
     p.add_argument("--teacher", default=None, help="teacher checkpoint for DeiT hard distillation")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (none either when stderr is not a terminal, e.g. a log file)")
     p.add_argument("--json", default=None, help="also write the history and result to this JSON file")
     p.set_defaults(func=_run_train)
 
@@ -111,7 +113,7 @@ def _run_train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    history = train(model, dataset, cfg, teacher=teacher, progress=not args.no_progress,
+    history = train(model, dataset, cfg, teacher=teacher, progress=show_progress(args),
                     checkpoint=args.out, metadata=metadata, on_epoch=report)
     final = history[-1]["test_acc"]
     wall = time.perf_counter() - start

@@ -423,6 +423,29 @@ def _validate(model, mlps, reduction, ranks, allocation, order, num_samples, mlp
     return mlps
 
 
+#: The keyword options of ``compress_model`` each built-in method honours beside ``warm_start`` (its
+#: factory refuses ``warm_start=True`` where there is no decoupling), and what the others mean.
+HONOURED = {"bsd": ("config", "restarts", "selection"), "auto": ("config", "restarts", "selection", "auto_judge"),
+            "prune": (), "svd": (), "drone": ()}
+_OPTION_MEANING = {
+    "config": "a decoupling's solver settings (methods 'bsd' and 'auto')",
+    "restarts": "a decoupling's random restarts (methods 'bsd' and 'auto')",
+    "selection": "how a decoupling's restart is chosen (methods 'bsd' and 'auto')",
+    "auto_judge": "how method 'auto' compares its candidates",
+}
+
+
+def _refuse_unhonoured(method: str, given: dict) -> None:
+    """``ValueError`` naming the first option of ``given`` (the options set away from their
+    defaults) that the built-in ``method`` would silently ignore."""
+    if method not in HONOURED:  # a method registered later: its factory decides
+        return
+    for name in given:
+        if name != "warm_start" and name not in HONOURED[method]:
+            raise ValueError(f"{name}={given[name]!r}: method {method!r} does not use it ({name} sets "
+                             f"{_OPTION_MEANING[name]}); leave it out")
+
+
 def resolve_method(method, *, config=None, restarts=1, warm_start=None, selection=None, auto_judge="model") -> Method:
     """The method object for ``compress_model``'s ``method`` and its keyword options (the options of
     a name; a method object carries its own, and the keywords must stay at their defaults)."""
@@ -445,8 +468,10 @@ def resolve_method(method, *, config=None, restarts=1, warm_start=None, selectio
     if auto_judge not in JUDGES:
         raise ValueError(f"auto_judge must be one of {JUDGES}, got {auto_judge!r}")
     # Each method's factory takes the options it has and refuses those it cannot honour.
-    return get_method(method, config=config, restarts=restarts, warm_start=warm_start,
-                      selection="output" if selection is None else selection, auto_judge=auto_judge)
+    resolved = get_method(method, config=config, restarts=restarts, warm_start=warm_start,
+                          selection="output" if selection is None else selection, auto_judge=auto_judge)
+    _refuse_unhonoured(method, {k: v for k, v in options.items() if v is not defaults[k] and v != defaults[k]})
+    return resolved
 
 
 def compress_model(
@@ -470,7 +495,7 @@ def compress_model(
     auto_judge: str = "model",
     state_dir: str | os.PathLike | None = None,
     resume: bool = True,
-    refine: Refine | None = Refine(),
+    refine: Refine | bool | None = Refine(),
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -565,8 +590,8 @@ def compress_model(
         refines both candidates before judging them. **On by default** (``jb.Refine()``: 300
         Adam steps on minibatches of 512 tokens): without labels it raised every method's accuracy
         at ρ = 0.5 on both studied pairs and never lowered a mean significantly, at a fraction of
-        the decoupling's time (the results page, "Label-free refinement"). None: no refinement,
-        the method's replacement exactly as built.
+        the decoupling's time (the results page, "Label-free refinement"). None (or ``False``): no
+        refinement, the method's replacement exactly as built; ``True``: ``jb.Refine()``.
 
     ``method="auto"``: each MLP gets one parameter share, within which a decoupling (warm-started
     from the pruned MLP wherever that is possible) and a pruned MLP are built, and the one judged
@@ -607,8 +632,12 @@ def compress_model(
         raise ValueError(f"key must be a jax.random key (jax.random.key(seed)), got {key!r}")
     if not callable(calibration):
         _check_finite("the batch", calibration)
+    if refine is True or refine is False:  # the switch users reach for: on (the defaults) or off
+        refine = Refine() if refine else None
     if refine is not None and not isinstance(refine, Refine):
-        raise ValueError(f"refine must be a jaxbsd.Refine or None, got {refine!r}")
+        hint = (f"; for {refine} steps pass jaxbsd.Refine(steps={refine})" if isinstance(refine, int) else "")
+        raise ValueError(f"refine must be a jaxbsd.Refine (jaxbsd.Refine() or True: the default refinement), "
+                         f"or None or False to turn it off, got {refine!r}{hint}")
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
                 order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine)
     source = BatchCalibration(calibration, mlps, key, num_samples)

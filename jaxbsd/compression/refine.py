@@ -2,10 +2,10 @@
 
 After a method has built a replacement, its parameters (every ``nnx.Param``: a decoupling's
 ``W0``, ``W1`` and spline coefficients — not its knots —, a pruned MLP's two layers, a low-rank
-MLP's factors and biases) are trained for a few hundred full-batch Adam steps to minimise the
-relative squared output error ``‖f̂(X) − Y‖² / ‖Y‖²`` on the calibration tokens ``X`` the MLP is
-fed (each step on a random minibatch of ``batch_size`` tokens, or on all of them), against a
-target ``Y`` that needs no labels:
+MLP's factors and biases) are trained for a few hundred Adam steps to minimise the relative
+squared output error ``‖f̂(X) − Y‖² / ‖Y‖²`` on the calibration tokens ``X`` the MLP is fed (each
+step on a random minibatch of ``batch_size`` = 512 tokens by default, or with ``batch_size=None``
+on all of them, full batch), before any fine-tuning, against a target ``Y`` that needs no labels:
 
 * ``target="consistent"`` (the default): the original *model*'s MLP outputs on the same
   calibration inputs, so the replacement also absorbs what the MLPs replaced before it changed

@@ -119,6 +119,28 @@ class CompressionReport:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def summary(self) -> str:
+        """A short readable account: the budget, then one line per MLP (method, rank, parameters,
+        relative output error, refinement, notes); ``str(report)`` gives the same."""
+        target = "explicit ranks" if self.target_reduction is None else f"target {self.target_reduction:.3g}"
+        lines = [f"{self.method}, {self.allocation}: {self.params_before:,} -> {self.params_after:,} parameters "
+                 f"(reduction {self.reduction:.3f}, {target})"]
+        for r in self.mlps:
+            line = (f"  {r.path}: {r.method} rank {r.rank}, {r.params_before:,} -> {r.params_after:,} parameters, "
+                    f"output error {r.output_error:.3g}")
+            if r.refine:
+                if r.refine.get("skipped"):
+                    line += f"; refinement skipped ({r.refine['skipped']})"
+                else:
+                    line += (f"; refined: held-out error {r.refine['error_before']:.3g} -> "
+                             f"{r.refine['error_after']:.3g} (step {r.refine['steps_kept']} of {r.refine['steps']})")
+            if r.notes:
+                line += f"; note: {r.notes}"
+            lines.append(line)
+        return "\n".join(lines)
+
+    __str__ = summary
+
 
 #: The :class:`MLPReport` fields a method may fill from its build ``info`` (beyond the common ones).
 REPORT_FIELDS = ("selection", "restart", "restart_warm", "restart_by_objective", "restart_by_output",
