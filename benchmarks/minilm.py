@@ -59,9 +59,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--shares", type=float, nargs="+", default=None, help="a subset of the study's shares")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", False)
-    shares = SHARES[:1] if args.quick else SHARES
+    shares = tuple(args.shares) if args.shares else SHARES[:1] if args.quick else SHARES
     encoder = B.from_pretrained(minilm_dir())
     texts = load_docs_corpus().passages("calibration")
     ids = B.calibration_windows(encoder, texts, 128, 32, seed=0)
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
         print(format_table(rows[-1:]), flush=True)
     print(format_table(rows))
     out = args.out or (pathlib.Path("/tmp/minilm_bench_quick.json") if args.quick else HERE / "minilm.json")
-    command = "python benchmarks/minilm.py" + (" --quick" if args.quick else "")
+    command = " ".join(["python", "benchmarks/minilm.py", *(sys.argv[1:] if argv is None else argv)])
     write_json_atomic(out, {"command": command, "mode": "quick" if args.quick else "full",
                             "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
                             "provenance": provenance(command)})
