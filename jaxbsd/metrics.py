@@ -1,8 +1,14 @@
-"""The paper's metrics: decoupling errors, per-output relative RMSE, parameter counts.
+"""The paper's metrics: decoupling errors, per-output relative RMSE, parameter counts; and
+label-free fidelity metrics of text embeddings.
 
 Error(𝒥) = ‖𝒥 − 𝒥̂‖² / ‖𝒥‖², Error(F) = ‖F − F̂‖² / ‖F‖² (paper §6.1), ``e_i`` the relative
 RMSE of output ``i`` in percent, savings percentage SP and accuracy drop AD, ``P_BSD`` and
 ``P_FC`` and the bounds of the paper's Lemma 4.
+
+Embeddings (a compressed sentence encoder against its original, no labels): :func:`mean_cosine`
+between paired embeddings, :func:`neighbour_overlap` of the top-k neighbour sets, and
+:func:`retrieval_recall` of query i's document i (title → section retrieval, whose pairs come from
+the documents' structure). All by cosine similarity.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "relative_error",
@@ -22,6 +29,9 @@ __all__ = [
     "params_fc",
     "max_rank",
     "max_dof",
+    "mean_cosine",
+    "neighbour_overlap",
+    "retrieval_recall",
 ]
 
 
@@ -101,3 +111,68 @@ def max_dof(m: int, hidden: int, rank: int, n: int | None = None) -> int:
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
     return _largest_int_below((hidden - rank) * (m + n) / rank)
+
+
+# ----------------------------------------------------------------------------- text embeddings
+
+
+def _unit(E, name: str):
+    E = jnp.asarray(E)
+    if E.ndim != 2 or E.shape[0] < 1:
+        raise ValueError(f"{name} must have shape (N, d) with N >= 1, got {E.shape}")
+    return E / jnp.maximum(jnp.linalg.norm(E, axis=1, keepdims=True), jnp.finfo(E.dtype).tiny)
+
+
+def mean_cosine(A, B):
+    """Mean over rows of ``cos(A_i, B_i)``: ``(N, d), (N, d) -> ()`` (a zero row counts as cosine 0)."""
+    A, B = _unit(A, "A"), _unit(B, "B")
+    if A.shape != B.shape:
+        raise ValueError(f"B must have the shape of A {A.shape}, got {B.shape}")
+    return jnp.mean(jnp.sum(A * B, axis=1))
+
+
+def _top_k(U, k: int):
+    sims = U @ U.T
+    sims = jnp.where(jnp.eye(U.shape[0], dtype=bool), -jnp.inf, sims)  # a text is not its own neighbour
+    return jnp.argsort(-sims, axis=1, stable=True)[:, :k]
+
+
+def neighbour_overlap(A, B, k: int = 10):
+    """Mean share of each text's ``k`` nearest neighbours (by cosine, itself excluded) that two
+    embeddings of the same ``N`` texts agree on: ``|top_k^A(i) ∩ top_k^B(i)| / k`` averaged over i.
+
+    ``(N, d), (N, d') -> ()``; needs ``1 <= k < N``. Ties are broken by the lower index.
+    """
+    A, B = _unit(A, "A"), _unit(B, "B")
+    if A.shape[0] != B.shape[0]:
+        raise ValueError(f"A and B must embed the same N texts, got {A.shape[0]} and {B.shape[0]}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < A.shape[0]:
+        raise ValueError(f"k must be an int in [1, {A.shape[0] - 1}], got {k!r}")
+    ta, tb = _top_k(A, k), _top_k(B, k)
+    shared = jnp.sum(jnp.any(ta[:, :, None] == tb[:, None, :], axis=2), axis=1)
+    return jnp.mean(shared / k)
+
+
+def retrieval_recall(queries, documents, ks=(1, 10)) -> dict[int, float]:
+    """Recall@k of retrieving document ``i`` for query ``i`` by cosine among all ``N`` documents.
+
+    A query's rank is the number of documents scored strictly higher than its own (so ties count in
+    its favour); recall@k is the share of queries of rank ``< k``.
+
+    Args:
+      queries: ``(N, d)``; documents: ``(N, d)``.
+      ks: the cut-offs.
+
+    Returns:
+      ``{k: recall@k}`` (floats in [0, 1]).
+    """
+    Q, D = _unit(queries, "queries"), _unit(documents, "documents")
+    if Q.shape != D.shape:
+        raise ValueError(f"documents must have the shape of queries {Q.shape}, got {D.shape}")
+    ks = tuple(ks)
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"ks must be positive ints, got {ks!r}")
+    sims = Q @ D.T
+    own = jnp.diagonal(sims)[:, None]
+    rank = np.asarray(jnp.sum(sims > own, axis=1))
+    return {k: float(np.mean(rank < k)) for k in ks}

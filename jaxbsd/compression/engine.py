@@ -34,7 +34,7 @@ from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine, refine_module
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
 from jaxbsd.compression.sites import Site, make_site, output_error, same_site
-from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec
+from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec, discover_mlps
 from jaxbsd.compression.state import RunState, run_id
 from jaxbsd.compression.surgery import capture_calls, get_submodule, model_outputs, output_judge, parse_path, set_submodule
 from jaxbsd.models import count_params
@@ -478,7 +478,7 @@ def compress_model(
     model: nnx.Module,
     calibration,
     *,
-    mlps: Sequence[str],
+    mlps: Sequence[str] | None = None,
     reduction: float | None = None,
     ranks: Mapping[str, int] | None = None,
     method: str | Method = "bsd",
@@ -524,7 +524,11 @@ def compress_model(
       calibration: a batch of model inputs, used as ``model(calibration)``; or a callable
         ``calibration(model)`` that runs the forward pass (several arguments, keywords).
       mlps: dotted paths of the submodules to replace, e.g. ``["encoder.layers.3.ffn"]``
-        (attribute names; integers index lists, ``nnx.List`` included).
+        (attribute names; integers index lists, ``nnx.List`` included). None: every submodule
+        recognised as an MLP on the calibration batch, in model order
+        (:func:`~jaxbsd.compression.specs.discover_mlps`: jaxbsd's own MLPs, and any module of two or
+        three ``nnx.Linear`` whose spec is found); ``report.discovered`` lists what was looked at and
+        why each was chosen or not.
       reduction: ``ρ`` in ``[0, 1)``, the fraction of the model's parameters to remove.
       ranks: instead of ``reduction``, ``{path: rank}`` for every path (exactly one of the two).
       method: a method object (:class:`~jaxbsd.compression.methods.BSD`, ``Prune``, ``SVD``, ``DRONE``,
@@ -622,6 +626,23 @@ def compress_model(
       >>> report.reduction >= 0.3
       True
     """
+    discovered = None
+    if mlps is None:
+        if not isinstance(model, nnx.Module):
+            raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
+        if not callable(calibration):
+            _check_finite("the batch", calibration)
+        try:
+            mlps, discovered = discover_mlps(model, calibration)
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
+            raise ValueError(f"calibration: the model's forward pass fails on it "
+                             f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
+        if not mlps:
+            why = "; ".join(f"{p}: {s}" for p, s in discovered.items()) or "no submodule has 2 or 3 nnx.Linear"
+            raise ValueError(f"mlps=None: no submodule of {type(model).__name__} is recognised as an MLP ({why}); "
+                             "give mlps (and mlp_specs) explicitly")
     mlps = _validate(model, mlps, reduction, ranks, allocation, order, num_samples, mlp_specs)
     method = resolve_method(method, config=config, restarts=restarts, warm_start=warm_start, selection=selection,
                             auto_judge=auto_judge)
@@ -669,7 +690,8 @@ def compress_model(
     report = CompressionReport(
         mlps=tuple(MLPReport.from_dict(r) for r in records), params_before=params_before,
         params_after=params_after, reduction=1 - params_after / params_before, target_reduction=reduction,
-        allocation=allocation if reduction is not None else "explicit", method=method.name)
+        allocation=allocation if reduction is not None else "explicit", method=method.name,
+        discovered=discovered)
     if reduction is not None:
         assert params_after <= (1 - reduction) * params_before, (params_after, params_before, reduction)
     return model, report

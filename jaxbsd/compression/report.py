@@ -101,6 +101,8 @@ class CompressionReport:
       reduction: achieved, ``1 − params_after / params_before``.
       target_reduction: the ``reduction`` asked for (None with explicit ``ranks``).
       allocation, method: as given.
+      discovered: with ``mlps=None``, ``{path: "chosen: …" | "not chosen: …"}`` for every candidate
+        submodule in model order (the chosen ones are the paths compressed); None when ``mlps`` was given.
     """
 
     mlps: tuple[MLPReport, ...]
@@ -110,6 +112,7 @@ class CompressionReport:
     target_reduction: float | None
     allocation: str
     method: str
+    discovered: dict[str, str] | None = None
 
     @property
     def total_output_error(self) -> float:

@@ -50,7 +50,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd import baselines
-from jaxbsd.compression.surgery import child, parse_path
+from jaxbsd.compression.surgery import capture_tokenwise, child, parse_path
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS, MLP
 from jaxbsd.models.lm import GatedMLP
 
@@ -61,6 +61,7 @@ __all__ = [
     "GatedMLPSpec",
     "MLPSpec",
     "choose_spec",
+    "discover_mlps",
     "find_spec",
     "linear_children",
     "match_tolerance",
@@ -440,3 +441,50 @@ def choose_spec(module: nnx.Module, path: str, mlp_specs, X: jax.Array,
         return spec, "given" if given else f"known: jaxbsd {kind} ({spec.activation})"
     found = find_spec(module, X, Y)
     return found.spec, str(found)
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def _candidate(module: nnx.Module) -> bool:
+    """Whether ``module`` could be an MLP: jaxbsd's own (a known spec), or 2 or 3 ``nnx.Linear``
+    inside it and no parameters of its own or of another submodule (cheap, before any capture)."""
+    if isinstance(module, nnx.Linear):
+        return False
+    if spec_for(module, "", None) is not None:
+        return True
+    linears = linear_children(module)
+    return len(linears) in (2, 3) and not _foreign_params(module, linears)
+
+
+def discover_mlps(model: nnx.Module, calibration) -> tuple[list[str], dict[str, str]]:
+    """Every submodule of ``model`` recognised as an MLP, in model order (``compress_model(mlps=None)``).
+
+    Candidates are the submodules that could be MLPs by structure (:func:`_candidate`); one eval-mode
+    forward pass on ``calibration`` records what each computes, and a candidate is chosen when it maps
+    tokens ``(..., m) -> (..., n)`` and its spec is known or found (:func:`choose_spec`). A chosen
+    module inside another chosen one is left to the outer one.
+
+    Returns:
+      ``(paths, status)``: the chosen dotted paths in model order (graph order of
+      ``nnx.iter_modules``), and for every candidate a line saying what was concluded.
+    """
+    candidates = [".".join(str(p) for p in path) for path, m in nnx.iter_modules(model) if path and _candidate(m)]
+    if not candidates:
+        return [], {}
+    tokens, status = capture_tokenwise(model, calibration, candidates)
+    status = {p: "not chosen: " + why for p, why in status.items()}
+    chosen = []
+    for path in candidates:
+        if path not in tokens:
+            continue
+        if any(path.startswith(outer + ".") for outer in chosen):
+            status[path] = "not chosen: inside " + next(o for o in chosen if path.startswith(o + "."))
+            continue
+        X, Y = tokens[path]
+        module = functools.reduce(lambda node, part: child(node, part, path), parse_path(path), model)
+        spec, how = choose_spec(module, path, None, X, Y)
+        status[path] = ("chosen: " if spec is not None else "not chosen: ") + how
+        if spec is not None:
+            chosen.append(path)
+    return chosen, {p: status[p] for p in candidates}

