@@ -101,6 +101,9 @@ class CompressionReport:
       reduction: achieved, ``1 − params_after / params_before``.
       target_reduction: the ``reduction`` asked for (None with explicit ``ranks``).
       allocation, method: as given.
+      distill: what the distillation stage did (:func:`~jaxbsd.compression.distill.distill_model`'s
+        report: loss, steps, ``steps_kept``, ``loss_before``/``loss_after`` on its held-out
+        examples, example counts, ``seconds`` and ``seconds_targets``), or None without it.
     """
 
     mlps: tuple[MLPReport, ...]
@@ -110,6 +113,7 @@ class CompressionReport:
     target_reduction: float | None
     allocation: str
     method: str
+    distill: dict[str, Any] | None = None
 
     @property
     def total_output_error(self) -> float:
