@@ -301,3 +301,39 @@ def test_the_blockwise_run_distills_after_its_last_step_on_unlabeled_training_im
     blockwise.compress(again, garbage, order="bf", config=config, progress=False)
     for a, b in zip(_params(model), _params(again)):
         np.testing.assert_array_equal(a, b)
+
+
+def _logits_and_blocks(model, images):
+    """A ViT's logits and every block's output tokens (TinyBERT-style targets), in one pass."""
+    x, blocks = model.embed(images), []
+    for block in model.blocks:
+        x = block(x)
+        blocks.append(x)
+    return model.head(model.norm(x)[:, 0]), tuple(blocks)
+
+
+def _kl_and_blocks(outputs, targets):
+    return (distill_mod._per_leaf("kl", 2.0, outputs[0], targets[0])
+            + sum(distill_mod._per_leaf("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])))
+
+
+@pytest.mark.slow
+def test_a_forward_matches_logits_and_block_outputs_and_the_reported_loss_is_recomputed():
+    from jaxbsd.models import ViT, ViTConfig
+
+    make = lambda: ViT(ViTConfig.tiny(), rngs=nnx.Rngs(0))  # noqa: E731
+    images = jax.random.normal(jax.random.key(0), (30, 8, 8, 1), jnp.float32)
+    np.testing.assert_allclose(np.asarray(_logits_and_blocks(make(), images)[0]), np.asarray(make()(images)),
+                               rtol=1e-5, atol=1e-6)  # the forward is the model's own pass
+    config = jb.Distill(steps=30, learning_rate=2e-3, batch_size=8, forward=_logits_and_blocks, loss=_kl_and_blocks)
+    key = jax.random.key(3)
+    model, report = jb.compress_model(make(), images, mlps=["blocks.0.mlp", "blocks.1.mlp"], reduction=0.3,
+                                      method="prune", key=key, refine=None, distill=config)
+    d = report.distill
+    assert d["loss"].startswith("callable:") and d["loss_after"] < d["loss_before"]
+    _, held = distill_mod.split_examples(jax.random.fold_in(jax.random.fold_in(key, distill_mod.DISTILL_STREAM), 0),
+                                         30, 0.2)
+    out = jax.tree.map(lambda a: np.asarray(a, np.float64), _logits_and_blocks(model, images[held]))
+    ref = jax.tree.map(lambda a: np.asarray(a, np.float64), _logits_and_blocks(make(), images[held]))
+    expected = _np_kl(out[0], ref[0], 2.0) + sum(_relative_np(o, t) for o, t in zip(out[1], ref[1]))
+    np.testing.assert_allclose(d["loss_after"], expected, rtol=1e-4)

@@ -663,7 +663,7 @@ def compress(
         start = time.perf_counter()
         images = jnp.asarray(fit.train_images[distill_indices(fit.train_images.shape[0], config.distill_images,
                                                               config.seed)])
-        targets = teacher_outputs(model, images)
+        targets = teacher_outputs(model, images, distill.forward)
         seconds_targets = time.perf_counter() - start
     plan = _plan(model, indices, config)
     records = run(model, plan, source, record=record, after_step=after_step,

@@ -73,6 +73,9 @@ class Distill:
         ``loss(outputs, targets) -> scalar`` on the two pytrees (jittable, differentiable).
       temperature: ``τ`` of ``loss="kl"`` (positive).
       trainable: ``"replaced"``, ``"replaced+norms"`` or ``"all"`` (:data:`TRAINABLE`).
+      forward: with a calibration batch, what of the model is matched: None, ``model(batch)``; or
+        ``forward(model, batch) -> pytree`` (e.g. the logits and every block's output, TinyBERT-style),
+        for the targets and the student alike. Ignored with a calibration callable (it returns them).
     """
 
     steps: int = 300
@@ -83,6 +86,7 @@ class Distill:
     loss: str | Callable[[Any, Any], jax.Array] = "relative"
     temperature: float = 1.0
     trainable: str = "replaced"
+    forward: Callable[[nnx.Module, Any], Any] | None = None
 
     def __post_init__(self):
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
@@ -104,12 +108,19 @@ class Distill:
             raise ValueError(f"distill: temperature must be a positive number, got {self.temperature!r}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"distill: trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        if self.forward is not None and not callable(self.forward):
+            raise ValueError(f"distill: forward must be None or a callable (model, batch) -> outputs, "
+                             f"got {self.forward!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready settings (a callable loss by its qualified name)."""
         d = dataclasses.asdict(self)
-        if callable(self.loss):
-            d["loss"] = f"callable:{getattr(self.loss, '__module__', '?')}.{getattr(self.loss, '__qualname__', '?')}"
+        for name in ("loss", "forward"):
+            fn = getattr(self, name)
+            if callable(fn):
+                d[name] = f"callable:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+        if self.forward is None:
+            d.pop("forward")  # absent at its default: identities of runs before it stay valid
         if self.loss != "kl":
             d.pop("temperature")  # only the KL loss has one
         return d
@@ -173,10 +184,10 @@ def _examples(tree, what: str) -> int:
     return int(sizes.pop())
 
 
-def teacher_outputs(model: nnx.Module, calibration):
+def teacher_outputs(model: nnx.Module, calibration, forward: Callable | None = None):
     """The targets: the original model's eval-mode outputs on the calibration, ``model(calibration)``
-    (or ``calibration(model)``), as a pytree of floating-point arrays whose leading axis indexes the
-    examples. Call it before any replacement. The model's train/eval flags are restored.
+    (or ``calibration(model)``, or ``forward(model, calibration)``: :attr:`Distill.forward`), as a
+    pytree of floating-point arrays whose leading axis indexes the examples. Call it before any replacement. The model's train/eval flags are restored.
 
     Raises:
       ValueError: naming ``calibration``: a callable that returns nothing, a leaf that is not a
@@ -186,7 +197,8 @@ def teacher_outputs(model: nnx.Module, calibration):
     flags = mode_flags(model)
     try:
         model.eval()
-        out = calibration(model) if callable(calibration) else model(calibration)
+        out = (calibration(model) if callable(calibration) else model(calibration) if forward is None
+               else forward(model, calibration))
     finally:
         restore_mode_flags(flags)
     leaves = jax.tree.leaves(out)
@@ -241,20 +253,25 @@ def _take(tree, idx):
     return jax.tree.map(lambda a: a[idx], tree)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "call", "loss", "steps", "batch", "eval_every"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "call", "forward", "loss", "steps", "batch", "eval_every"))
 def _distill_loop(graphdef, params, rest, inputs, targets, train_idx, held_idx, learning_rate, key, *, call,
-                  loss: _Loss, steps: int, batch: int | None, eval_every: int):
+                  forward, loss: _Loss, steps: int, batch: int | None, eval_every: int):
     """``(best params, held-out loss per step (steps + 1,), best step)``: ``steps`` Adam steps on the
     training examples (``train_idx``; all with ``batch=None``, else ``batch`` drawn at random per
     step), keeping the evaluated step (0 = as given) with the lowest loss on ``held_idx``; steps not
     evaluated (every ``eval_every``-th and the last are) record ``inf``. ``call``: None (the model is
-    run on ``inputs[idx]``) or the calibration callable (run on all its examples, outputs taken at ``idx``)."""
+    run on ``inputs[idx]``, through ``forward`` if given) or the calibration callable (run on all its
+    examples, outputs taken at ``idx``)."""
     _TRACES[0] += 1
     tx = optax.adam(learning_rate)
 
     def objective(p, idx):
         model = nnx.merge(graphdef, p, rest)
-        out = _take(call(model), idx) if call is not None else model(_take(inputs, idx))
+        if call is not None:
+            out = _take(call(model), idx)
+        else:
+            batch_in = _take(inputs, idx)
+            out = model(batch_in) if forward is None else forward(model, batch_in)
         return loss(out, _take(targets, idx))
 
     held = lambda p: objective(p, held_idx)  # noqa: E731
@@ -330,15 +347,21 @@ def distill_model(model: nnx.Module, calibration, targets, replaced: Sequence[st
             raise ValueError(f"distill: trainable={config.trainable!r} selects no parameter of the model")
         dtype = leaves[0].dtype
         loss = _Loss(config.loss, float(config.temperature))
-        out = jax.eval_shape(lambda p: (call(nnx.merge(graphdef, p, rest)) if call is not None
-                                        else nnx.merge(graphdef, p, rest)(inputs)), params)
+        def run(p):
+            student = nnx.merge(graphdef, p, rest)
+            if call is not None:
+                return call(student)
+            return student(inputs) if config.forward is None else config.forward(student, inputs)
+
+        out = jax.eval_shape(run, params)
         if jax.tree.structure(out) != jax.tree.structure(targets) or any(
                 o.shape != t.shape for o, t in zip(jax.tree.leaves(out), jax.tree.leaves(targets))):
             raise ValueError("calibration: the compressed model's outputs do not have the structure and shapes "
                              "of the original model's (the targets)")
         best, losses, best_step = _distill_loop(
             graphdef, params, rest, inputs, targets, jnp.asarray(train_idx), jnp.asarray(held_idx),
-            jnp.asarray(config.learning_rate, dtype), jax.random.fold_in(key, 1), call=call, loss=loss,
+            jnp.asarray(config.learning_rate, dtype), jax.random.fold_in(key, 1), call=call,
+            forward=None if call is not None else config.forward, loss=loss,
             steps=config.steps, batch=batch, eval_every=every)
         nnx.update(model, best)
     finally:

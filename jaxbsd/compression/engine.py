@@ -378,12 +378,12 @@ class BatchCalibration:
         return self._outputs[path]
 
 
-def _teacher(model, calibration):
+def _teacher(model, calibration, forward):
     """``(targets, seconds)``: the original model's outputs for distillation (``ValueError`` naming
     ``calibration`` where the forward pass fails)."""
     start = time.perf_counter()
     try:
-        targets = teacher_outputs(model, calibration)
+        targets = teacher_outputs(model, calibration, forward)
     except ValueError:
         raise
     except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
@@ -662,7 +662,7 @@ def compress_model(
         if finetune is not None:
             finetune(model)
 
-    targets = _teacher(model, calibration) if distilling else None  # before any replacement
+    targets = _teacher(model, calibration, distill.forward) if distilling else None  # before any replacement
     records = run(model, plan, source, record=record, after_step=after_step, state=state)
     distilled = None
     if distilling:  # the whole model, after the last replacement
