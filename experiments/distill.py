@@ -100,7 +100,9 @@ def run_unit(method, variant, reduction, seed, *, plan, args, model_path, data, 
     config = comparison.unit_config(method, reduction, seed, plan, args)
     distill = distill_config(variant, plan)
     rho = f"rho{int(round(1000 * reduction)):04d}-seed{seed}"
-    name = f"{method}-dist-{variant}-n{plan['images']}-{rho}"
+    lr = "" if plan["learning_rate"] == FULL["learning_rate"] else f"-lr{round(plan['learning_rate'] / 1e-4)}"
+    steps = "" if plan["steps"] == FULL["steps"] else f"-s{plan['steps']}"
+    name = f"{method}-dist-{variant}-n{plan['images']}{steps}{lr}-{rho}"
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order), "distill": distill.to_dict(),
                       "images": plan["images"]}, sort_keys=True)
@@ -165,16 +167,21 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--images", type=int, default=None, help="unlabeled training images (default 4096)")
     parser.add_argument("--steps", type=int, default=None, help="distillation steps (default 3000)")
+    parser.add_argument("--lr", type=float, default=None, dest="learning_rate",
+                        help="distillation learning rate (default 3e-4)")
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
-    for key in ("budgets", "methods", "variants", "seeds", "images", "steps"):
+    for key in ("budgets", "methods", "variants", "seeds", "images", "steps", "learning_rate"):
         if (value := getattr(args, key)) is not None:
             plan[key] = tuple(value) if isinstance(value, list) else value
     # comparison.unit_config's options: the studies' B-spline settings, S = max(128, 2r)
     args.degree, args.dof, args.samples = 3, 4, None
     kind, name = plan["model"], plan["dataset"]
     prefix = "distill_quick" if args.quick else f"distill_{kind}_{name}"
+    stem = prefix  # the units' state (compressions shared by every setting)
+    if not args.quick and args.learning_rate is not None:
+        prefix += f"_lr{round(args.learning_rate / 1e-4)}"  # its own result file
     command = common.command_line("distill.py", argv)
     common.enable_compilation_cache()
     timer = common.Timer()
@@ -193,7 +200,7 @@ def main(argv=None) -> int:
     protocol = {"model": kind, "dataset": name, "checkpoint": common.checkpoint_key(model_info["checkpoint"]),
                 "train": plan["train_subset"], "test": plan["test_subset"], "data_seed": args.seed, "order": order}
     key = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:10]
-    protocol_dir = args.out / "state" / prefix / f"protocol-{key}"
+    protocol_dir = args.out / "state" / stem / f"protocol-{key}"
     log(f"{kind}/{name}: test accuracy {acc_original:.2f} % on {data.test_images.shape[0]} images; blocks {order}")
     units = [run_unit(method, variant, reduction, seed, plan=plan, args=args, model_path=model_path, data=data,
                       order=order, protocol_dir=protocol_dir, log=log)
