@@ -67,6 +67,9 @@ def validate_compress_args(args: argparse.Namespace):
         reduction=args.reduction, allocation=args.allocation, val_fraction=args.val_fraction,
         refine_steps=args.refine_steps, refine_lr=args.refine_lr, refine_target=args.refine_target,
         refine_batch=args.refine_batch or None, warm_start=args.warm_start,
+        distill_steps=args.distill_steps, distill_lr=args.distill_lr, distill_batch=args.distill_batch or None,
+        distill_images=args.distill_images, distill_loss=args.distill_loss,
+        distill_temperature=args.distill_temperature, distill_trainable=args.distill_trainable,
     )
     existing_path("--checkpoint", args.checkpoint)
     existing_path("--data-root", args.data_root)
@@ -173,6 +176,10 @@ def _run(args: argparse.Namespace) -> int:
                               state_dir=out / "state", progress=show_progress(args))
     table = format_table(steps, acc_original, params_original)
     print(table)
+    if steps and steps[-1].get("distill"):
+        d = steps[-1]["distill"]
+        print(f"{'distilled':<10}{'':>6}{'':>12}{100 * d['acc_after']:>10.2f}   (label-free, {d['steps']} steps on "
+              f"{d['images']} images; held-out loss {d['loss_before']:.4g} -> {d['loss_after']:.4g})")
     ranks = sorted({s["rank"] for s in steps})
     rank_text = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
     budget = f", reduction {args.reduction} ({args.allocation})" if args.reduction is not None else ""
@@ -279,6 +286,20 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refine-target", default="consistent", choices=("consistent", "local"),
                    help="what refinement reproduces: the original model's MLP outputs (consistent) or the "
                         "original MLP on the current inputs (local)")
+    p.add_argument("--distill-steps", type=nonnegative_int, default=0,
+                   help="steps of label-free distillation of the whole model from the original after the last "
+                        "step (0: none)")
+    p.add_argument("--distill-lr", type=positive_float, default=3e-4, help="distillation learning rate")
+    p.add_argument("--distill-batch", type=nonnegative_int, default=64,
+                   help="distillation images per step, drawn at random (0: all of them)")
+    p.add_argument("--distill-images", type=positive_int, default=1024,
+                   help="unlabeled training images distillation uses (20 %% held out to keep the best step)")
+    p.add_argument("--distill-loss", default="kl", choices=("kl", "relative", "cosine"),
+                   help="what distillation minimises on the logits: KL with a temperature, relative squared "
+                        "error or cosine")
+    p.add_argument("--distill-temperature", type=positive_float, default=2.0, help="the KL loss's temperature")
+    p.add_argument("--distill-trainable", default="replaced", choices=("replaced", "replaced+norms", "all"),
+                   help="which parameters distillation trains")
     p.add_argument("--finetune-epochs", type=nonnegative_int, default=2,
                    help="fine-tuning epochs (with labels) after each block (0: none)")
     p.add_argument("--lr", type=positive_float, default=1e-4, help="fine-tuning learning rate")

@@ -8,6 +8,8 @@ The modules, top to bottom (each uses only those below it):
   (:func:`~jaxbsd.compression.engine.run`): plan, resume, replace one MLP at a time;
 * :mod:`~jaxbsd.compression.state` — resume: the state directory of a run;
 * :mod:`~jaxbsd.compression.refine` — the label-free refinement stage, the same for every method;
+* :mod:`~jaxbsd.compression.distill` — label-free distillation of the whole compressed model from
+  the original, after the last replacement;
 * :mod:`~jaxbsd.compression.budget` — uniform and greedy sharing of a parameter budget;
 * :mod:`~jaxbsd.compression.methods` — ``bsd``, ``svd``/``drone``, ``prune``, ``auto``: one
   protocol (parameters of a rank, feasible ranks, build);
@@ -19,6 +21,7 @@ The modules, top to bottom (each uses only those below it):
 """
 
 from jaxbsd.compression.blockwise import CompressionConfig, compress
+from jaxbsd.compression.distill import Distill
 from jaxbsd.compression.engine import compress_model
 from jaxbsd.compression.methods import BSD, DRONE, SVD, Auto, Method, Prune, get_method, register
 from jaxbsd.compression.refine import Refine
@@ -41,6 +44,7 @@ __all__ = [
     "Prune",
     "Auto",
     "Refine",
+    "Distill",
     "get_method",
     "register",
     "capture_calls",

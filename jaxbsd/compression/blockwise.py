@@ -45,6 +45,7 @@ from flax import nnx
 from jaxbsd import metrics
 from jaxbsd.bases import Basis, BSpline
 from jaxbsd.cmtf import CMTFConfig
+from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, teacher_outputs
 from jaxbsd.compression.engine import ALLOCATIONS, PLAN, Plan, Step, run, site_at
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine
@@ -73,6 +74,7 @@ __all__ = [
     "validation_split",
     "capture_indices",
     "judge_indices",
+    "distill_indices",
 ]
 
 METHODS = method_names()
@@ -140,6 +142,15 @@ class CompressionConfig:
         original model's MLP outputs on the step's capture images; ``"local"``: the original MLP
         on the tokens the compressed model feeds it).
       refine_batch: its tokens per step (None: all of them, full batch).
+      distill_steps: steps of label-free distillation of the whole model after the last step
+        (:class:`~jaxbsd.compression.distill.Distill`; 0: none): the compressed model is trained to
+        reproduce the original model's logits on ``distill_images`` training images
+        (:func:`distill_indices`; their labels are never read), the best step on held-out images kept.
+      distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable: its learning
+        rate, images per step, loss (``"kl"`` on the logits by default), temperature and which
+        parameters train (see :class:`~jaxbsd.compression.distill.Distill`).
+      distill_images: how many training images (outside the validation hold-out) it uses, fewer
+        if the split has fewer.
     """
 
     method: str = "bsd"
@@ -171,6 +182,13 @@ class CompressionConfig:
     refine_lr: float = 1e-3
     refine_target: str = "consistent"
     refine_batch: int | None = Refine.batch_size
+    distill_steps: int = 0
+    distill_lr: float = Distill.learning_rate
+    distill_batch: int | None = Distill.batch_size
+    distill_images: int = 1024
+    distill_loss: str = "kl"
+    distill_temperature: float = 2.0
+    distill_trainable: str = "replaced"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -202,6 +220,9 @@ class CompressionConfig:
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         self.refine  # validates the refinement settings
+        self.distill  # and the distillation's
+        if isinstance(self.distill_images, bool) or not isinstance(self.distill_images, int) or self.distill_images < 2:
+            raise ValueError(f"distill_images must be an int >= 2, got {self.distill_images!r}")
         if self.auto_judge not in JUDGES:
             raise ValueError(f"auto_judge must be one of {JUDGES}, got {self.auto_judge!r}")
 
@@ -223,6 +244,16 @@ class CompressionConfig:
         refine = Refine(steps=self.refine_steps, learning_rate=self.refine_lr, target=self.refine_target,
                         batch_size=self.refine_batch)
         return refine if self.refine_steps else None
+
+    @property
+    def distill(self) -> Distill | None:
+        """The distillation stage these settings describe (None with ``distill_steps=0``)."""
+        if isinstance(self.distill_steps, bool) or not isinstance(self.distill_steps, int) or self.distill_steps < 0:
+            raise ValueError(f"distill_steps must be an int >= 0, got {self.distill_steps!r}")
+        distill = Distill(steps=self.distill_steps, learning_rate=self.distill_lr, batch_size=self.distill_batch,
+                          loss=self.distill_loss, temperature=self.distill_temperature,
+                          trainable=self.distill_trainable)
+        return distill if self.distill_steps else None
 
     def method_object(self) -> Method:
         """The method object this configuration describes (its solver settings, restarts, warm
@@ -251,13 +282,19 @@ class CompressionConfig:
             d.pop("refine_lr", None)
             d.pop("refine_target", None)
             d.pop("refine_batch", None)
+        if not self.distill_steps:  # no distillation: its settings mean nothing
+            for name in _DISTILL_FIELDS:
+                d.pop(name, None)
         return d
 
 
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 _LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
-                 "refine_target": "local", "refine_batch": None}
+                 "refine_target": "local", "refine_batch": None, "distill_steps": 0}
+#: The distillation's settings, left out of a run's identity without distillation.
+_DISTILL_FIELDS = ("distill_lr", "distill_batch", "distill_images", "distill_loss", "distill_temperature",
+                   "distill_trainable")
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:
@@ -308,6 +345,12 @@ def judge_indices(num_images: int, n_capture: int, n_judge: int, seed: int, step
     if rest.size == 0:
         return capture
     return np.random.default_rng([seed, step, 1]).choice(rest, min(n_judge, rest.size), replace=False)
+
+
+def distill_indices(num_images: int, n: int, seed: int) -> np.ndarray:
+    """``(min(n, num_images),)``: the training images (indices) distillation uses in a run with
+    ``seed`` (drawn apart from the calibration draws; only the images, never their labels)."""
+    return np.random.default_rng([seed, DISTILL_STREAM]).choice(num_images, min(n, num_images), replace=False)
 
 
 def mlp_width(module: nnx.Module) -> int:
@@ -615,5 +658,25 @@ def compress(
 
     after_step = _finetune_step(model, dataset, fit, val, config, teacher=teacher, progress=progress,
                                 eval_batch_size=eval_bs)
-    return run(model, _plan(model, indices, config), source, record=record, after_step=after_step,
-               state=None if run_state is None else (lambda identity: run_state), on_record=report)
+    distill = config.distill
+    if distill is not None:  # the original model's logits on unlabeled training images, before any replacement
+        start = time.perf_counter()
+        images = jnp.asarray(fit.train_images[distill_indices(fit.train_images.shape[0], config.distill_images,
+                                                              config.seed)])
+        targets = teacher_outputs(model, images, distill.forward)
+        seconds_targets = time.perf_counter() - start
+    plan = _plan(model, indices, config)
+    records = run(model, plan, source, record=record, after_step=after_step,
+                  state=None if run_state is None else (lambda identity: run_state), on_record=report)
+    if distill is not None and records:
+        info = distill_model(model, images, targets, plan.paths, distill,
+                             jax.random.fold_in(jax.random.key(config.seed), DISTILL_STREAM))
+        acc = evaluate(model, dataset.test_images, dataset.test_labels, eval_bs)
+        info.update(acc_before=records[-1]["acc_ft"], acc_after=acc, images=int(images.shape[0]),
+                    seconds_targets=seconds_targets)
+        records[-1] = {**records[-1], "distill": info}
+        if progress:
+            print(f"distillation: held-out loss {info['loss_before']:.4g} -> {info['loss_after']:.4g} "
+                  f"(step {info['steps_kept']} of {info['steps']}), accuracy {info['acc_before']:.4f} -> {acc:.4f}",
+                  file=sys.stderr, flush=True)
+    return records

@@ -30,6 +30,7 @@ from flax import nnx
 
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compression import budget as budgets
+from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, teacher_outputs
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine, refine_module
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
@@ -377,6 +378,20 @@ class BatchCalibration:
         return self._outputs[path]
 
 
+def _teacher(model, calibration, forward):
+    """``(targets, seconds)``: the original model's outputs for distillation (``ValueError`` naming
+    ``calibration`` where the forward pass fails)."""
+    start = time.perf_counter()
+    try:
+        targets = teacher_outputs(model, calibration, forward)
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
+        raise ValueError(f"calibration: the model's forward pass fails on it "
+                         f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
+    return targets, time.perf_counter() - start
+
+
 def _validate(model, mlps, reduction, ranks, allocation, order, num_samples, mlp_specs) -> list[str]:
     if not isinstance(model, nnx.Module):
         raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
@@ -496,6 +511,7 @@ def compress_model(
     state_dir: str | os.PathLike | None = None,
     resume: bool = True,
     refine: Refine | bool | None = Refine(),
+    distill: Distill | None = None,
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -596,6 +612,12 @@ def compress_model(
         at ρ = 0.5 on both studied pairs and never lowered a mean significantly, at a fraction of
         the decoupling's time (the results page, "Label-free refinement"). None (or ``False``): no
         refinement, the method's replacement exactly as built; ``True``: ``jb.Refine()``.
+      distill: a :class:`~jaxbsd.compression.distill.Distill` to train the compressed model, after
+        the last replacement, to reproduce the original model's outputs on ``calibration`` (computed
+        once, before any replacement: ``model(calibration)`` or what a calibration callable returns;
+        no labels; the best step on held-out examples is kept; ``report.distill`` says what it did).
+        Off by default (None). With ``state_dir``, the setting is part of the run's identity, and a
+        resumed run distills again from the state after its last replacement.
 
     ``method="auto"``: each MLP gets one parameter share, within which a decoupling (warm-started
     from the pruned MLP wherever that is possible) and a pruned MLP are built, and the one judged
@@ -659,6 +681,9 @@ def compress_model(
         hint = (f"; for {refine} steps pass jaxbsd.Refine(steps={refine})" if isinstance(refine, int) else "")
         raise ValueError(f"refine must be a jaxbsd.Refine (jaxbsd.Refine() or True: the default refinement), "
                          f"or None or False to turn it off, got {refine!r}{hint}")
+    if distill is not None and not isinstance(distill, Distill):
+        raise ValueError(f"distill must be a jaxbsd.Distill or None, got {distill!r}")
+    distilling = distill is not None and distill.steps > 0
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
                 order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine)
     source = BatchCalibration(calibration, mlps, key, num_samples)
@@ -669,6 +694,8 @@ def compress_model(
             return None
         identity = {**identity, "num_samples": num_samples,
                     "key": np.asarray(jax.random.key_data(key)).tolist()}
+        if distilling:  # absent without distillation: the ids of earlier runs stay valid
+            identity["distill"] = distill.to_dict()
         return RunState(state_dir, run_id(identity), resume=resume)
 
     def record(step: Step) -> dict:
@@ -685,13 +712,19 @@ def compress_model(
         if finetune is not None:
             finetune(model)
 
+    targets = _teacher(model, calibration, distill.forward) if distilling else None  # before any replacement
     records = run(model, plan, source, record=record, after_step=after_step, state=state)
+    distilled = None
+    if distilling:  # the whole model, after the last replacement
+        distilled = distill_model(model, calibration, targets[0], mlps, distill,
+                                  jax.random.fold_in(key, DISTILL_STREAM))
+        distilled["seconds_targets"] = targets[1]
     params_after = count_params(model)
     report = CompressionReport(
         mlps=tuple(MLPReport.from_dict(r) for r in records), params_before=params_before,
         params_after=params_after, reduction=1 - params_after / params_before, target_reduction=reduction,
         allocation=allocation if reduction is not None else "explicit", method=method.name,
-        discovered=discovered)
+        discovered=discovered, distill=distilled)
     if reduction is not None:
         assert params_after <= (1 - reduction) * params_before, (params_after, params_before, reduction)
     return model, report

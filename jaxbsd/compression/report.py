@@ -103,6 +103,9 @@ class CompressionReport:
       allocation, method: as given.
       discovered: with ``mlps=None``, ``{path: "chosen: …" | "not chosen: …"}`` for every candidate
         submodule in model order (the chosen ones are the paths compressed); None when ``mlps`` was given.
+      distill: what the distillation stage did (:func:`~jaxbsd.compression.distill.distill_model`'s
+        report: loss, steps, ``steps_kept``, ``loss_before``/``loss_after`` on its held-out
+        examples, example counts, ``seconds`` and ``seconds_targets``), or None without it.
     """
 
     mlps: tuple[MLPReport, ...]
@@ -113,6 +116,7 @@ class CompressionReport:
     allocation: str
     method: str
     discovered: dict[str, str] | None = None
+    distill: dict[str, Any] | None = None
 
     @property
     def total_output_error(self) -> float:

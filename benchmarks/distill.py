@@ -1,0 +1,150 @@
+"""Distillation against compression: the time of the whole-model distillation stage beside the
+compression it follows, on the studies' trained models.
+
+Issue 43's cost row. The compression is ``jb.compress_model`` at ρ = 0.5 on 256 unlabeled training
+images with its defaults (``method="bsd"``: 300 sweeps, the warm start, the restart chosen on
+held-out tokens; ``jb.Refine()`` on every replacement), every block's MLP, back to front. The
+distillation (:class:`jb.Distill`, KL on the logits at T = 2, the replaced MLPs' parameters, 20 % of
+the images held out, minibatches of 64 images) is timed at two sizes: 300 steps on 1,024 images
+(``CompressionConfig``'s default images) and the issue's naive probe, 3,000 steps on 4,096 images.
+Each distillation starts from a copy of the same compressed model and its targets (the original's
+logits, computed once; their seconds are reported apart). Models: the ViT/Fashion-MNIST and
+DeiT/USPS of the studies (``checkpoints/``), in float32. Each is timed once, cold (the first run in
+the process, compilation included: what a user's run pays; the machine is shared, and three
+interleaved repeats of the 3,000-step probe would take most of an hour), and the compression and
+the short distillation once more, compiled, to show the compilation's share. There is no bound:
+the ratios are stated.
+The test accuracy of the compressed and the distilled model (one seed, no label read by either) is
+recorded beside the times as a preview, not as evidence.
+
+Usage::
+
+    python benchmarks/distill.py                 # writes benchmarks/distill.json
+    python benchmarks/distill.py --quick         # CI: the ViT, fewer steps and repeats, to a scratch file
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+os.environ.setdefault("JAXBSD_DATA", str(HERE.parents[1] / "shared" / "data"))
+
+from benchmarks.common import Row, format_table  # noqa: E402  (enables x64 first)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxbsd as jb  # noqa: E402
+from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs  # noqa: E402
+from jaxbsd.data import load_dataset  # noqa: E402
+from jaxbsd.io import provenance, write_json_atomic  # noqa: E402
+from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
+
+#: (name, checkpoint, data set)
+MODELS = (("ViT/Fashion-MNIST", "checkpoints/vit-fashion-mnist", "fashion-mnist"),
+          ("DeiT/USPS", "checkpoints/deit-usps", "usps"))
+#: (label, steps, images)
+SETTINGS = (("300 steps, 1,024 images", 300, 1024), ("3,000 steps, 4,096 images", 3000, 4096))
+QUICK_SETTINGS = (("30 steps, 256 images", 30, 256),)
+REDUCTION, CALIBRATION = 0.5, 256
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(name: str, checkpoint: str, dataset: str, settings) -> list[Row]:
+    original, _ = load_checkpoint(HERE.parent / checkpoint)
+    data = load_dataset(dataset)
+    rng = np.random.default_rng(0)
+    pool = rng.permutation(data.train_images.shape[0])
+    calibration = jnp.asarray(data.train_images[pool[:CALIBRATION]])
+    paths = [f"blocks.{i}.mlp" for i in range(len(original.blocks))]
+    graphdef, state = nnx.split(original)
+    fresh = lambda: nnx.merge(graphdef, state)  # noqa: E731  (a new model object on the same arrays)
+    key = jax.random.key(0)
+    compressed = {}
+
+    def compress():
+        model, report = jb.compress_model(fresh(), calibration, mlps=paths, reduction=REDUCTION, key=key)
+        jax.block_until_ready(nnx.state(model))
+        compressed["model"], compressed["report"] = model, report
+
+    # Cold: the first run of each in this process, compilation included, as a user's run pays it.
+    t_compress = {"cold": _timed(compress)}
+    c_graph, c_state = nnx.split(compressed["model"])
+    infos, t_distill = {}, {}
+    for i, (label, steps, n) in enumerate(settings):
+        images = jnp.asarray(data.train_images[pool[CALIBRATION:CALIBRATION + n]])  # unlabeled, apart from calibration
+        start = time.perf_counter()
+        targets = teacher_outputs(fresh(), images)
+        seconds_targets = time.perf_counter() - start
+        config = jb.Distill(steps=steps, loss="kl", temperature=2.0)
+
+        def distill(label=label, images=images, targets=targets, config=config):
+            model = nnx.merge(c_graph, c_state)
+            infos[label] = distill_model(model, images, targets, paths, config, jax.random.fold_in(key, DISTILL_STREAM))
+            infos[label]["model"], infos[label]["seconds_targets"] = model, seconds_targets
+            jax.block_until_ready(nnx.state(model))
+
+        t_distill[label] = {"cold": _timed(distill)}
+        if i == 0:  # the short setting once more, compiled: the compilation's share
+            t_distill[label]["warm"] = _timed(distill)
+    t_compress["warm"] = _timed(compress)
+    acc = lambda m: 100 * evaluate(m, data.test_images, data.test_labels, 1000)  # noqa: E731
+    acc_original, acc_compressed = acc(fresh()), acc(compressed["model"])
+    rows = []
+    for label, steps, n in settings:
+        info = {k: v for k, v in infos[label].items() if k != "model"}
+        ratio = t_distill[label]["cold"] / t_compress["cold"]
+        rows.append(Row(
+            name=f"distillation ({label}) / compression, {name} (rho = {REDUCTION}, every MLP)",
+            ours=t_distill[label]["cold"], reference=t_compress["cold"], ratio=ratio, target="", passed=None,
+            note="ratio = distill / compress, each one cold run (compilation included); no bound",
+            ratio_min=min(t_distill[label].values()) / min(t_compress.values()),
+            details={"distill_seconds": t_distill[label], "compress_seconds": t_compress,
+                     "settings": jb.Distill(steps=steps, loss="kl", temperature=2.0).to_dict(), "images": n,
+                     "calibration_images": CALIBRATION, "report": info,
+                     "seconds_per_step": info["seconds"] / steps,
+                     "accuracy_original": acc_original, "accuracy_compressed": acc_compressed,
+                     "accuracy_distilled": acc(infos[label]["model"]),
+                     "params": [compressed["report"].params_before, compressed["report"].params_after]}))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    models, settings = (MODELS[:1], QUICK_SETTINGS) if args.quick else (MODELS, SETTINGS)
+    rows = [row for m in models for row in measure(*m, settings=settings)]
+    print(format_table(rows))
+    for r in rows:
+        d = r.details
+        print(f"{r.name}: {r.ratio:.2f}x; accuracy original {d['accuracy_original']:.2f} %, compressed "
+              f"{d['accuracy_compressed']:.2f} %, distilled {d['accuracy_distilled']:.2f} % "
+              f"(held-out loss {d['report']['loss_before']:.4g} -> {d['report']['loss_after']:.4g}, "
+              f"step {d['report']['steps_kept']})")
+    out = args.out or (pathlib.Path("/tmp/distill_quick.json") if args.quick else HERE / "distill.json")
+    command = "python benchmarks/distill.py" + (" --quick" if args.quick else "")
+    write_json_atomic(out, {"command": command, "mode": "quick" if args.quick else "full",
+                            "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
+                            "provenance": provenance(command)})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
