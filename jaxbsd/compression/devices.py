@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbsd import driver
 from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Problem
@@ -69,7 +69,10 @@ def check_mesh(mesh, axis) -> Devices:
         raise ValueError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
     if axis is not None and axis not in mesh.axis_names:
         raise ValueError(f"mesh_axis must be one of the mesh's axes {mesh.axis_names}, got {axis!r}")
-    return Devices(mesh, axis)
+    # The same devices with automatic axes (``jax.make_mesh`` makes explicit ones): the captured
+    # tokens, sharded by the data-parallel capture, are then indexed like any array.
+    auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+    return Devices(auto, axis)
 
 
 #: How many times each group program has been traced in this process, by block function (a test reads it).
@@ -154,7 +157,9 @@ def run_blocks(fn: Callable, blocks: Any, shared: Any, devices: Devices = Device
     blocks = jax.tree_util.tree_map(lambda a: _to_global(a, split), blocks)
     shared = jax.tree_util.tree_map(lambda a: _to_global(a, whole), shared)
     out = program(blocks, shared)
-    return jax.tree_util.tree_map(lambda a: a[:G], out) if pad else out
+    # Gathered on every device; brought back as this process's own arrays (under jax.distributed the
+    # program's outputs are global arrays, which the host code after it cannot mix with its own).
+    return jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)[:G]), out)
 
 
 def _solve_block(block, shared, *, restarts: int, batch: str) -> DecouplingResult:
