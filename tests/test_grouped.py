@@ -170,3 +170,22 @@ def test_two_processes_of_two_devices_give_the_one_device_model_and_resume(tmp_p
     again = _two_processes(tmp_path, "bsd", state_dir, "again")
     for result in again:
         assert toy.relative_errors(result["outputs"], first[0]["outputs"]).max() == 0
+
+
+@SLOW
+@pytest.mark.parametrize("G, S, m, H, r, restarts", [(1, 128, 12, 32, 3, 2), (4, 256, 64, 256, 8, 4)])
+def test_the_memory_model_is_within_a_factor_of_the_compiled_program(G, S, m, H, r, restarts):
+    from jaxbsd.driver import problem
+    from jaxbsd.tensor import mlp_jacobian
+
+    config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=50)
+    X = jax.random.normal(jax.random.key(0), (S, m), jnp.float32)
+    V0 = jax.random.normal(jax.random.key(1), (H, m), jnp.float32)
+    V1 = jax.random.normal(jax.random.key(2), (m, H), jnp.float32)
+    prob = problem(mlp_jacobian(X, V0, jnp.zeros(H, jnp.float32), V1, jax.nn.sigmoid), X @ V0.T @ V1.T, X)
+    blocks = (jnp.stack([jax.random.key_data(jax.random.key(i)) for i in range(G)]), dv.stack([prob] * G), None)
+    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None)
+    analysis = program.lower(blocks, config).compile().memory_analysis()
+    measured = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+    model = dv.group_bytes(G, S, m, m, r, restarts, 4, hidden=H, max_iter=50, itemsize=4)
+    assert 0.8 * measured <= model <= 2 * measured, (model, measured)
