@@ -7,3 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pip install -q -e . >/dev/null
 python benchmarks/run.py --only cfgh --out "${OUT:-benchmarks}/results_gpu.json"
+# Grouped compression against one block at a time (issue 44): 6 blocks of the ViT study's shape.
+python benchmarks/grouped.py --out "${OUT:-benchmarks}/grouped_gpu.json"

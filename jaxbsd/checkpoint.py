@@ -97,8 +97,14 @@ def _checksum(header: dict, arrays: dict[str, np.ndarray]) -> str:
 def _manager(path: pathlib.Path, *, write: bool):
     import orbax.checkpoint as ocp  # imported here: Orbax is slow to import
 
-    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=write, cleanup_tmp_directories=write,
-                                           enable_async_checkpointing=False)
+    # Under jax.distributed each process reads, and only process 0 writes (a compression run's state),
+    # on its own: no barrier with processes that do not take part.
+    alone = ({"multiprocessing_options": ocp.options.MultiprocessingOptions(
+        primary_host=jax.process_index(), active_processes={jax.process_index()})} if jax.process_count() > 1 else {})
+    if alone and write:  # Orbax creates the root itself only when every process takes part
+        path.absolute().mkdir(parents=True, exist_ok=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=write and not alone, cleanup_tmp_directories=write,
+                                           enable_async_checkpointing=False, **alone)
     handlers = {_HEADER: ocp.JsonCheckpointHandler(), _STATE: ocp.StandardCheckpointHandler()}
     return ocp.CheckpointManager(path.absolute(), options=options, item_handlers=handlers)  # Orbax wants absolute paths
 

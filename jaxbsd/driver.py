@@ -250,24 +250,26 @@ def _stack_warm(runs: Any, warm: Any) -> Any:
     return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]]), runs, warm)
 
 
-def _run_map(keys, problem, config, channel, every, warm=None) -> cmtf.RestartResult:
-    """Restarts one after the other (``lax.map``); each restart's loop reports itself. A warm
-    start (``warm``, a :class:`~jaxbsd.cmtf.SolverState`) runs after the random restarts."""
+def _run_map(keys, problem, config, channel, every, warm=None, report=True) -> cmtf.RestartResult:
+    """Restarts one after the other (``lax.map``); each restart's loop reports itself (unless
+    ``report`` is False: no progress hook in the program at all). A warm start (``warm``, a
+    :class:`~jaxbsd.cmtf.SolverState`) runs after the random restarts."""
+
+    def hook(index):
+        return (lambda loop: _hook(channel, every, index, loop.it, loop)) if report else None
 
     def one(args):
         index, key = args
-        return cmtf.solve(key, problem, config, on_sweep=lambda loop: _hook(channel, every, index, loop.it, loop))
+        return cmtf.solve(key, problem, config, on_sweep=hook(index))
 
     runs = jax.lax.map(one, (jnp.arange(keys.shape[0]), keys))
     if warm is None:
         return runs
-    index = jnp.asarray(keys.shape[0])
-    warm_run = cmtf.solve(keys[0], problem, config, init=warm,
-                          on_sweep=lambda loop: _hook(channel, every, index, loop.it, loop))
+    warm_run = cmtf.solve(keys[0], problem, config, init=warm, on_sweep=hook(jnp.asarray(keys.shape[0])))
     return _stack_warm(runs, warm_run)
 
 
-def _run_vmap(keys, problem, config, channel, every, warm=None) -> cmtf.RestartResult:
+def _run_vmap(keys, problem, config, channel, every, warm=None, report=True) -> cmtf.RestartResult:
     """All restarts in one loop with a shared sweep counter: each sweep is one batched step
     of every running restart (stopped ones are held), as ``vmap`` of the while loop would do,
     and the progress report sees all restarts at once. A warm start (``warm``) is the last
@@ -285,17 +287,22 @@ def _run_vmap(keys, problem, config, channel, every, warm=None) -> cmtf.RestartR
         count, loops = carry
         stepped = over(cmtf.advance)(loops, problem, config)
         loops = jax.tree_util.tree_map(lambda new, old: hold(loops.running, new, old), stepped, loops)
-        _hook(channel, every, jnp.arange(loops.it.shape[0]), count + 1, loops)
+        if report:
+            _hook(channel, every, jnp.arange(loops.it.shape[0]), count + 1, loops)
         return count + 1, loops
 
     _, loops = jax.lax.while_loop(lambda c: jnp.any(c[1].running), body, (jnp.asarray(0), loops))
     return over(cmtf.finish)(loops, problem, config)
 
 
-def _decouple_compiled(keys, problem, config, channel, every, init=None, *, batch: str) -> DecouplingResult:
+def _decouple_compiled(keys, problem, config, channel, every, init=None, *, batch: str,
+                       report: bool = True) -> DecouplingResult:
+    """The whole solve of one problem. ``report=False`` leaves the progress hook out of the
+    program (a group of blocks vmaps this function: a batched hook would call the host every
+    sweep); the numbers are the same either way."""
     run = _run_vmap if batch == "vmap" else _run_map
     warm = None if init is None else cmtf.warm_state(problem, config, init)
-    return cmtf.select_best(run(keys, problem, config, channel, every, warm), config)
+    return cmtf.select_best(run(keys, problem, config, channel, every, warm, report), config)
 
 
 #: The whole solve, progress meter included, as one compiled function.

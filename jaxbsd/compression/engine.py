@@ -31,6 +31,8 @@ from flax import nnx
 from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compression import budget as budgets
 from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, teacher_outputs
+from jaxbsd.compression import grouped
+from jaxbsd.compression.devices import Devices, check_mesh, shard_batch
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine, refine_module
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
@@ -93,6 +95,9 @@ class Plan:
       structured: read recognised MLPs by their spec even where the method does not need it
         (structured Jacobians); ``False``: dense Jacobians for such methods.
       refine: the refinement stage (:class:`~jaxbsd.compression.refine.Refine`), or None.
+      devices: None: one MLP at a time; a :class:`~jaxbsd.compression.devices.Devices`: the MLPs
+        are independent (the caller says so: back to front, no step between them) and are solved
+        in groups (:mod:`jaxbsd.compression.grouped`) on those devices.
     """
 
     paths: tuple[str, ...]
@@ -104,6 +109,7 @@ class Plan:
     mlp_specs: Any = None
     structured: bool = True
     refine: Refine | None = None
+    devices: Devices | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +276,9 @@ def run(
         "refine": None if not refining else plan.refine.to_dict(),
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
     records = [] if run_state is None else run_state.load(model)
+    if plan.devices is not None:  # 4'. Independent MLPs: group by group (grouped.py)
+        return _run_grouped(model, plan, source, order, sites, rank_of, cache, judges, references, records,
+                            record=record, run_state=run_state, on_record=on_record)
     # 4. One MLP at a time.
     for step, path in enumerate(order, start=1):
         if step <= len(records):
@@ -310,6 +319,27 @@ def run(
         if on_record is not None:
             on_record(records[-1])
     return records
+
+
+def _run_grouped(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
+                 record, run_state, on_record) -> list[dict]:
+    """Step 4 when the MLPs are independent: the groups of :func:`jaxbsd.compression.grouped.solve_groups`,
+    each put in place and saved (by process 0 only) before the next; the records in step order."""
+    done = {r["path"] for r in records}
+    for finished in grouped.solve_groups(model, plan, order, sites, rank_of, cache, done=done,
+                                         build_key=lambda path, step: source.keys(path, step)[1], judges=judges,
+                                         references=references, devices=plan.devices):
+        for step, path, site, module, rank, info, seconds in finished:
+            set_submodule(model, path, module)
+            records.append(record(Step(step=step, path=path, site=site, module=module, rank=rank, info=info,
+                                       seconds=seconds, after={}, seconds_after=0.0)))
+        if run_state is not None and jax.process_index() == 0:
+            run_state.save(model, records)
+        if on_record is not None:
+            for r in records[-len(finished):]:
+                on_record(r)
+    position = {p: i for i, p in enumerate(order)}
+    return sorted(records, key=lambda r: position[r["path"]])
 
 
 # ----------------------------------------------------------------------------- compress_model
@@ -422,8 +452,9 @@ def _validate(model, mlps, reduction, ranks, allocation, order, num_samples, mlp
     if allocation not in ALLOCATIONS:
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
     if isinstance(order, str):
-        if order not in ("back-to-front", "front-to-back"):
-            raise ValueError(f"order must be 'back-to-front', 'front-to-back' or a list of the paths, got {order!r}")
+        if order not in ("back-to-front", "front-to-back", grouped.INDEPENDENT):
+            raise ValueError(f"order must be 'back-to-front', 'front-to-back', 'independent' or a list of the paths, "
+                             f"got {order!r}")
     elif sorted(order) != sorted(mlps):
         raise ValueError(f"order must list the paths of mlps, each once, got {order!r}")
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
@@ -512,6 +543,9 @@ def compress_model(
     resume: bool = True,
     refine: Refine | bool | None = Refine(),
     distill: Distill | None = None,
+    group: bool = True,
+    mesh: jax.sharding.Mesh | None = None,
+    mesh_axis: str | None = None,
 ) -> tuple[nnx.Module, CompressionReport]:
     """Replace MLP submodules of any Flax NNX model by compressed ones, in place.
 
@@ -568,7 +602,9 @@ def compress_model(
         its rank is replaced per MLP. Default: cubic B-splines with ν = 4, 300 sweeps.
       finetune: ``None`` or ``finetune(model) -> None``, called after each replacement.
       order: ``"back-to-front"`` (reverse order of the first calls in the forward pass; the
-        paper's BF), ``"front-to-back"`` or a list of the paths.
+        paper's BF), ``"front-to-back"``, ``"independent"`` (every MLP compressed on the original
+        model, solved in groups as back to front without ``finetune``; ``finetune`` is then refused)
+        or a list of the paths (one at a time).
       num_samples: ``S``, tokens sampled per MLP (default ``min(256, available)``).
       key: a ``jax.random`` key (token draws and solver restarts).
       mlp_specs: how to read user MLPs as ``fc2(h(fc1(x)))`` (:class:`MLPSpec`) or
@@ -618,6 +654,19 @@ def compress_model(
         no labels; the best step on held-out examples is kept; ``report.distill`` says what it did).
         Off by default (None). With ``state_dir``, the setting is part of the run's identity, and a
         resumed run distills again from the state after its last replacement.
+      group: ``True`` (default): where no MLP depends on another (back to front or
+        ``"independent"``, no ``finetune``), the MLPs of one shape and rank are solved as one
+        program with a leading block axis (:mod:`jaxbsd.compression.grouped`; the same models as
+        one at a time, up to rounding); ``report.mlps[i].group`` says which were solved together,
+        or why the run went one MLP at a time (front to back and ``finetune`` between blocks
+        change what the next MLP is fed). ``False``: one MLP at a time.
+      mesh: a :class:`jax.sharding.Mesh`: a group's block axis is split over its axis
+        ``mesh_axis`` (default: its first), and the calibration capture is data-parallel over the
+        batch (when its leading size divides evenly; one process). Under ``jax.distributed``
+        (every process runs the same script) give a mesh of all processes' devices: every
+        process ends with the same model, and only process 0 writes ``state_dir``. None: the
+        default device. See the docs' "Compressing on many devices".
+      mesh_axis: the mesh axis the blocks are split over.
 
     ``method="auto"``: each MLP gets one parameter share, within which a decoupling (warm-started
     from the pruned MLP wherever that is possible) and a pruned MLP are built, and the one judged
@@ -684,9 +733,23 @@ def compress_model(
     if distill is not None and not isinstance(distill, Distill):
         raise ValueError(f"distill must be a jaxbsd.Distill or None, got {distill!r}")
     distilling = distill is not None and distill.steps > 0
+    devices = check_mesh(mesh, mesh_axis)
+    if not isinstance(group, bool):
+        raise ValueError(f"group must be True or False, got {group!r}")
+    if order == grouped.INDEPENDENT and finetune is not None:
+        raise ValueError("finetune: order='independent' compresses every MLP on the original model; fine-tuning "
+                         "between blocks would make each depend on the last. Give finetune=None and fine-tune the "
+                         "returned model, or use order='back-to-front'")
+    sequential = ("group=False" if not group else "finetune" if finetune is not None else
+                  "order" if not isinstance(order, str) else "front-to-back" if order == "front-to-back" else None)
+    if mesh is not None and sequential is not None:
+        raise ValueError(f"mesh: a mesh splits the groups of a grouped run, and this run goes one MLP at a time "
+                         f"({grouped.SEQUENTIAL_REASONS[sequential]})")
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
-                order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine)
-    source = BatchCalibration(calibration, mlps, key, num_samples)
+                order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine,
+                devices=devices if sequential is None else None)
+    sharded = shard_batch(calibration, devices)
+    source = BatchCalibration(calibration if sharded is None else sharded, mlps, key, num_samples)
     params_before = count_params(model)
 
     def state(identity: dict) -> RunState | None:
@@ -706,7 +769,9 @@ def compress_model(
             params_after=count_params(step.module), error_J=info.get("error_J"), error_F=info.get("error_F"),
             output_error=info["output_error"], jacobian=info["jacobian"], seconds=step.seconds,
             seconds_finetune=step.seconds_after, kept=tuple(info["kept"]) if "kept" in info else None,
-            fit_tokens=info.get("fit_tokens"), spec=site.spec_status, **{f: info.get(f) for f in REPORT_FIELDS}))
+            fit_tokens=info.get("fit_tokens"), spec=site.spec_status,
+            **{f: info.get(f) for f in REPORT_FIELDS if f != "group"},
+            group=info.get("group") or {"sequential": grouped.SEQUENTIAL_REASONS[sequential or "group=False"]}))
 
     def after_step(model, path, step):
         if finetune is not None:

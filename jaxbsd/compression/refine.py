@@ -43,7 +43,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["Refine", "TARGETS", "refine_module", "trace_count"]
+from jaxbsd.compression.devices import Devices, run_blocks, stack, unstack
+
+__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "trace_count"]
 
 #: What the refined replacement is trained to reproduce (see the module docstring).
 TARGETS = ("local", "consistent")
@@ -163,6 +165,31 @@ def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine
       ValueError: naming ``calibration`` with fewer than 2 tokens, or shapes that do not match.
     """
     start = time.perf_counter()
+    prep = _prepare(module, X, Y, config, key)
+    best, errors, best_step = _refine_loop(prep.graphdef, *prep.operands, steps=config.steps, batch=prep.batch,
+                                           eval_every=prep.every)
+    return _finish(prep, config, best, errors, best_step, start)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """One module's refinement, ready to run: its split module, tokens and loop sizes."""
+
+    graphdef: Any
+    operands: tuple  # (params, rest, X_train, Y_train, X_held, Y_held, learning_rate, key)
+    batch: int | None
+    every: int
+    n_train: int
+    held: int
+
+    def signature(self) -> tuple:
+        """What must agree for two refinements to run as one program."""
+        leaves = jax.tree_util.tree_leaves(self.operands)
+        return (self.graphdef, self.batch, self.every, jax.tree_util.tree_structure(self.operands),
+                tuple((jnp.shape(a), jnp.result_type(a)) for a in leaves))
+
+
+def _prepare(module, X, Y, config: Refine, key) -> _Prepared:
     if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0]:
         raise ValueError(f"calibration: refinement needs tokens X (N, m) and targets Y (N, n), got {X.shape}, {Y.shape}")
     N = int(X.shape[0])
@@ -177,16 +204,68 @@ def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine
     n_train = take - held
     batch = None if config.batch_size is None or config.batch_size >= n_train else config.batch_size
     every = min(config.eval_every or (1 if batch is None else -(-n_train // batch)), max(1, config.steps))
-    best, errors, best_step = _refine_loop(graphdef, params, rest, X[held:], Y[held:], X[:held], Y[:held],
-                                           jnp.asarray(config.learning_rate, dtype), jax.random.fold_in(key, 1),
-                                           steps=config.steps, batch=batch, eval_every=every)
+    operands = (params, rest, X[held:], Y[held:], X[:held], Y[:held], jnp.asarray(config.learning_rate, dtype),
+                jax.random.fold_in(key, 1))
+    return _Prepared(graphdef, operands, batch, every, n_train, held)
+
+
+def _finish(prep: _Prepared, config: Refine, best, errors, best_step, start: float) -> tuple[nnx.Module, dict[str, Any]]:
     errors = np.asarray(errors, np.float64)
     best_step = int(best_step)
-    refined = nnx.merge(graphdef, best, rest)
+    refined = nnx.merge(prep.graphdef, best, prep.operands[1])
     return refined, {
         "target": config.target, "steps": config.steps, "steps_kept": best_step,
         "error_before": float(errors[0]), "error_after": float(errors[best_step]),
-        "tokens_train": n_train, "tokens_heldout": held, "batch_size": batch or n_train,
+        "tokens_train": prep.n_train, "tokens_heldout": prep.held, "batch_size": prep.batch or prep.n_train,
         # every ``every``-th step and the last: ceil(steps / every)
-        "evaluations": -(-config.steps // every), "seconds": time.perf_counter() - start,
+        "evaluations": -(-config.steps // prep.every), "seconds": time.perf_counter() - start,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Refiner:
+    """The refinement of one site's replacement: ``refiner(module) -> (refined, info)`` on the
+    tokens ``X (N, m)`` against the targets ``Y (N, n)`` (:func:`refine_module`); several are run
+    as one program by :func:`refine_group`."""
+
+    X: jax.Array
+    Y: jax.Array
+    config: Refine
+    key: jax.Array
+
+    def __call__(self, module: nnx.Module) -> tuple[nnx.Module, dict[str, Any]]:
+        return refine_module(module, self.X, self.Y, self.config, self.key)
+
+
+def _refine_block(block, shared, *, graphdef, steps: int, batch: int | None, eval_every: int):
+    params, rest, X_train, Y_train, X_held, Y_held, key_data = block
+    return _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, shared,
+                        jax.random.wrap_key_data(key_data), steps=steps, batch=batch, eval_every=eval_every)
+
+
+def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=None) -> list[tuple[nnx.Module, dict]]:
+    """:func:`refine_module` of several modules, those of one structure and token count as one
+    program with a leading block axis (``jax.vmap`` of the loop, sharded over ``devices``' mesh,
+    :func:`jaxbsd.compression.devices.run_blocks`); what each refiner alone returns, up to rounding."""
+    start = time.perf_counter()
+    preps = [_prepare(mod, r.X, r.Y, r.config, r.key) for mod, r in zip(modules, refiners)]
+    buckets: dict = {}
+    for i, prep in enumerate(preps):
+        buckets.setdefault(prep.signature(), []).append(i)
+    out: dict[int, tuple] = {}
+    for members in buckets.values():
+        first, config = preps[members[0]], refiners[members[0]].config
+        blocks = stack([(*preps[i].operands[:6], jax.random.key_data(preps[i].operands[7])) for i in members])
+        best, errors, steps_kept = run_blocks(_refine_block, blocks, first.operands[6],
+                                              devices if devices is not None else Devices(),
+                                              graphdef=first.graphdef, steps=config.steps, batch=first.batch,
+                                              eval_every=first.every)
+        for i, b, e, k in zip(members, unstack(best, len(members)), errors, steps_kept):
+            out[i] = (b, e, k)
+    share = (time.perf_counter() - start) / len(modules)
+    results = []
+    for i, prep in enumerate(preps):
+        module, info = _finish(prep, refiners[i].config, *out[i], time.perf_counter())
+        info["seconds"] += share
+        results.append((module, info))
+    return results

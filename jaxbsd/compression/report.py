@@ -51,6 +51,10 @@ class MLPReport:
         ``output_error`` is that of the replacement returned, refined.
       notes: what else the method says about this replacement (e.g. a pruning refit regularized
         because the calibration had fewer tokens than coefficients); else None.
+      group: for a grouped run (:mod:`jaxbsd.compression.grouped`), the MLPs solved together with
+        this one: ``{"index": g, "paths": [...], "devices": d}`` (``d`` devices the block axis was
+        split over); or ``{"sequential": reason}`` when the run went one MLP at a time (front to
+        back, fine-tuning between blocks). None: the report of a run before grouping existed.
     """
 
     path: str
@@ -80,6 +84,7 @@ class MLPReport:
     warm_start_skipped: str | None = None
     notes: str | None = None
     refine: dict[str, Any] | None = None
+    group: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> "MLPReport":
@@ -151,4 +156,5 @@ class CompressionReport:
 
 #: The :class:`MLPReport` fields a method may fill from its build ``info`` (beyond the common ones).
 REPORT_FIELDS = ("selection", "restart", "restart_warm", "restart_by_objective", "restart_by_output",
-                 "output_error_heldout", "selection_tokens", "auto", "warm_start_skipped", "notes", "refine")
+                 "output_error_heldout", "selection_tokens", "auto", "warm_start_skipped", "notes", "refine",
+                 "group")

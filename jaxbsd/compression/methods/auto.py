@@ -96,8 +96,41 @@ class Auto(Method):
         if refine is not None:  # both candidates refined (same tokens, same split) before the judge
             bsd, bsd_info["refine"] = refine(bsd)
             pruned, prune_info["refine"] = refine(pruned)
+        return self._choose(rank, (bsd, bsd_info), (pruned, prune_info), judge, refine is not None, start)
+
+    def build_group(self, sites, ranks, keys, *, judges=None, refiners=None, refine_group=None,
+                    devices=None):
+        """Both candidates of every site of a group: the decouplings as one program
+        (:meth:`BSD.build_group`), the prunings on the host, the refinements of each kind as one
+        program (``refine_group``), then each site's judge as in :meth:`build`. The block judge is
+        exact; what the model judge sees in a group is the engine's (:mod:`jaxbsd.compression.grouped`)."""
+        start = time.perf_counter()
+        judges = judges or [None] * len(sites)
+        refining = refiners is not None and all(r is not None for r in refiners)
+        bsds = self.bsd.build_group(sites, [r[0] for r in ranks], keys, devices=devices)
+        pruneds = self.prune.build_group(sites, [r[1] for r in ranks], keys, devices=devices)
+        if refining:
+            for builds in (bsds, pruneds):
+                refined = refine_group([m for m, _ in builds], refiners) if refine_group is not None else [
+                    r(m) for (m, _), r in zip(builds, refiners)]
+                for (_, info), (module, refine_info) in zip(builds, refined):
+                    info["refined_module"], info["refine"] = module, refine_info
+            bsds = [(info.pop("refined_module"), info) for _, info in bsds]
+            pruneds = [(info.pop("refined_module"), info) for _, info in pruneds]
+        share = (time.perf_counter() - start) / len(sites)
+        out = []
+        for rank, b, p, judge in zip(ranks, bsds, pruneds, judges):
+            module, info = self._choose(rank, b, p, judge, refining, time.perf_counter())
+            info["seconds"] += share
+            out.append((module, info))
+        return out
+
+    def _choose(self, rank, bsd_build, prune_build, judge, refined: bool, start: float):
+        """The candidate judged better, with the report of both."""
+        bsd_rank, prune_rank = rank
+        (bsd, bsd_info), (pruned, prune_info) = bsd_build, prune_build
         if self.judge == "block" or judge is None:
-            if refine is None:
+            if not refined:
                 what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
             else:  # the check tokens trained the refinement: compare on its held-out tokens
                 what = "refined held-out output error"

@@ -94,6 +94,26 @@ class Method:
         (``refine(module) -> (refined, info)``), for methods that compare candidates."""
         raise NotImplementedError
 
+    def build_group(self, sites: list[Site], ranks: list, keys: list[jax.Array], *,
+                    judges: list[Callable[[nnx.Module], float] | None] | None = None,
+                    refiners: list[Callable[[nnx.Module], Build] | None] | None = None,
+                    refine_group: Callable[[list[nnx.Module], list], list[Build]] | None = None,
+                    devices: Any = None) -> list[Build]:
+        """The replacements of several independent sites of one shape (a group, see
+        :mod:`jaxbsd.compression.grouped`), what :meth:`build` gives for each up to rounding.
+
+        ``judges``/``refiners``: per site, as :meth:`build`'s ``judge``/``refine``;
+        ``refine_group(modules, refiners)``: the refinement of several modules as one program (for
+        methods that refine their candidates); ``devices``: where a grouped program runs
+        (:class:`~jaxbsd.compression.devices.Devices`). This default builds one site at a time: a
+        method whose build is a host computation (pruning's float64 least squares) has no program
+        to group; a method with one (the decoupling) overrides it.
+        """
+        judges = judges or [None] * len(sites)
+        refiners = refiners or [None] * len(sites)
+        return [self.build(site, rank, key, judge=judge, refine=refine if self.refines_candidates else None)
+                for site, rank, key, judge, refine in zip(sites, ranks, keys, judges, refiners)]
+
     def to_dict(self) -> dict[str, Any]:
         """The method and its options as JSON data (part of a resumable run's identity)."""
         out = {"method": self.name}

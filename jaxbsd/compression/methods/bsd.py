@@ -23,7 +23,8 @@ from jaxbsd.cmtf import CMTFConfig
 from jaxbsd.compression.methods.base import Build, Method, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
-from jaxbsd.driver import decouple
+from jaxbsd.compression.devices import Devices, decouple_group
+from jaxbsd.driver import _check_init, decouple, problem
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
 
@@ -129,26 +130,67 @@ class BSD(Method):
                 return None
         return warm_init(site, rank, config)[0] if self.warm_start else None
 
-    def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
-        start = time.perf_counter()
+    def prepare(self, site: Site, rank: int) -> tuple:
+        """``(jacobian, kind, config, init, info)``: what the solve of ``site`` at ``rank`` needs
+        (the warm start built here, on the host), before the solver runs."""
         info: dict = {}
         jac, kind = site_jacobian(site)
         config = dataclasses.replace(self.config, rank=int(rank))
         init = self._init(site, int(rank), config, info)
-        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init)
-        chosen = _choose_restart(res, site, self.selection, warm=init is not None, info=info)
+        return jac, kind, config, init, info
+
+    def finish(self, site: Site, res, warm: bool, kind: str, info: dict, start: float) -> Build:
+        """The replacement from the solver's result ``res``: the restart kept by ``selection``,
+        as a :class:`DecoupledMLP`, with its report fields."""
+        chosen = _choose_restart(res, site, self.selection, warm=warm, info=info)
         module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=param_dtype(site.module, site.X.dtype))
         pick = lambda a: a[chosen]  # noqa: E731
         info.update(error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
                     status=int(pick(res.restarts.status)), iterations=int(pick(res.restarts.iterations)),
                     jacobian=kind)
         info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
-        notes = sampling_notes(site, int(rank))
+        notes = sampling_notes(site, int(module.W0[...].shape[0]))  # W0: (rank, m)
         if notes:
             info["notes"] = notes
         info["seconds"] = time.perf_counter() - start
         return module, info
+
+    def build(self, site: Site, rank, key: jax.Array, *,
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
+        start = time.perf_counter()
+        jac, kind, config, init, info = self.prepare(site, int(rank))
+        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init)
+        return self.finish(site, res, init is not None, kind, info, start)
+
+    def build_group(self, sites, ranks, keys, *, judges=None, refiners=None, refine_group=None,
+                    devices=None) -> list[Build]:
+        """The decouplings of several sites of one shape and rank, solved as one program with a
+        leading block axis (:func:`jaxbsd.compression.devices.decouple_group`): restarts, warm
+        starts and the objective's selection inside it; the held-out selection and the module per
+        block after it, as :meth:`build` does. Sites whose problems differ in structure (a warm
+        start for some only, say) are solved in one program per structure."""
+        start = time.perf_counter()
+        preps = [self.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
+        problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
+        inits = [None if p[3] is None else _check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
+        buckets: dict = {}
+        for i, (prep, prob, init) in enumerate(zip(preps, problems, inits)):
+            signature = (jax.tree_util.tree_structure((prob, init)), prep[2],
+                         tuple((a.shape, a.dtype) for a in jax.tree_util.tree_leaves((prob, init))))
+            buckets.setdefault(signature, []).append(i)
+        results: dict[int, object] = {}
+        for members in buckets.values():
+            solved = decouple_group([problems[i] for i in members], preps[members[0]][2], [keys[i] for i in members],
+                                    None if inits[members[0]] is None else [inits[i] for i in members],
+                                    restarts=self.restarts, devices=devices if devices is not None else Devices())
+            results.update(zip(members, solved))
+        seconds = (time.perf_counter() - start) / len(sites)
+        builds = []
+        for i, (site, prep) in enumerate(zip(sites, preps)):
+            module, info = self.finish(site, results[i], inits[i] is not None, prep[1], prep[4], time.perf_counter())
+            info["seconds"] += seconds  # the group's solve, shared evenly
+            builds.append((module, info))
+        return builds
 
 
 def sampling_notes(site: Site, rank: int) -> str | None:

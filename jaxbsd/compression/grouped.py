@@ -1,0 +1,170 @@
+"""Grouped compression: the MLPs of one shape solved as one program, when none depends on another.
+
+Back to front without fine-tuning between blocks (the paper's order, and ``order="independent"``),
+every MLP is fed by the original model: a block is compressed only after every block downstream
+of it, and nothing upstream of it has changed. So the planning capture (one forward pass) holds
+every MLP's tokens, and the MLPs of one shape and rank — a *group* — can be solved together: their
+problems stacked on a leading block axis and solved by one program, vmapped like the restarts
+(:func:`jaxbsd.compression.devices.run_blocks`), its block axis sharded over a mesh when one is
+given. A group holds
+
+* the decoupling, its random restarts, its warm start and the selection by the objective (the
+  held-out selection evaluates each block's restarts after the program);
+* ``auto``'s two candidates, and the refinement of each (one program per candidate kind);
+* the engine's refinement stage (one program for the group's replacements).
+
+Host computations stay per block: the pruning's float64 least squares (and the warm start built
+from it), the low-rank baselines' SVDs (each a jitted program compiled once per shape, not per
+block), the report's errors.
+
+What changes nothing: random draws keyed per block by the MLP's index (exactly the keys of one
+block at a time), the tokens (the planning capture is what a recapture before each step would
+give, the MLP's inputs being the original model's), so a grouped run returns the models of one
+block at a time up to rounding (``tests/test_grouped.py`` checks it per method).
+
+What the model judge of ``method="auto"`` sees: the whole model with the candidate in place, the
+MLPs of groups finished before in place, and **every other MLP of its own group original** (one
+block at a time, the MLPs replaced before it in the order are in place). The block judge is exact.
+
+Why front to back, and any run with ``finetune`` between blocks, stays one MLP at a time: there
+each step changes what the next MLP is fed (the replaced blocks upstream, the fine-tuned weights),
+so step ``k + 1``'s problem exists only once step ``k`` is done.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbsd.compression.devices import Devices
+from jaxbsd.compression.refine import Refiner, refine_group
+from jaxbsd.compression.sites import Site, output_error, same_site
+from jaxbsd.compression.surgery import output_judge
+
+__all__ = ["group_key", "groups", "solve_groups", "SEQUENTIAL_REASONS", "INDEPENDENT"]
+
+#: ``order=`` asking for every MLP to be compressed on the original model (grouped, back to front).
+INDEPENDENT = "independent"
+
+#: Why a run goes one MLP at a time (the report's ``group``).
+SEQUENTIAL_REASONS = {
+    "front-to-back": "front to back: each replacement changes the inputs of the MLPs after it",
+    "finetune": "finetune between blocks: each step's fine-tuning changes what the next MLP is fed",
+    "order": "an explicit order of paths: it may put an MLP after one upstream of it",
+    "group=False": "group=False: one MLP at a time was asked for",
+}
+
+
+def group_key(site: Site, rank) -> tuple:
+    """MLPs with equal keys can share one program: module type, widths, hidden width, rank, samples
+    and token counts, dtype (the method and the refinement split further by the programs' exact
+    signatures)."""
+    fit = None if site.fit_X is None else site.fit_X.shape[0]
+    return (type(site.module).__name__, site.m, site.n, site.hidden, site.gated, repr(rank), site.X.shape,
+            str(site.X.dtype), site.check_X.shape[0], fit)
+
+
+def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any]) -> list[list[tuple[int, str]]]:
+    """The ``(step, path)`` of ``todo`` in groups of one :func:`group_key`, each in step order, the
+    groups in the order of their first step."""
+    out: dict[tuple, list] = {}
+    for step, path in todo:
+        out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
+    return list(out.values())
+
+
+def refiner(plan, site: Site, reference, key: jax.Array) -> Refiner | None:
+    """The engine's refinement stage for ``site`` (as :func:`jaxbsd.compression.engine._refiner`):
+    its check and fit tokens against the original MLP's outputs (``"local"``) or the original
+    model's (``"consistent"``); None with fewer than 2 tokens."""
+    parts = [(site.check_X, site.check_Y, site.check_idx)]
+    if site.fit_X is not None and site.fit_X.shape[0]:
+        parts.append((site.fit_X, site.fit_Y, site.fit_idx))
+    X = jnp.concatenate([x for x, _, _ in parts])
+    if X.shape[0] < 2:
+        return None
+    if plan.refine.target == "local":
+        Y = jnp.concatenate([y for _, y, _ in parts])
+    else:
+        Y = jnp.concatenate([reference[np.asarray(i)] for _, _, i in parts])
+    return Refiner(X, Y, plan.refine, key)
+
+
+def _refine_all(modules, refiners, devices):
+    if len(modules) == 1:
+        return [refiners[0](modules[0])]
+    return refine_group(modules, refiners, devices)
+
+
+def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of: dict[str, Any],
+                 cache: dict, *, done: set[str], build_key: Callable[[str, int], jax.Array],
+                 judges: dict[int, tuple], references: dict[int, Any], devices: Devices) -> Iterator[list[tuple]]:
+    """Solve the MLPs of ``order`` not in ``done``, group by group; after each group, yield its
+    ``(step, path, site, module, rank, info, seconds)`` (the caller puts the modules in place and
+    saves, before the next group's judges look at the model).
+
+    Args:
+      model: the model (original, but for the groups already finished and put in place).
+      plan: the engine's :class:`~jaxbsd.compression.engine.Plan`.
+      order: the MLPs in execution order (steps are numbered from 1).
+      sites: every MLP's planning site (the tokens one block at a time would capture).
+      rank_of: the planned ranks; cache: the greedy allocation's builds.
+      done: paths finished by a resumed state.
+      build_key: ``(path, step) -> key`` of the method's randomness.
+      judges, references: by step, what the model judge and the ``"consistent"`` target use.
+      devices: where the groups' programs run.
+    """
+    method = plan.method
+    refining = plan.refine is not None and plan.refine.steps > 0
+    todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
+    for index, members in enumerate(groups(todo, sites, rank_of)):
+        start = time.perf_counter()
+        refiners = {step: refiner(plan, sites[path], references.get(step), jax.random.fold_in(build_key(path, step), 2))
+                    if refining else None for step, path in members}
+        builds: dict[int, tuple] = {}
+        pending = []
+        for step, path in members:
+            hit = cache.get((path, rank_of[path]))
+            if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
+                builds[step] = (hit[1], dict(hit[2]))  # the greedy allocation already built exactly this
+            else:
+                pending.append((step, path))
+        if len(pending) == 1:  # one block: exactly the program of one block at a time
+            step, path = pending[0]
+            judge = output_judge(model, path, *judges[step]) if step in judges else None
+            builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
+                                        refine=refiners[step] if method.refines_candidates else None)
+        elif pending:
+            refs = [refiners[s] for s, _ in pending]
+            results = method.build_group(
+                [sites[p] for _, p in pending], [rank_of[p] for _, p in pending], [build_key(p, s) for s, p in pending],
+                judges=[output_judge(model, p, *judges[s]) if s in judges else None for s, p in pending],
+                refiners=refs if method.refines_candidates and all(r is not None for r in refs) else None,
+                refine_group=lambda modules, rs: refine_group(modules, rs, devices), devices=devices)
+            builds.update(zip([s for s, _ in pending], results))
+        # The engine's refinement stage, for the methods that do not refine their candidates.
+        staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates]
+        if staged:
+            refined = _refine_all([builds[s][0] for s in staged], [refiners[s] for s in staged], devices)
+            for s, (module, refine_info) in zip(staged, refined):
+                builds[s] = (module, dict(builds[s][1], refine=refine_info))
+        paths = [p for _, p in members]
+        seconds = (time.perf_counter() - start) / len(members)
+        finished = []
+        for step, path in members:
+            module, info = builds[step]
+            site = sites[path]
+            if refiners[step] is not None:  # the report describes the module returned: its error once refined
+                info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
+                info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
+            elif refining:
+                tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
+                info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
+                                  "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
+            info["group"] = {"index": index, "paths": paths, "devices": devices.size}
+            finished.append((step, path, site, module, rank_of[path], info, seconds))
+        yield finished
