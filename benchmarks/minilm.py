@@ -6,9 +6,13 @@ tokens), S = 256 sampling points as ``jb.compress_model`` draws by default. At e
 study (``experiments/minilm.py``) gives the decoupling — the share ``s`` of the MLP's parameters
 removed, s ∈ {0.5, 0.6, 0.7, 0.8, 0.9}, ranks 765 … 153 — it times ``jb.BSD()`` (300 sweeps, the warm
 start from the pruned MLP, the restart chosen on held-out tokens) and ``jb.Prune()`` at the same
-budget, compiled (one warm-up build first), in float32. The matmul bound of a decoupling is its 300
-sweeps at ``4·S·n·m·r`` FLOP each (row (f) of ``benchmarks/run.py``) at the float32 GEMM rate measured
-in the same run: ``multiple = seconds / bound``.
+budget, compiled (one warm-up build first), in float32. The matmul bound of a decoupling is the GEMM
+work of its 300 sweeps through the structured Jacobian ``[[V1, V0ᵀ, D]]`` (``D = h'(X V0ᵀ + b0)``,
+``S × H``), at the float32 GEMM rate measured in the same run: per sweep ``V0 W0ᵀ`` and ``V1ᵀ W1``
+(``2·H·(m + n)·r``), ``Dᵀ G`` and ``D (A ∘ B)`` (``2·2·S·H·r``) and the products back through ``V0``,
+``V1`` (``2·H·(m + n)·r``), i.e. ``4·r·H·(S + m + n)`` FLOP; ``multiple = seconds / bound``. (Row (f)
+of ``benchmarks/run.py`` uses the dense ``4·S·n·m·r``, which here would be ``n·m / (H·(1 + (m + n)/S))``
+≈ 27× larger; it is recorded as ``dense_bound_s``.)
 
 Usage::
 
@@ -82,14 +86,16 @@ def main(argv=None) -> int:
         t_bsd, info = _timed(lambda: bsd.build(site, r, key))
         _timed(lambda: prune.build(site, k, key))
         t_prune, pinfo = _timed(lambda: prune.build(site, k, key))
-        bound = bsd.config.max_iter * 4 * S * n * m * r / peak
+        H = site.hidden
+        bound = bsd.config.max_iter * 4 * r * H * (S + m + n) / peak
+        dense_bound = bsd.config.max_iter * 4 * S * n * m * r / peak
         rows.append(Row(
             name=f"decoupling / matmul bound, MiniLM layer 3 MLP (384-1536-384), s={share}: r={r}, S={S}",
             ours=t_bsd, reference=bound, ratio=t_bsd / bound, target="", passed=None,
             note=f"pruning to k={k} units: {t_prune:.2f} s ({t_bsd / t_prune:.0f}x faster than the decoupling)",
             details={"share": share, "rank": r, "prune_units": k, "seconds_decouple": t_bsd,
                      "seconds_decouple_first_call": compile_bsd, "seconds_prune": t_prune,
-                     "matmul_bound_s": bound, "peak_flops": peak, "sweeps": bsd.config.max_iter,
+                     "matmul_bound_s": bound, "dense_bound_s": dense_bound, "peak_flops": peak, "hidden": H, "sweeps": bsd.config.max_iter,
                      "output_error_decouple": info["output_error"], "output_error_prune": pinfo["output_error"],
                      "tokens": int(X.shape[0]), "S": S}))
         print(format_table(rows[-1:]), flush=True)
