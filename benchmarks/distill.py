@@ -71,8 +71,8 @@ def measure(name: str, checkpoint: str, dataset: str, settings) -> list[Row]:
     pool = rng.permutation(data.train_images.shape[0])
     calibration = jnp.asarray(data.train_images[pool[:CALIBRATION]])
     paths = [f"blocks.{i}.mlp" for i in range(len(original.blocks))]
-    graphdef, state = nnx.split(original)
-    fresh = lambda: nnx.merge(graphdef, state)  # noqa: E731  (a new model object on the same arrays)
+    # nnx.merge of one split shares its Variables: every run gets a deep copy (nnx.clone) instead
+    fresh = lambda: nnx.clone(original)  # noqa: E731
     key = jax.random.key(0)
     compressed = {}
 
@@ -83,7 +83,7 @@ def measure(name: str, checkpoint: str, dataset: str, settings) -> list[Row]:
 
     # Cold: the first run of each in this process, compilation included, as a user's run pays it.
     t_compress = {"cold": _timed(compress)}
-    c_graph, c_state = nnx.split(compressed["model"])
+    pristine = nnx.clone(compressed["model"])  # every distillation starts from this compressed model
     infos, t_distill = {}, {}
     for i, (label, steps, n) in enumerate(settings):
         images = jnp.asarray(data.train_images[pool[CALIBRATION:CALIBRATION + n]])  # unlabeled, apart from calibration
@@ -93,7 +93,7 @@ def measure(name: str, checkpoint: str, dataset: str, settings) -> list[Row]:
         config = jb.Distill(steps=steps, loss="kl", temperature=2.0)
 
         def distill(label=label, images=images, targets=targets, config=config):
-            model = nnx.merge(c_graph, c_state)
+            model = nnx.clone(pristine)
             infos[label] = distill_model(model, images, targets, paths, config, jax.random.fold_in(key, DISTILL_STREAM))
             infos[label]["model"], infos[label]["seconds_targets"] = model, seconds_targets
             jax.block_until_ready(nnx.state(model))
