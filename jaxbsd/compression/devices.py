@@ -205,7 +205,7 @@ def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: i
     ``G`` blocks on one device hold ``G`` times that (the vmapped program of an accelerator; the
     CPU program solves its blocks one after the other and holds one block's temporaries, so it
     needs less). Checked against ``compiled.memory_analysis()`` (arguments + outputs +
-    temporaries) in ``tests/test_grouped.py``: within 0.9–1.7× on the CPU.
+    temporaries) in ``tests/test_grouped.py``: between 0.8 and 2 times the measurement.
     """
     jac = S * n * m if hidden is None else S * hidden + hidden * (n + m)
     problem = S * m + S * n + jac
