@@ -82,6 +82,7 @@ def trace_count(what: str = "solver") -> int:
     return _TRACES.get({"solver": "_solve_block", "refine": "_refine_block"}.get(what, what), 0)
 
 
+@jax.jit  # one program per group signature, not one eager op (and compile) per leaf
 def stack(trees: list) -> Any:
     """Pytrees of one structure and shapes, stacked on a new leading axis."""
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
@@ -89,6 +90,11 @@ def stack(trees: list) -> Any:
 
 def unstack(tree: Any, count: int) -> list:
     """The ``count`` members of a pytree stacked on its leading axis."""
+    return _unstack(tree, count)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstack(tree: Any, count: int) -> list:
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], tree) for i in range(count)]
 
 
