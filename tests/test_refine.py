@@ -487,37 +487,3 @@ def test_the_report_has_a_short_summary():
     assert text.startswith(f"prune, uniform: {report.params_before:,} -> {report.params_after:,} parameters")
     assert f"ffns.0: prune rank {mlp.rank}" in text and f"output error {mlp.output_error:.3g}" in text
     assert f"(step {mlp.refine['steps_kept']} of 10)" in text
-
-
-@pytest.mark.parametrize("warmup,steps", [(3, 8), (1, 4), (5, 5)])
-def test_warmup_is_adam_at_a_linear_then_cosine_step_size(warmup, steps):
-    """``Refine(warmup=w)``: Adam whose step size rises linearly from 0 over ``w`` steps, then decays
-    along a cosine to 0 at the last step, against Adam written out in numpy on a quadratic."""
-    from jaxbsd.compression.refine import _adam
-    lr, b1, b2, eps = 0.05, 0.9, 0.999, 1e-8
-    c = np.array([1.0, -2.0, 0.5])
-    p, m, v = np.zeros(3), np.zeros(3), np.zeros(3)
-    decay = max(steps, warmup + 1) - warmup
-    expected = []
-    for t in range(steps):
-        scale = t / warmup if t < warmup else 0.5 * (1 + np.cos(np.pi * (t - warmup) / decay))
-        g = p - c
-        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g ** 2
-        p = p - lr * scale * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v / (1 - b2 ** (t + 1))) + eps)
-        expected.append(p.copy())
-    tx = _adam(jnp.asarray(lr, jnp.float64), steps, warmup)
-    q = jnp.zeros(3, jnp.float64)
-    state = tx.init(q)
-    for t in range(steps):
-        updates, state = tx.update(q - jnp.asarray(c), state, q)
-        q = q + updates
-        # optax evaluates the schedule in float32: agreement to its rounding, far tighter than any mix-up of steps
-        np.testing.assert_allclose(np.asarray(q), expected[t], rtol=1e-6, atol=1e-9)
-    assert np.all(expected[0] == 0)  # the first step moves nothing: the overshoot it avoids
-
-
-def test_warmup_zero_is_the_constant_step_and_leaves_the_identity_alone():
-    assert "warmup" not in jb.Refine().to_dict() and jb.Refine(warmup=10).to_dict()["warmup"] == 10
-    for bad in (-1, 1.5, True, None):
-        with pytest.raises(ValueError, match="warmup"):
-            jb.Refine(warmup=bad)

@@ -65,12 +65,6 @@ class Refine:
         or at least the number of training tokens: every step on all of them (full batch).
       eval_every: evaluate the held-out error every this many steps (and at the last); None: once
         per epoch, ``ceil(training tokens / batch_size)`` steps — every step with full batches.
-      warmup: steps over which Adam's step size rises linearly from 0 to ``learning_rate``, then
-        decays to 0 along a cosine by the last step (0: a constant step size, the default). Adam's
-        first steps move every weight by about the step size whatever its scale; on a replacement
-        already close to its target (a lightly pruned pretrained MLP, output errors of 1e-4 to
-        1e-2) that overshoot can cost more than all later steps win back, and the loop keeps step 0
-        (the results page, "Refinement at light compression").
     """
 
     steps: int = 300
@@ -80,7 +74,6 @@ class Refine:
     max_tokens: int = 16384
     batch_size: int | None = 512
     eval_every: int | None = None
-    warmup: int = 0
 
     def __post_init__(self):
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
@@ -97,14 +90,9 @@ class Refine:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"refine: {name} must be None or an int >= 1, got {value!r}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"refine: warmup must be an int >= 0, got {self.warmup!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        if not self.warmup:  # absent at its default: the identities and tags of earlier runs stay valid
-            del out["warmup"]
-        return out
+        return dataclasses.asdict(self)
 
 
 #: How many times the loop has been traced (compiled) in this process: a test reads it.
@@ -121,24 +109,15 @@ def _relative_error(graphdef, params, rest, X, Y):
     return jnp.sum((out - Y) ** 2) / jnp.maximum(jnp.sum(Y ** 2), jnp.finfo(Y.dtype).tiny)
 
 
-def _adam(learning_rate, steps: int, warmup: int):
-    """Adam at a constant step size (``warmup=0``), or warmed up linearly over ``warmup`` steps and
-    then decayed along a cosine to 0 at ``steps``."""
-    if not warmup:
-        return optax.adam(learning_rate)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, 1.0, warmup, max(steps, warmup + 1))
-    return optax.adam(lambda count: learning_rate * schedule(count))
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "batch", "eval_every", "warmup"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "batch", "eval_every"))
 def _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate, key, *, steps: int,
-                 batch: int | None, eval_every: int, warmup: int = 0):
+                 batch: int | None, eval_every: int):
     """``(best params, held-out error per step (steps + 1,), best step)``: ``steps`` Adam steps on the
     training tokens (all of them with ``batch=None``, else ``batch`` drawn at random per step),
     keeping the parameters of the evaluated step (0 = as given) with the lowest held-out error;
     steps not evaluated (every ``eval_every``-th and the last are) record ``inf``."""
     _TRACES[0] += 1
-    tx = _adam(learning_rate, steps, warmup)
+    tx = optax.adam(learning_rate)
     loss = functools.partial(_relative_error, graphdef)
     held = lambda p: loss(p, rest, X_held, Y_held)  # noqa: E731
     err0 = held(params)
@@ -188,7 +167,7 @@ def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine
     start = time.perf_counter()
     prep = _prepare(module, X, Y, config, key)
     best, errors, best_step = _refine_loop(prep.graphdef, *prep.operands, steps=config.steps, batch=prep.batch,
-                                           eval_every=prep.every, warmup=config.warmup)
+                                           eval_every=prep.every)
     return _finish(prep, config, best, errors, best_step, start)
 
 
@@ -258,11 +237,10 @@ class Refiner:
         return refine_module(module, self.X, self.Y, self.config, self.key)
 
 
-def _refine_block(block, shared, *, graphdef, steps: int, batch: int | None, eval_every: int, warmup: int):
+def _refine_block(block, shared, *, graphdef, steps: int, batch: int | None, eval_every: int):
     params, rest, X_train, Y_train, X_held, Y_held, key_data = block
     return _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, shared,
-                        jax.random.wrap_key_data(key_data), steps=steps, batch=batch, eval_every=eval_every,
-                        warmup=warmup)
+                        jax.random.wrap_key_data(key_data), steps=steps, batch=batch, eval_every=eval_every)
 
 
 def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=None) -> list[tuple[nnx.Module, dict]]:
@@ -273,7 +251,7 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
     preps = [_prepare(mod, r.X, r.Y, r.config, r.key) for mod, r in zip(modules, refiners)]
     buckets: dict = {}
     for i, prep in enumerate(preps):
-        buckets.setdefault((prep.signature(), refiners[i].config), []).append(i)
+        buckets.setdefault(prep.signature(), []).append(i)
     out: dict[int, tuple] = {}
     for members in buckets.values():
         first, config = preps[members[0]], refiners[members[0]].config
@@ -281,7 +259,7 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
         best, errors, steps_kept = run_blocks(_refine_block, blocks, first.operands[6],
                                               devices if devices is not None else Devices(),
                                               graphdef=first.graphdef, steps=config.steps, batch=first.batch,
-                                              eval_every=first.every, warmup=config.warmup)
+                                              eval_every=first.every)
         for i, b, e, k in zip(members, unstack(best, len(members)), errors, steps_kept):
             out[i] = (b, e, k)
     share = (time.perf_counter() - start) / len(modules)
