@@ -204,7 +204,7 @@ def test_finetune_is_called_once_per_mlp_back_to_front():
         (dict(mlp_specs=jb.MLPSpec("up", "down", "relu")), "mlp_specs"),
         (dict(mlp_specs=jb.MLPSpec("fc1", "fc2")), "mlp_specs"),
         (dict(reduction=None, ranks={PATHS[0]: 2}), "ranks"),
-        (dict(reduction=None, ranks={PATHS[0]: 9, PATHS[1]: 2}, method="svd"), "ranks"),  # > min(m, H, n)
+        (dict(reduction=None, ranks={PATHS[0]: 9, PATHS[1]: 2}, method="svd", config=None), "ranks"),  # > min(m,H,n)
         (dict(mlps=[PATHS[0], PATHS[0]]), "mlps"),
         (dict(method="pruning"), "method"),
         (dict(allocation="best"), "allocation"),

@@ -278,16 +278,14 @@ def test_the_loop_lowers_for_gpus_as_one_device_loop(batch, eval_every):
 def _spy_on_refinement(monkeypatch):
     """Record the tokens, targets and key each refinement of the engine is given (the real
     refinement still runs): the tests below recompute what it must have done from these."""
-    from jaxbsd.compression import engine
-
     calls = []
-    real = engine.refine_module
+    real = refine_mod._prepare  # what one refinement and a group of them (the grouped engine) both call
 
     def spy(module, X, Y, config, key):
         calls.append(dict(X=np.asarray(X, np.float64), Y=np.asarray(Y, np.float64), key=key, config=config))
         return real(module, X, Y, config, key)
 
-    monkeypatch.setattr(engine, "refine_module", spy)
+    monkeypatch.setattr(refine_mod, "_prepare", spy)
     return calls
 
 
@@ -302,13 +300,14 @@ def _relative(out, ref):
     return np.sum((out - ref) ** 2) / np.sum(ref ** 2)
 
 
-def test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_reported(monkeypatch):
+@pytest.mark.parametrize("group", [True, False])
+def test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_reported(monkeypatch, group):
     """The held-out error of the module *in the model*, recomputed here in numpy on the split the
     refinement drew, is the reported ``error_after``, and it is well below that of the replacement
     as built (``refine=None``): an engine that kept the built module while reporting a refinement fails."""
     d, h = 12, 32
     x = _calibration(d, seed=6)
-    kw = dict(mlps=["ffns.0"], reduction=0.5, method="svd", key=jax.random.key(2))  # svd: not fitted to the tokens
+    kw = dict(mlps=["ffns.0"], reduction=0.5, method="svd", key=jax.random.key(2), group=group)  # svd: not fitted
     calls = _spy_on_refinement(monkeypatch)
     model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=jb.Refine(steps=60, learning_rate=3e-3),
                                       **kw)
