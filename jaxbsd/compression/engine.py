@@ -34,7 +34,7 @@ from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, t
 from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices, check_mesh, shard_batch
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
-from jaxbsd.compression.refine import Refine, refine_module
+from jaxbsd.compression.refine import Refine, site_refiner
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
 from jaxbsd.compression.sites import Site, make_site, output_error, same_site
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec, discover_mlps
@@ -190,21 +190,9 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
 
 
 def _refiner(plan: Plan, site: Site, reference, key: jax.Array):
-    """``refine(module) -> (module, info)`` on the site's check and fit tokens (what the MLP is fed
-    now), against the original MLP's outputs there (``"local"``) or the original model's
-    (``"consistent"``, ``reference``: its outputs on every captured token); None where there are
-    fewer than 2 tokens (nothing to hold out: the replacement stays as built)."""
-    parts = [(site.check_X, site.check_Y, site.check_idx)]
-    if site.fit_X is not None and site.fit_X.shape[0]:
-        parts.append((site.fit_X, site.fit_Y, site.fit_idx))
-    X = jnp.concatenate([x for x, _, _ in parts])
-    if X.shape[0] < 2:
-        return None
-    if plan.refine.target == "local":
-        Y = jnp.concatenate([y for _, y, _ in parts])
-    else:
-        Y = jnp.concatenate([reference[np.asarray(i)] for _, _, i in parts])
-    return lambda module: refine_module(module, X, Y, plan.refine, key)
+    """``refine(module) -> (module, info)`` for ``site`` (:func:`~jaxbsd.compression.refine.site_refiner`),
+    or None where there are fewer than 2 tokens."""
+    return site_refiner(plan.refine, site, reference, key)
 
 
 def model_digest(model: nnx.Module) -> str:

@@ -37,11 +37,9 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from jaxbsd.compression.devices import Devices
-from jaxbsd.compression.refine import Refiner, refine_group
+from jaxbsd.compression.refine import Refiner, refine_group, site_refiner
 from jaxbsd.compression.sites import Site, output_error, same_site
 from jaxbsd.compression.surgery import output_judge
 
@@ -78,20 +76,8 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
 
 
 def refiner(plan, site: Site, reference, key: jax.Array) -> Refiner | None:
-    """The engine's refinement stage for ``site`` (as :func:`jaxbsd.compression.engine._refiner`):
-    its check and fit tokens against the original MLP's outputs (``"local"``) or the original
-    model's (``"consistent"``); None with fewer than 2 tokens."""
-    parts = [(site.check_X, site.check_Y, site.check_idx)]
-    if site.fit_X is not None and site.fit_X.shape[0]:
-        parts.append((site.fit_X, site.fit_Y, site.fit_idx))
-    X = jnp.concatenate([x for x, _, _ in parts])
-    if X.shape[0] < 2:
-        return None
-    if plan.refine.target == "local":
-        Y = jnp.concatenate([y for _, y, _ in parts])
-    else:
-        Y = jnp.concatenate([reference[np.asarray(i)] for _, _, i in parts])
-    return Refiner(X, Y, plan.refine, key)
+    """The engine's refinement stage for ``site``: :func:`~jaxbsd.compression.refine.site_refiner`."""
+    return site_refiner(plan.refine, site, reference, key)
 
 
 def _refine_all(modules, refiners, devices):

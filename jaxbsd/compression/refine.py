@@ -269,3 +269,22 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
         info["seconds"] += share
         results.append((module, info))
     return results
+
+
+def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | None:
+    """The engine's refinement of one site's replacement: the site's check and fit tokens (what the
+    MLP is fed now) against the original MLP's outputs there (``"local"``) or the original model's
+    (``"consistent"``, ``reference``: its outputs on every captured token, indexed by the tokens'
+    ``check_idx``/``fit_idx``); None with fewer than 2 tokens (nothing to hold out: the
+    replacement stays as built)."""
+    parts = [(site.check_X, site.check_Y, site.check_idx)]
+    if site.fit_X is not None and site.fit_X.shape[0]:
+        parts.append((site.fit_X, site.fit_Y, site.fit_idx))
+    X = jnp.concatenate([x for x, _, _ in parts])
+    if X.shape[0] < 2:
+        return None
+    if config.target == "local":
+        Y = jnp.concatenate([y for _, y, _ in parts])
+    else:
+        Y = jnp.concatenate([reference[np.asarray(i)] for _, _, i in parts])
+    return Refiner(X, Y, config, key)
