@@ -72,7 +72,7 @@ def test_grouped_float32_within_1e_6():
 
 def test_a_killed_grouped_run_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch):
     hidden = (32, 16, 32, 16)  # two shapes: two groups, interleaved in the order
-    reference, reference_report = toy.run("svd", hidden=hidden, state_dir=tmp_path / "reference")
+    reference, reference_report = toy.run("svd", hidden=hidden, group=True, state_dir=tmp_path / "reference")
     saves = []
     original = RunState.save
 
@@ -83,13 +83,13 @@ def test_a_killed_grouped_run_resumes_to_the_uninterrupted_model(tmp_path, monke
 
     monkeypatch.setattr(RunState, "save", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        toy.run("svd", hidden=hidden, state_dir=tmp_path / "state")
+        toy.run("svd", hidden=hidden, group=True, state_dir=tmp_path / "state")
     assert saves == [2]  # the first group (blocks 3 and 1) was saved, then the process "died"
     monkeypatch.setattr(RunState, "save", original)
     built = []
     monkeypatch.setattr(jb.SVD, "build_group", lambda self, sites, *a, **k: built.append(len(sites)) or
                         jb.compression.methods.Method.build_group(self, sites, *a, **k))
-    model, report = toy.run("svd", hidden=hidden, state_dir=tmp_path / "state")
+    model, report = toy.run("svd", hidden=hidden, group=True, state_dir=tmp_path / "state")
     assert built == [2]  # only the second group was solved again
     assert toy.relative_errors(toy.outputs(model), toy.outputs(reference)).max() == 0
     assert [r.path for r in report.mlps] == [r.path for r in reference_report.mlps] == [
@@ -109,7 +109,7 @@ def test_what_cannot_be_grouped_is_refused_or_said():
         jb.compress_model(toy.Net(), x, mesh="cpu", **common)
     with pytest.raises(ValueError, match="^mesh_axis must be one of"):
         jb.compress_model(toy.Net(), x, mesh=mesh, mesh_axis="data", **common)
-    _, report = jb.compress_model(toy.Net(), x, order="front-to-back", refine=None, **common)
+    _, report = jb.compress_model(toy.Net(), x, order="front-to-back", refine=None, group=True, **common)
     assert all(r.group == {"sequential": "front to back: each replacement changes the inputs of the MLPs after it"}
                for r in report.mlps)
 

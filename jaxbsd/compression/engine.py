@@ -531,7 +531,7 @@ def compress_model(
     resume: bool = True,
     refine: Refine | bool | None = Refine(),
     distill: Distill | None = None,
-    group: bool = True,
+    group: bool | None = None,
     mesh: jax.sharding.Mesh | None = None,
     mesh_axis: str | None = None,
 ) -> tuple[nnx.Module, CompressionReport]:
@@ -642,12 +642,14 @@ def compress_model(
         no labels; the best step on held-out examples is kept; ``report.distill`` says what it did).
         Off by default (None). With ``state_dir``, the setting is part of the run's identity, and a
         resumed run distills again from the state after its last replacement.
-      group: ``True`` (default): where no MLP depends on another (back to front or
+      group: ``True``: where no MLP depends on another (back to front or
         ``"independent"``, no ``finetune``), the MLPs of one shape and rank are solved as one
         program with a leading block axis (:mod:`jaxbsd.compression.grouped`; the same models as
         one at a time, up to rounding); ``report.mlps[i].group`` says which were solved together,
         or why the run went one MLP at a time (front to back and ``finetune`` between blocks
-        change what the next MLP is fed). ``False``: one MLP at a time.
+        change what the next MLP is fed). ``False``: one MLP at a time. None (default): grouped
+        when a ``mesh`` is given, else one MLP at a time — on this project's 2-core CPU a grouped run
+        was not yet measured to be as fast as one at a time (``benchmarks/grouped.py``).
       mesh: a :class:`jax.sharding.Mesh`: a group's block axis is split over its axis
         ``mesh_axis`` (default: its first), and the calibration capture is data-parallel over the
         batch (when its leading size divides evenly; one process). Under ``jax.distributed``
@@ -722,8 +724,10 @@ def compress_model(
         raise ValueError(f"distill must be a jaxbsd.Distill or None, got {distill!r}")
     distilling = distill is not None and distill.steps > 0
     devices = check_mesh(mesh, mesh_axis)
+    if group is None:  # grouped where it pays for sure: splitting the blocks over a mesh
+        group = mesh is not None
     if not isinstance(group, bool):
-        raise ValueError(f"group must be True or False, got {group!r}")
+        raise ValueError(f"group must be True, False or None, got {group!r}")
     if order == grouped.INDEPENDENT and finetune is not None:
         raise ValueError("finetune: order='independent' compresses every MLP on the original model; fine-tuning "
                          "between blocks would make each depend on the last. Give finetune=None and fine-tune the "
