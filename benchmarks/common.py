@@ -130,3 +130,14 @@ def _jsonable(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+def write_rows(out, command: str, quick: bool, rows: list) -> None:
+    """Write a side-by-side benchmark's rows (:class:`Row`) to ``out`` as JSON, with its command,
+    mode, device and provenance, and say where."""
+    from jaxbsd.io import provenance, write_json_atomic
+
+    write_json_atomic(out, {"command": command, "mode": "quick" if quick else "full",
+                            "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
+                            "provenance": provenance(command)})
+    print(f"wrote {out}")

@@ -36,7 +36,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("JAXBSD_DATA", str(HERE.parents[1] / "shared" / "data"))
 
-from benchmarks.common import Row, format_table  # noqa: E402  (enables x64 first)
+from benchmarks.common import Row, format_table, write_rows  # noqa: E402  (enables x64 first)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,7 +46,6 @@ from flax import nnx  # noqa: E402
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.io import provenance, write_json_atomic  # noqa: E402
 from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
 
 #: (name, checkpoint, data set)
@@ -139,10 +138,7 @@ def main(argv=None) -> int:
               f"step {d['report']['steps_kept']})")
     out = args.out or (pathlib.Path("/tmp/distill_quick.json") if args.quick else HERE / "distill.json")
     command = "python benchmarks/distill.py" + (" --quick" if args.quick else "")
-    write_json_atomic(out, {"command": command, "mode": "quick" if args.quick else "full",
-                            "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
-                            "provenance": provenance(command)})
-    print(f"wrote {out}")
+    write_rows(out, command, args.quick, rows)
     return 0
 
 

@@ -31,7 +31,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.common import Row, format_table  # noqa: E402  (enables x64 first)
+from benchmarks.common import Row, format_table, write_rows  # noqa: E402  (enables x64 first)
 from benchmarks.run import gemm_peak  # noqa: E402
 
 import jax  # noqa: E402
@@ -44,7 +44,6 @@ from jaxbsd.compression.sites import make_site  # noqa: E402
 from jaxbsd.compression.specs import MLPSpec  # noqa: E402
 from jaxbsd.compression.surgery import capture_calls  # noqa: E402
 from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
-from jaxbsd.io import provenance, write_json_atomic  # noqa: E402
 from jaxbsd.models import bert as B  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 
@@ -102,10 +101,7 @@ def main(argv=None) -> int:
     print(format_table(rows))
     out = args.out or (pathlib.Path("/tmp/minilm_bench_quick.json") if args.quick else HERE / "minilm.json")
     command = " ".join(["python", "benchmarks/minilm.py", *(sys.argv[1:] if argv is None else argv)])
-    write_json_atomic(out, {"command": command, "mode": "quick" if args.quick else "full",
-                            "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
-                            "provenance": provenance(command)})
-    print(f"wrote {out}")
+    write_rows(out, command, args.quick, rows)
     return 0
 
 

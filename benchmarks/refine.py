@@ -26,7 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.common import Row, format_table, interleaved  # noqa: E402  (enables x64 first)
+from benchmarks.common import Row, format_table, interleaved, write_rows  # noqa: E402  (enables x64 first)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -36,7 +36,6 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.refine import refine_module  # noqa: E402
 from jaxbsd.compression.sites import make_site  # noqa: E402
 from jaxbsd.compression.specs import MLPSpec  # noqa: E402
-from jaxbsd.io import provenance, write_json_atomic  # noqa: E402
 from jaxbsd.models.layers import MLP  # noqa: E402
 
 #: (name, m, H, calibration tokens, decoupling rank): the rank of a ρ = 0.5 training-free run.
@@ -95,10 +94,7 @@ def main(argv=None) -> int:
     print(format_table(rows))
     out = args.out or (pathlib.Path("/tmp/refine_quick.json") if args.quick else HERE / "refine.json")
     command = "python benchmarks/refine.py" + (" --quick" if args.quick else "")
-    write_json_atomic(out, {"command": command, "mode": "quick" if args.quick else "full",
-                            "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
-                            "provenance": provenance(command)})
-    print(f"wrote {out}")
+    write_rows(out, command, args.quick, rows)
     return 0 if all(r.passed is not False for r in rows) or args.quick else 1
 
 
