@@ -43,6 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxbsd.compression.refine import keep_best_evaluated
 from jaxbsd.compression.surgery import mode_flags, parse_path, restore_mode_flags
 
 __all__ = ["Distill", "LOSSES", "TRAINABLE", "teacher_outputs", "distill_model", "split_examples", "trace_count",
@@ -286,20 +287,7 @@ def _distill_loop(graphdef, params, rest, inputs, targets, train_idx, held_idx, 
         updates, opt_state = tx.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
 
-        def evaluate(best):
-            best_p, best_err, best_i = best
-            err = held(p)
-            # A non-finite step is never kept (nor anything after it, its parameters being non-finite).
-            better = jnp.isfinite(err) & (err < best_err)
-            best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
-            return (best_p, jnp.where(better, err, best_err), jnp.where(better, i + 1, best_i)), err
-
-        if eval_every == 1:
-            best, err = evaluate((best_p, best_err, best_i))
-        else:  # a held-out pass costs as much as several steps: only every eval_every-th and the last
-            due = ((i + 1) % eval_every == 0) | (i == steps - 1)
-            best, err = jax.lax.cond(due, evaluate, lambda b: (b, jnp.asarray(jnp.inf, err0.dtype)),
-                                     (best_p, best_err, best_i))
+        best, err = keep_best_evaluated((best_p, best_err, best_i), p, held, i, steps=steps, eval_every=eval_every)
         return (p, opt_state, *best), err
 
     init = (params, tx.init(params), params, err0, jnp.asarray(0))

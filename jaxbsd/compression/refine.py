@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +95,26 @@ class Refine:
         return dataclasses.asdict(self)
 
 
+def keep_best_evaluated(best: tuple, p, held: Callable, i, *, steps: int, eval_every: int) -> tuple:
+    """After step ``i`` (0-based) of a loop that keeps its best evaluated parameters:
+    ``(best, err)``, where ``best = (params, held-out error, step)`` is replaced by ``(p, held(p),
+    i + 1)`` when ``p`` is evaluated (every ``eval_every``-th step and the last) and strictly better,
+    and ``err`` is ``held(p)`` or ``inf`` on a step not evaluated. A non-finite error is never kept
+    (nor anything after it, its parameters being non-finite)."""
+    def evaluate(best):
+        best_p, best_err, best_i = best
+        err = held(p)
+        better = jnp.isfinite(err) & (err < best_err)
+        best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
+        return (best_p, jnp.where(better, err, best_err), jnp.where(better, i + 1, best_i)), err
+
+    if eval_every == 1:
+        return evaluate(best)
+    # a held-out pass costs as much as a few minibatch steps: only every eval_every-th and the last
+    due = ((i + 1) % eval_every == 0) | (i == steps - 1)
+    return jax.lax.cond(due, evaluate, lambda b: (b, jnp.asarray(jnp.inf, b[1].dtype)), best)
+
+
 #: How many times the loop has been traced (compiled) in this process: a test reads it.
 _TRACES = [0]
 
@@ -132,20 +152,7 @@ def _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learn
             grads = jax.grad(loss)(p, rest, X_train[take], Y_train[take])
         updates, opt_state = tx.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
-        def evaluate(best):
-            best_p, best_err, best_i = best
-            err = held(p)
-            # A non-finite step is never kept (and nothing after it is, its parameters being non-finite).
-            better = jnp.isfinite(err) & (err < best_err)
-            best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
-            return (best_p, jnp.where(better, err, best_err), jnp.where(better, i + 1, best_i)), err
-
-        if eval_every == 1:
-            best, err = evaluate((best_p, best_err, best_i))
-        else:  # a held-out pass costs as much as a few minibatch steps: only every eval_every-th
-            due = ((i + 1) % eval_every == 0) | (i == steps - 1)
-            best, err = jax.lax.cond(due, evaluate, lambda b: (b, jnp.asarray(jnp.inf, err0.dtype)),
-                                     (best_p, best_err, best_i))
+        best, err = keep_best_evaluated((best_p, best_err, best_i), p, held, i, steps=steps, eval_every=eval_every)
         return (p, opt_state, *best), err
 
     init = (params, tx.init(params), params, err0, jnp.asarray(0))
