@@ -585,7 +585,9 @@ def compress_model(
         ``"greedy"``: each MLP is compressed at a few candidate ranks (multiples of its uniform
         rank) on the original model, then parameters go where the relative output error on the
         calibration tokens falls fastest per parameter; the uniform allocation is kept if it
-        has the smaller summed error. Same budget rule either way.
+        has the smaller summed error. These are the errors of the replacements as built: the
+        allocation is made before ``refine`` runs, so the refined errors it reports may rank the
+        two allocations otherwise. Same budget rule either way.
       config: a :class:`~jaxbsd.CMTFConfig` template for ``"bsd"`` (basis, λ, iterations…);
         its rank is replaced per MLP. Default: cubic B-splines with ν = 4, 300 sweeps.
       finetune: ``None`` or ``finetune(model) -> None``, called after each replacement.
