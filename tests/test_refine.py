@@ -44,12 +44,19 @@ def _calibration(d, seed=0):
 
 @pytest.mark.parametrize("method", ["svd", "prune", *(pytest.param(m, marks=pytest.mark.slow)
                                                       for m in ("bsd", "drone", "auto"))])
-def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(method):
+def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(method, monkeypatch):
     d, h = 12, 32
     x = _calibration(d)
     paths = ["ffns.0", "ffns.1"]
     kw = dict(mlps=paths, reduction=0.4, method=method, key=jax.random.key(1),
               config=None if method in ("svd", "drone", "prune") else FAST)
+    sites = {}
+
+    def spy(config, site, reference, key):
+        sites[site.path] = site
+        return refine_mod.site_refiner(config, site, reference, key)
+
+    monkeypatch.setattr(jb.compression.engine, "site_refiner", spy)
     plain, plain_report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, refine=None, **kw)
     refined, report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, refine=jb.Refine(steps=40), **kw)
     assert report.params_after == plain_report.params_after <= (1 - 0.4) * report.params_before
@@ -57,8 +64,15 @@ def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(
         assert r.refine is not None and p.refine is None
         # (error_after <= error_before holds by construction; the held-out errors themselves are
         # recomputed in test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_reported)
-        # the report describes the module returned: output_error refined, the built one beside it
-        assert r.refine["output_error_built"] == p.output_error
+        # the report describes the module returned: output_error refined, the built one beside it.
+        # SVD needs no tokens, so the unrefined run built the same module: its error on the refined
+        # run's check tokens (the reserved held-out ones are not among them) is the built one.
+        site = sites[r.path]
+        if method == "svd":
+            built = jb.compression.get_submodule(plain, p.path)
+            assert r.refine["output_error_built"] == pytest.approx(
+                float(jb.compression.sites.output_error(built, site.check_X, site.check_Y)), rel=1e-6)
+        assert r.refine["tokens_heldout"] == site.held_X.shape[0] == round(0.2 * 96)
         assert 0 <= r.refine["steps_kept"] <= 40
         module = jb.compression.get_submodule(refined, r.path)
         # the same kind of replacement (auto may keep the other candidate once both are refined)
@@ -281,16 +295,21 @@ def _spy_on_refinement(monkeypatch):
     calls = []
     real = refine_mod._prepare  # what one refinement and a group of them (the grouped engine) both call
 
-    def spy(module, X, Y, config, key):
-        calls.append(dict(X=np.asarray(X, np.float64), Y=np.asarray(Y, np.float64), key=key, config=config))
-        return real(module, X, Y, config, key)
+    def spy(module, X, Y, config, key, given=None):
+        calls.append(dict(X=np.asarray(X, np.float64), Y=np.asarray(Y, np.float64), key=key, config=config,
+                          held=None if given is None else tuple(np.asarray(a, np.float64) for a in given)))
+        return real(module, X, Y, config, key, given)
 
     monkeypatch.setattr(refine_mod, "_prepare", spy)
     return calls
 
 
 def _heldout(call, tokens_heldout):
-    """The held-out tokens and targets of a refinement: the first ``tokens_heldout`` of the key's permutation."""
+    """The held-out tokens and targets of a refinement: those the engine set apart before the build,
+    or (without) the first ``tokens_heldout`` of the key's permutation."""
+    if call["held"] is not None:
+        assert call["held"][0].shape[0] == tokens_heldout
+        return call["held"]
     order = np.asarray(jax.random.permutation(call["key"], call["X"].shape[0]))[:tokens_heldout]
     return call["X"][order], call["Y"][order]
 
@@ -314,7 +333,8 @@ def test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_repor
     built, _ = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=None, **kw)
     (info,) = [r.refine for r in report.mlps]
     (call,) = calls
-    assert call["X"].shape[0] == x.shape[0] * x.shape[1]  # every calibration token, train and held out
+    # every calibration token, train and held out, the held-out ones set apart by the engine
+    assert call["X"].shape[0] + call["held"][0].shape[0] == x.shape[0] * x.shape[1]
     X_held, Y_held = _heldout(call, info["tokens_heldout"])
     in_model, as_built = _relative(model.ffns[0](X_held), Y_held), _relative(built.ffns[0](X_held), Y_held)
     np.testing.assert_allclose(info["error_after"], in_model, rtol=1e-4)
@@ -486,3 +506,38 @@ def test_the_report_has_a_short_summary():
     assert text.startswith(f"prune, uniform: {report.params_before:,} -> {report.params_after:,} parameters")
     assert f"ffns.0: prune rank {mlp.rank}" in text and f"output error {mlp.output_error:.3g}" in text
     assert f"(step {mlp.refine['steps_kept']} of 10)" in text
+
+
+@pytest.mark.parametrize("N", [96, 20])  # 20 tokens: fewer outside the reserve than S = 20 samples
+def test_no_build_sees_the_refinements_heldout_tokens(monkeypatch, N):
+    """The engine sets the refinement's held-out tokens apart before the build: the pruning refit,
+    the check tokens (a DRONE's inputs, the output error) and the fit tokens never hold one of them,
+    nor do the sampling points when enough tokens are left. Were they seen, the refit (least squares
+    on its tokens) would be judged in sample and no step of refinement could beat it there."""
+    d, h = 12, 32
+    x = jax.random.normal(jax.random.key(8), (N // 4, 4, d), jnp.float32)
+    seen, given = [], []
+    real_build, real_prepare = jb.Prune.build, refine_mod._prepare
+
+    def build(self, site, rank, key, **kw):
+        seen.append(site)
+        return real_build(self, site, rank, key, **kw)
+
+    def prepare(module, X, Y, config, key, given_held=None):
+        given.append(given_held)
+        return real_prepare(module, X, Y, config, key, given_held)
+
+    monkeypatch.setattr(jb.Prune, "build", build)
+    monkeypatch.setattr(refine_mod, "_prepare", prepare)
+    _, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method="prune",
+                                  num_samples=min(N, 20), key=jax.random.key(0), refine=jb.Refine(steps=5))
+    (site,), (held,) = seen, given
+    tokens = np.asarray(x.reshape(-1, d), np.float64)
+    rows = lambda a: {tuple(np.round(np.asarray(r, np.float64), 6)) for r in np.asarray(a)}  # noqa: E731
+    held_rows = rows(held[0])
+    assert len(held_rows) == round(0.2 * N) == report.mlps[0].refine["tokens_heldout"]
+    assert held_rows <= rows(tokens)
+    built_on = rows(site.check_X) | (rows(site.fit_X) if site.fit_X is not None else set())
+    assert not held_rows & built_on and len(built_on | held_rows) == N  # every other token is the build's
+    if N - len(held_rows) >= site.X.shape[0]:
+        assert not held_rows & rows(site.X)

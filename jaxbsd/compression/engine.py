@@ -34,9 +34,9 @@ from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, t
 from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices, check_mesh, shard_batch
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
-from jaxbsd.compression.refine import Refine, site_refiner
+from jaxbsd.compression.refine import Refine, reserved_tokens, site_refiner
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
-from jaxbsd.compression.sites import Site, make_site, output_error, same_site
+from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec, discover_mlps
 from jaxbsd.compression.state import RunState, run_id
 from jaxbsd.compression.surgery import capture_calls, get_submodule, model_outputs, output_judge, parse_path, set_submodule
@@ -135,14 +135,17 @@ def execution_order(order, first_calls: list[str]) -> list[str]:
 
 def _site(model, plan: Plan, source: CalibrationSource, path: str, tokens, stage: int, S: int | None) -> Site:
     """The site of ``path`` from its captured ``tokens = (X_all, Y_all)``, with ``S`` samples drawn
-    by the stage's key, and its spec (given, known, or found on the tokens)."""
+    by the stage's key, and its spec (given, known, or found on the tokens). When the plan refines,
+    the refinement's held-out tokens are set apart first (:func:`~jaxbsd.compression.refine.reserved_tokens`):
+    no build, greedy candidate or judge on block tokens sees them."""
     X_all, Y_all = tokens
     module = get_submodule(model, path)
     if plan.structured or plan.method.needs_spec:
         spec, status = choose_spec(module, path, plan.mlp_specs, X_all, Y_all)
     else:
         spec, status = None, "not used (structured=False)"
-    site = make_site(path, module, spec, X_all, Y_all, S, source.keys(path, stage)[0])
+    site = make_site(path, module, spec, X_all, Y_all, S, source.keys(path, stage)[0],
+                     reserve=reserved_tokens(plan.refine, int(X_all.shape[0])))
     return dataclasses.replace(site, spec_status=status)
 
 
@@ -291,7 +294,7 @@ def run(
                 module, info["refine"] = refine(module)  # the engine's stage, the same for every method
             # the report describes the module returned: its output error once refined
             info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
-            info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
+            info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
         elif refining:  # too few tokens to hold one out (``_refiner``): the replacement stays as built
             tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
             info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,

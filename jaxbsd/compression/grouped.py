@@ -40,7 +40,7 @@ import jax
 
 from jaxbsd.compression.devices import Devices
 from jaxbsd.compression.refine import Refiner, refine_group, site_refiner
-from jaxbsd.compression.sites import Site, output_error, same_site
+from jaxbsd.compression.sites import Site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.surgery import output_judge
 
 __all__ = ["group_key", "groups", "solve_groups", "SEQUENTIAL_REASONS", "INDEPENDENT"]
@@ -146,7 +146,7 @@ def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of:
             site = sites[path]
             if refiners[step] is not None:  # the report describes the module returned: its error once refined
                 info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
-                info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
+                info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
             elif refining:
                 tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
                 info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,

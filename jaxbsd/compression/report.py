@@ -47,8 +47,10 @@ class MLPReport:
       refine: what the refinement stage did (``target``, ``steps``, ``steps_kept``,
         ``error_before``/``error_after`` on its held-out tokens, token counts, ``batch_size``,
         ``evaluations``, ``seconds``, and ``output_error_built``: the ``output_error`` of the
-        replacement as built), or why it was ``skipped``; None without refinement.
-        ``output_error`` is that of the replacement returned, refined.
+        replacement as built, on the check tokens), or why it was ``skipped``; None without
+        refinement. ``output_error`` is that of the replacement returned, refined, on the check
+        tokens and the refinement's held-out tokens together (the held-out ones are set apart
+        before the build, so no build and no refinement step fitted them).
       notes: what else the method says about this replacement (e.g. a pruning refit regularized
         because the calibration had fewer tokens than coefficients); else None.
       group: for a grouped run (:mod:`jaxbsd.compression.grouped`), the MLPs solved together with

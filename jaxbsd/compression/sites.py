@@ -3,7 +3,9 @@
 A :class:`Site` is what every method builds from: the module and its spec, its widths, ``S``
 sampling points with the outputs there (the solver's data), and calibration tokens held apart
 for the output error (``check_X``) and for fits that must be measured on other tokens
-(``fit_X``). :func:`make_site` draws them from the tokens captured in a forward pass;
+(``fit_X``), and, when the replacement is refined, the refinement's held-out tokens
+(``held_X``), which no build sees. :func:`make_site` draws them from the tokens captured in a
+forward pass;
 :func:`site_jacobian` gives the structured (two-layer or gated spec) or dense Jacobian.
 """
 
@@ -26,7 +28,7 @@ from jaxbsd.models.capture import module_jacobians
 from jaxbsd.tensor import StructuredJacobian, cpd_sq_norm, mlp_jacobian
 
 __all__ = ["Site", "make_site", "site_jacobian", "gated_site_jacobian", "selection_tokens", "output_error",
-           "apply_module", "param_dtype", "mlp_error_J", "gated_error_J", "CHECK_TOKENS", "same_site"]
+           "apply_module", "param_dtype", "mlp_error_J", "gated_error_J", "CHECK_TOKENS", "same_site", "refined_error_tokens"]
 
 #: Calibration tokens on which the relative output error is measured (and DRONE's inputs).
 CHECK_TOKENS = 8192
@@ -50,8 +52,12 @@ class Site:
       fit_X, fit_Y: ``(M, m)``, ``(M, n)``: up to 8192 other calibration tokens, none of them
         among the check tokens (``M`` may be 0): pruning fits on them when there are enough, so
         its output error is measured on held-out tokens. None when not drawn.
-      check_idx, fit_idx: the indices of the check and fit tokens among the ``N`` captured ones
-        (so targets computed elsewhere for the same tokens can be matched to them).
+      held_X, held_Y: ``(R, m)``, ``(R, n)``: tokens reserved for the refinement's held-out
+        error (``reserve`` of :func:`make_site`), none of them among the sampling points (when
+        the other tokens number at least ``S``), check or fit tokens, so no build fits on them.
+        None when none are reserved.
+      check_idx, fit_idx, held_idx: the indices of the check, fit and held tokens among the ``N``
+        captured ones (so targets computed elsewhere for the same tokens can be matched to them).
       spec_status: how the spec was obtained (see :func:`jaxbsd.compression.specs.choose_spec`).
     """
 
@@ -72,6 +78,9 @@ class Site:
     biases: tuple[bool, bool, bool] | None = None
     check_idx: np.ndarray | None = None
     fit_idx: np.ndarray | None = None
+    held_X: jax.Array | None = None
+    held_Y: jax.Array | None = None
+    held_idx: np.ndarray | None = None
 
     @property
     def gated(self) -> bool:
@@ -105,7 +114,7 @@ def _draw_tokens(key: jax.Array, N: int, S: int) -> tuple[jax.Array, jax.Array, 
 
 
 def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Array, Y_all: jax.Array,
-              num_samples: int | None, key: jax.Array, *, validate: bool = True) -> Site:
+              num_samples: int | None, key: jax.Array, *, validate: bool = True, reserve: int = 0) -> Site:
     """The :class:`Site` of the MLP ``module`` at ``path`` from its captured calls.
 
     Args:
@@ -117,6 +126,10 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
       num_samples: ``S``, sampling points drawn from ``X_all`` (None: ``min(N, 256)``).
       key: PRNG key of the draw of the sampling points and of the check tokens.
       validate: check that ``module`` (and ``spec``, if given) reproduce ``Y_all`` token by token.
+      reserve: tokens set apart first (``held_X``) for the refinement's held-out error: the check
+        and fit tokens are drawn from the others, and the sampling points too when the others
+        number at least ``S`` (else from all ``N``: a decoupling fits Jacobians there, not
+        outputs). 0 (no refinement): the draws are those of a site without reserve.
 
     Returns:
       a :class:`Site` with ``X`` ``(S, m)``, ``F = module(X)`` ``(S, n)`` and the check tokens.
@@ -130,7 +143,17 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     S = min(N, 256) if num_samples is None else num_samples
     if S > N:
         raise ValueError(f"num_samples: {S} exceeds the {N} calibration tokens of {path!r}")
-    sample, check, rest = (np.asarray(i) for i in _draw_tokens(key, N, S))
+    if not 0 <= reserve < N:
+        raise ValueError(f"reserve: expected 0 <= reserve < {N} (the calibration tokens of {path!r}), got {reserve}")
+    held = (np.sort(np.asarray(jax.random.choice(jax.random.fold_in(key, 3), N, (reserve,), replace=False)))
+            if reserve else np.zeros((0,), np.int64))
+    keep = np.setdiff1d(np.arange(N), held)
+    sample, check, rest = (np.asarray(i) for i in _draw_tokens(key, keep.size, min(S, keep.size)))
+    check, rest = keep[check], keep[rest]
+    if keep.size >= S:
+        sample = keep[sample]
+    else:  # too few tokens outside the reserve for the S sampling points: draw them from all N
+        sample = np.asarray(jax.random.choice(jax.random.split(key)[0], N, (S,), replace=False))
     X = X_all[sample]
     check_X, check_Y = X_all[check], Y_all[check]
     if validate:
@@ -152,7 +175,8 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
                 params=count_params(module), X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
-                fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases, check_idx=check, fit_idx=rest)
+                fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases, check_idx=check, fit_idx=rest,
+                **({"held_X": X_all[held], "held_Y": Y_all[held], "held_idx": held} if reserve else {}))
 
 
 @nnx.jit
@@ -228,6 +252,15 @@ def gated_error_J(jac: GatedJacobian, kernels, X: jax.Array, spec: GatedMLPSpec)
     return float((ref - 2 * jac.inner(other) + other.sq_norm()) / ref)
 
 
+def refined_error_tokens(site: Site) -> tuple[jax.Array, jax.Array]:
+    """``(X, Y)``: the tokens a refined replacement's ``output_error`` is measured on, the check
+    tokens and the refinement's reserved held-out ones together (with up to 8192 captured tokens,
+    every one of them, as for an unrefined replacement): refinement trained on the check tokens."""
+    if site.held_X is None:
+        return site.check_X, site.check_Y
+    return jnp.concatenate([site.check_X, site.held_X]), jnp.concatenate([site.check_Y, site.held_Y])
+
+
 @nnx.jit
 def output_error(module, X, Y):
     """Relative squared output error of ``module`` on ``X (N, m)`` against ``Y (N, n)``."""
@@ -259,4 +292,4 @@ def same_site(a: Site, b: Site) -> bool:
     # Fine-tuning may have changed the module's weights in place: compare outputs too.
     return same and all((u is None and v is None) or (u is not None and v is not None and bool(jnp.array_equal(u, v)))
                         for u, v in ((a.X, b.X), (a.F, b.F), (a.check_X, b.check_X), (a.check_Y, b.check_Y),
-                                     (a.fit_X, b.fit_X), (a.fit_Y, b.fit_Y)))
+                                     (a.fit_X, b.fit_X), (a.fit_Y, b.fit_Y), (a.held_X, b.held_X)))
