@@ -156,7 +156,7 @@ def test_a_user_written_operator_gives_the_dense_result():
         jb.decouple(LowRankJacobian(op.A, op.B, op.C.at[0, 0].set(jnp.nan)), F, X, config, key=jax.random.key(1))
 
 
-@pytest.mark.parametrize("batch", ["vmap", "map"])
+@pytest.mark.parametrize("batch", ["vmap", pytest.param("map", marks=pytest.mark.slow)])
 def test_progress_is_reported_from_the_same_program_with_identical_results(mlp, batch):
     J, F, X = mlp
     config = CONFIG.replace(tol=0.0, max_iter=30)
@@ -196,7 +196,7 @@ def _while_loops(fn, *args, platform: str) -> int:
     return len(re.findall(r"stablehlo\.while", text))
 
 
-@pytest.mark.parametrize("robust", [True, False])
+@pytest.mark.parametrize("robust", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_on_accelerators_vmapped_solves_are_batched_not_looped(mlp, robust):
     """Exported for CUDA, 16 vmapped restarts and 3 vmapped λ hold exactly the single solve's
     loops (the sweep loop): no solve serialized over the batch. On the CPU the one-at-a-time

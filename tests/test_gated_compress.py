@@ -216,6 +216,7 @@ def test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec(varian
     assert bool(jnp.all(jnp.isfinite(y)))
 
 
+@pytest.mark.slow  # bsd on gated MLPs stays in the fast suite through the structured-vs-dense test
 def test_bsd_runs_on_a_gated_mlp_with_no_spec(monkeypatch):
     # One gated MLP of the Qwen-style model: one solver compilation (~20 s of the ~25 s on a
     # loaded 2-core CPU). Every MLP of both models under a reduction, and jaxbsd's LM: the slow

@@ -108,6 +108,8 @@ class Finetune:
 #: How the toy is compressed: ``compress_model``'s keywords beside the budget.
 VARIANTS = {
     "bsd": dict(method="bsd", config=CONFIG),
+    # no solver to compile in the killed subprocess: the fast suite's kill-and-resume case
+    "prune": dict(method="prune"),
     # the greedy allocation builds candidates on the original model before step 1
     "bsd-greedy": dict(method="bsd", config=CONFIG, allocation="greedy"),
     # the whole model's outputs judge auto's candidates: the original model's, before resuming
@@ -286,8 +288,8 @@ KILLS = {
     "first": (0, (-1, -1)),
 }
 #: The fast suite runs these; the others are marked slow (each case is a subprocess and two runs).
-FAST_CASES = (("bsd", "header"),)  # killed during a save; the other kill points run in the slow step
-CASES = [*((("bsd", where) for where in KILLS)), ("bsd-greedy", "finetune"), ("auto", "finetune")]
+FAST_CASES = (("prune", "header"),)  # killed during a save; the other kill points run in the slow step
+CASES = [("prune", "header"), *((("bsd", where) for where in KILLS)), ("bsd-greedy", "finetune"), ("auto", "finetune")]
 
 
 @pytest.mark.parametrize("variant, where", [c if c in FAST_CASES else pytest.param(*c, marks=pytest.mark.slow)

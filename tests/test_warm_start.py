@@ -55,7 +55,7 @@ def test_warm_state_holds_the_models_internal_functions_at_the_samples():
         np.testing.assert_array_equal(np.asarray(getattr(state, name)), np.asarray(getattr(model, name)))
 
 
-@pytest.mark.parametrize("robust", [True, False])
+@pytest.mark.parametrize("robust", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_a_warm_start_from_the_exact_decoupling_is_exact_and_wins(robust):
     """Started at the planted decoupling, the warm restart's first iterate already fits 𝒥 and
     F to rounding (the robust normalization only rescales factors), and it is the one kept."""

@@ -635,7 +635,8 @@ def compress_model(
       resume: ``False``: discard any state in ``state_dir`` and start over.
       refine: a :class:`~jaxbsd.compression.refine.Refine` to train each replacement, once built,
         to reproduce the original MLP's outputs on the calibration tokens (no labels; the best
-        step on held-out tokens is kept; ``report.mlps[i].refine`` says what it did); ``"auto"``
+        step on held-out tokens is kept, tokens set apart before the build so that no build fits
+        them; ``report.mlps[i].refine`` says what it did); ``"auto"``
         refines both candidates before judging them. **On by default** (``jb.Refine()``: 300
         Adam steps on minibatches of 512 tokens): without labels it raised every method's accuracy
         at ρ = 0.5 on both studied pairs and never lowered a mean significantly, at a fraction of
