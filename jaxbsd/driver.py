@@ -305,8 +305,11 @@ def _decouple_compiled(keys, problem, config, channel, every, init=None, *, batc
     return cmtf.select_best(run(keys, problem, config, channel, every, warm, report), config)
 
 
-#: The whole solve, progress meter included, as one compiled function.
-_decouple_jit = jax.jit(_decouple_compiled, static_argnames="batch")
+#: The whole solve as one compiled function: with the progress hook (``report=True``) when progress
+#: is asked for, else without it. A program holding a host callback is never written to JAX's
+#: persistent compilation cache, so the hook-free one is what a later process (a rerun, a test
+#: worker, a study's next unit) loads from the cache instead of compiling the solver again.
+_decouple_jit = jax.jit(_decouple_compiled, static_argnames=("batch", "report"))
 
 
 def _reporter(progress: bool | ProgressCallback, restarts: int, config: CMTFConfig, batch: str):
@@ -384,8 +387,9 @@ def decouple(
       progress: ``True`` shows a progress bar with the best Error(𝒥) and Error(F); a callable
         is called as ``progress(iteration, error_J, error_F)`` with per-restart
         ``(restarts,)`` arrays (NaN for restarts not begun yet). The report is an
-        ``io_callback`` inside the one compiled loop: the program, and so the result, is the
-        same with or without it.
+        ``io_callback`` inside the one compiled loop; without progress the program has no hook
+        (so JAX's persistent compilation cache can keep it), and the result is the same, bit
+        for bit, with or without it.
       progress_every: sweeps between reports (default ``max_iter / 20``).
       shard: how to use several devices: ``"auto"``, ``"restarts"``, ``"samples"`` or ``None``
         (see :func:`_place`); nothing changes on a single device.
@@ -425,7 +429,7 @@ def decouple(
     keys, prob = _place(jax.random.split(key, restarts), prob, shard)
     every = (progress_every or max(1, config.max_iter // 20)) if progress else 0
     if not progress:
-        return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, batch=batch)
+        return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, batch=batch, report=False)
     report, close = _reporter(progress, restarts + (init is not None), config, batch)
     with _REPORTERS_LOCK:
         channel = next(_CHANNELS)

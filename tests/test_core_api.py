@@ -157,16 +157,19 @@ def test_a_user_written_operator_gives_the_dense_result():
 
 
 @pytest.mark.parametrize("batch", ["vmap", pytest.param("map", marks=pytest.mark.slow)])
-def test_progress_is_reported_from_the_same_program_with_identical_results(mlp, batch):
+def test_progress_is_reported_from_one_program_with_identical_results(mlp, batch):
+    """Progress compiles one program with the hook (the quiet solve has none, so JAX's persistent
+    cache can keep it), whoever listens and however often: the results are the quiet ones, bit for bit."""
     J, F, X = mlp
     config = CONFIG.replace(tol=0.0, max_iter=30)
     kw = dict(key=jax.random.key(2), restarts=3, batch=batch)
     quiet = jax.block_until_ready(jb.decouple(J, F, X, config, **kw))
+    jb.decouple(J, F, X, config, progress=lambda *a: None, progress_every=3, **kw)
     programs = _COUNTER.count
     calls = []
     loud = jb.decouple(J, F, X, config, progress=lambda it, eJ, eF: calls.append((it, eJ.copy())),
                        progress_every=10, **kw)
-    assert _COUNTER.count == programs  # no new compilation
+    assert _COUNTER.count == programs  # another listener, another period: no new compilation
     for a, b in zip(jax.tree_util.tree_leaves(quiet), jax.tree_util.tree_leaves(loud)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     expected = [10, 20, 30] * (3 if batch == "map" else 1)
