@@ -205,7 +205,7 @@ def test_restarts_must_be_positive(planted):
         jb.decouple(J, F, X, jb.CMTFConfig(rank=2), key=jax.random.key(0), restarts=0)
 
 
-@pytest.mark.parametrize("robust", [True, False])
+@pytest.mark.parametrize("robust", [True, pytest.param(False, marks=pytest.mark.slow)])  # the paper's method by default
 @pytest.mark.parametrize("basis", [jb.BSpline(3, 6), jb.Polynomial(3), jb.ReLU(4)], ids=str)
 def test_degenerate_data_never_gives_nan(robust, basis):
     """Tied samples, a constant input coordinate and an all-zero output stay finite."""
@@ -233,7 +233,7 @@ def test_zero_row_of_W0_gives_a_finite_sweep(planted, robust):
         assert np.all(np.isfinite(np.asarray(leaf)))
 
 
-@pytest.mark.parametrize("progress", [False, True])
+@pytest.mark.parametrize("progress", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_sequential_and_vmapped_restarts_agree(planted, progress):
     """``batch="map"`` (the CPU default) and ``batch="vmap"`` run the same restarts: each
     restart of either equals its own single solve, and the best one is the same."""

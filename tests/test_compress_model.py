@@ -91,7 +91,7 @@ def run(model, x):
     return _forward(model, x)
 
 
-@pytest.fixture(scope="module", params=["bsd", "svd", "drone"])
+@pytest.fixture(scope="module", params=[pytest.param("bsd", marks=pytest.mark.slow), "svd", "drone"])
 def compressed(request):
     """One compression per method, shared by the budget test and the save/reload round trip
     (each ``jb.compress_model`` configuration costs many compiles): two MLPs inside an

@@ -199,7 +199,8 @@ def _while_loops(fn, *args, platform: str) -> int:
     return len(re.findall(r"stablehlo\.while", text))
 
 
-@pytest.mark.parametrize("robust", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a lowering check; the grouped solve's CUDA export stays in the default run
+@pytest.mark.parametrize("robust", [True, False])
 def test_on_accelerators_vmapped_solves_are_batched_not_looped(mlp, robust):
     """Exported for CUDA, 16 vmapped restarts and 3 vmapped λ hold exactly the single solve's
     loops (the sweep loop): no solve serialized over the batch. On the CPU the one-at-a-time

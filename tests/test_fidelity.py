@@ -133,7 +133,7 @@ def planted_cubic_problem(key, m=5, n=4, r=3, S=150):
     [pytest.param(gelu_mlp_problem, 12, 60, marks=pytest.mark.slow), (planted_cubic_problem, 2, 80)],
     ids=["gelu-mlp", "planted-cubic"],  # the rank-12 GELU pair (the slower) in the slow step
 )
-@pytest.mark.parametrize("lam", [1e-6, 0.25])
+@pytest.mark.parametrize("lam", [pytest.param(1e-6, marks=pytest.mark.slow), 0.25])
 def test_lemma3_pair_follows_the_same_iterates_with_plain_least_squares(make, rank, iters, lam):
     X, J, F = make(jax.random.key(3))
     results = {}

@@ -70,6 +70,7 @@ def test_grouped_float32_within_1e_6():
     assert together.dtype == np.float32 and np.all(errors <= TOLERANCE[jnp.float32]), errors
 
 
+@pytest.mark.slow  # the default run's kill-and-resume case is test_resume's
 def test_a_killed_grouped_run_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch):
     hidden = (32, 16, 32, 16)  # two shapes: two groups, interleaved in the order
     reference, reference_report = toy.run("svd", hidden=hidden, group=True, state_dir=tmp_path / "reference")

@@ -316,6 +316,7 @@ def test_compress_model_killed_resumes_to_the_uninterrupted_result(toy_module, r
     assert [p.name for p in (state_dir / "model").iterdir()] == ["3"]
 
 
+@pytest.mark.slow  # the default run kills and resumes (prune-header); a finished state's return in the slow step
 def test_a_finished_state_returns_its_result_without_recompressing(toy_module, references):
     _, module = toy_module
     reference_model, reference_report, state_dir = references("bsd")

@@ -93,7 +93,7 @@ class _ConstantTeacher(nnx.Module):
         return jnp.broadcast_to(jax.nn.one_hot(2, self.classes), (images.shape[0], self.classes))
 
 
-@pytest.mark.parametrize("shift", [0, 1])  # teacher labels precomputed / per augmented batch
+@pytest.mark.parametrize("shift", [0, pytest.param(1, marks=pytest.mark.slow)])  # teacher labels precomputed / per augmented batch
 def test_deit_hard_distillation(data, shift):
     model = build_model("deit", CONFIGS["deit"].tiny())
     history = train(model, data, epochs=8, lr=3e-3, batch_size=32, seed=0, progress=False,

@@ -70,6 +70,7 @@ def test_a_warm_start_from_the_exact_decoupling_is_exact_and_wins(robust):
     np.testing.assert_allclose(np.asarray(_call(res.model, X)), np.asarray(F), rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.slow  # the exact warm start's case stays in the default run
 def test_a_warm_start_is_kept_when_no_sweep_improves_on_it():
     """Heavy Tikhonov pulls every sweep away from the planted decoupling, so the warm restart's
     best iterate must be its initial state: the exact model, with its exact errors."""
