@@ -88,13 +88,9 @@ def stack(trees: list) -> Any:
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
 
 
+@functools.partial(jax.jit, static_argnums=1)  # one program, as stack
 def unstack(tree: Any, count: int) -> list:
     """The ``count`` members of a pytree stacked on its leading axis."""
-    return _unstack(tree, count)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _unstack(tree: Any, count: int) -> list:
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], tree) for i in range(count)]
 
 

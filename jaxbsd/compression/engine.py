@@ -192,12 +192,6 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
     return dict(zip(plan.paths, chosen)), cache
 
 
-def _refiner(plan: Plan, site: Site, reference, key: jax.Array):
-    """``refine(module) -> (module, info)`` for ``site`` (:func:`~jaxbsd.compression.refine.site_refiner`),
-    or None where there are fewer than 2 tokens."""
-    return site_refiner(plan.refine, site, reference, key)
-
-
 def model_digest(model: nnx.Module) -> str:
     """A hash of every variable of ``model`` (names, shapes, dtypes, values): part of a resumable
     run's identity, so a state is never loaded over another model of the same size."""
@@ -281,7 +275,8 @@ def run(
         else:  # earlier replacements and fine-tuning change what this MLP sees
             site = site_at(model, plan, source, path, step, source.num_samples(path, method.sample_rank(rank), step))
         build_key = source.keys(path, step)[1]
-        refine = _refiner(plan, site, references.get(step), jax.random.fold_in(build_key, 2)) if refining else None
+        refine = (site_refiner(plan.refine, site, references.get(step), jax.random.fold_in(build_key, 2))
+                  if refining else None)
         hit = cache.get((path, rank))
         if hit is not None and same_site(hit[0], site) and not (refine and method.refines_candidates):
             module, info = hit[1], dict(hit[2])  # the greedy allocation already built exactly this
@@ -295,7 +290,7 @@ def run(
             # the report describes the module returned: its output error once refined
             info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
             info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
-        elif refining:  # too few tokens to hold one out (``_refiner``): the replacement stays as built
+        elif refining:  # too few tokens to hold one out (``site_refiner``): the replacement stays as built
             tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
             info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
                               "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}

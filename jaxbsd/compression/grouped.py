@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 import jax
 
 from jaxbsd.compression.devices import Devices
-from jaxbsd.compression.refine import Refiner, refine_group, site_refiner
+from jaxbsd.compression.refine import refine_group, site_refiner
 from jaxbsd.compression.sites import Site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.surgery import output_judge
 
@@ -75,11 +75,6 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
     return list(out.values())
 
 
-def refiner(plan, site: Site, reference, key: jax.Array) -> Refiner | None:
-    """The engine's refinement stage for ``site``: :func:`~jaxbsd.compression.refine.site_refiner`."""
-    return site_refiner(plan.refine, site, reference, key)
-
-
 def _refine_all(modules, refiners, devices):
     if len(modules) == 1:
         return [refiners[0](modules[0])]
@@ -109,7 +104,8 @@ def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of:
     todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
     for index, members in enumerate(groups(todo, sites, rank_of)):
         start = time.perf_counter()
-        refiners = {step: refiner(plan, sites[path], references.get(step), jax.random.fold_in(build_key(path, step), 2))
+        refiners = {step: site_refiner(plan.refine, sites[path], references.get(step),
+                                       jax.random.fold_in(build_key(path, step), 2))
                     if refining else None for step, path in members}
         builds: dict[int, tuple] = {}
         pending = []

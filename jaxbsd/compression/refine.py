@@ -25,7 +25,9 @@ built (:func:`reserved_tokens`, ``Site.held_X``): no build fits on them. Were th
 a build fitted, step 0 would be judged in sample: a pruned MLP's output layer is the least-squares
 fit on its tokens, and on MiniLM at ρ = 0.1 (4,096 calibration tokens, all of them in that fit) no
 step of refinement ever beat it on such tokens, while on tokens the fit never saw it is 2.2–2.3×
-worse and refinement improves it. Minibatches of 512 tokens are the default: a full-batch step costs as much as the whole
+worse and refinement improves it.
+
+Minibatches of 512 tokens are the default: a full-batch step costs as much as the whole
 calibration set, and the loop then takes longer than the decoupling it refines
 (``benchmarks/refine.py`` times both); the accuracies of the two are measured side by side in
 ``experiments/refine_ablation.py --study batch`` (the results page has the figures). The
@@ -206,32 +208,30 @@ class _Prepared:
 
 
 def _prepare(module, X, Y, config: Refine, key, given=None) -> _Prepared:
-    for name, (x, y) in {"": (X, Y), " (held out)": given or (X, Y)}.items():
+    for name, (x, y) in [("", (X, Y))] + ([] if given is None else [(" (held out)", given)]):
         if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0] or x.shape[1] != X.shape[1] or y.shape[1] != Y.shape[1]:
             raise ValueError(f"calibration: refinement needs tokens X (N, m) and targets Y (N, n){name}, "
                              f"got {x.shape}, {y.shape}")
     N = int(X.shape[0])
-    if N + (0 if given is None else given[0].shape[0]) < 2 or (given is not None and not (N and given[0].shape[0])):
+    if (N < 2) if given is None else (N < 1 or given[0].shape[0] < 1):
         raise ValueError(f"calibration: refinement needs at least 2 tokens, one to train and one held out, got {N}"
                          + ("" if given is None else f" and {given[0].shape[0]} held out"))
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
     dtype = jax.tree.leaves(params)[0].dtype
-    if given is None:
+    X, Y = jnp.asarray(X, dtype), jnp.asarray(Y, dtype)
+    if given is None:  # a share of a permutation of X is held out
         take = min(N, config.max_tokens)
-        order = jax.random.permutation(key, N)[:take]
         held = max(1, min(take - 1, int(round(config.holdout * take))))
-        X, Y = jnp.asarray(X, dtype)[order], jnp.asarray(Y, dtype)[order]
-    else:  # the held-out tokens are given (set apart before the build): all of X trains
-        held = int(given[0].shape[0])
-        take = min(N, max(1, config.max_tokens - held))
         order = jax.random.permutation(key, N)[:take]
-        X = jnp.concatenate([jnp.asarray(given[0], dtype), jnp.asarray(X, dtype)[order]])
-        Y = jnp.concatenate([jnp.asarray(given[1], dtype), jnp.asarray(Y, dtype)[order]])
-        take += held
-    n_train = take - held
+        train, X_held, Y_held = order[held:], X[order[:held]], Y[order[:held]]
+    else:  # the held-out tokens are given (set apart before the build): X trains, at most max_tokens in all
+        held = int(given[0].shape[0])
+        train = jax.random.permutation(key, N)[:min(N, max(1, config.max_tokens - held))]
+        X_held, Y_held = (jnp.asarray(a, dtype) for a in given)
+    n_train = int(train.shape[0])
     batch = None if config.batch_size is None or config.batch_size >= n_train else config.batch_size
     every = min(config.eval_every or (1 if batch is None else -(-n_train // batch)), max(1, config.steps))
-    operands = (params, rest, X[held:], Y[held:], X[:held], Y[:held], jnp.asarray(config.learning_rate, dtype),
+    operands = (params, rest, X[train], Y[train], X_held, Y_held, jnp.asarray(config.learning_rate, dtype),
                 jax.random.fold_in(key, 1))
     return _Prepared(graphdef, operands, batch, every, n_train, held)
 
@@ -259,12 +259,10 @@ class Refiner:
     Y: jax.Array
     config: Refine
     key: jax.Array
-    X_held: jax.Array | None = None
-    Y_held: jax.Array | None = None
+    held: tuple[jax.Array, jax.Array] | None = None  # (X_held, Y_held), see refine_module
 
     def __call__(self, module: nnx.Module) -> tuple[nnx.Module, dict[str, Any]]:
-        held = None if self.X_held is None else (self.X_held, self.Y_held)
-        return refine_module(module, self.X, self.Y, self.config, self.key, held=held)
+        return refine_module(module, self.X, self.Y, self.config, self.key, held=self.held)
 
 
 def _refine_block(block, shared, *, graphdef, steps: int, batch: int | None, eval_every: int):
@@ -278,8 +276,7 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
     program with a leading block axis (``jax.vmap`` of the loop, sharded over ``devices``' mesh,
     :func:`jaxbsd.compression.devices.run_blocks`); what each refiner alone returns, up to rounding."""
     start = time.perf_counter()
-    preps = [_prepare(mod, r.X, r.Y, r.config, r.key, None if r.X_held is None else (r.X_held, r.Y_held))
-             for mod, r in zip(modules, refiners)]
+    preps = [_prepare(mod, r.X, r.Y, r.config, r.key, r.held) for mod, r in zip(modules, refiners)]
     buckets: dict = {}
     for i, prep in enumerate(preps):
         buckets.setdefault(prep.signature(), []).append(i)
@@ -322,16 +319,14 @@ def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | N
     parts = [(site.check_X, site.check_Y, site.check_idx)]
     if site.fit_X is not None and site.fit_X.shape[0]:
         parts.append((site.fit_X, site.fit_Y, site.fit_idx))
-    held = [] if site.held_X is None else [(site.held_X, site.held_Y, site.held_idx)]
-    if sum(x.shape[0] for x, _, _ in parts + held) < 2:
+    held = None if site.held_X is None else (site.held_X, site.held_Y, site.held_idx)
+    if sum(x.shape[0] for x, _, _ in parts) + (0 if held is None else held[0].shape[0]) < 2:
         return None
 
-    def targets(group):
+    def targets(*group):
         if config.target == "local":
             return jnp.concatenate([y for _, y, _ in group])
         return jnp.concatenate([reference[np.asarray(i)] for _, _, i in group])
 
     X = jnp.concatenate([x for x, _, _ in parts])
-    if not held:
-        return Refiner(X, targets(parts), config, key)
-    return Refiner(X, targets(parts), config, key, held[0][0], targets(held))
+    return Refiner(X, targets(*parts), config, key, None if held is None else (held[0], targets(held)))

@@ -153,7 +153,7 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     if keep.size >= S:
         sample = keep[sample]
     else:  # too few tokens outside the reserve for the S sampling points: draw them from all N
-        sample = np.asarray(jax.random.choice(jax.random.split(key)[0], N, (S,), replace=False))
+        sample = np.asarray(_draw_tokens(key, N, S)[0])
     X = X_all[sample]
     check_X, check_Y = X_all[check], Y_all[check]
     if validate:
