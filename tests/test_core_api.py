@@ -164,7 +164,10 @@ def test_progress_is_reported_from_one_program_with_identical_results(mlp, batch
     config = CONFIG.replace(tol=0.0, max_iter=30)
     kw = dict(key=jax.random.key(2), restarts=3, batch=batch)
     quiet = jax.block_until_ready(jb.decouple(J, F, X, config, **kw))
+    programs = _COUNTER.count
     jb.decouple(J, F, X, config, progress=lambda *a: None, progress_every=3, **kw)
+    # the hooked program is a new one (the quiet solve holds no host callback), and only it
+    assert _COUNTER.count == programs + 1
     programs = _COUNTER.count
     calls = []
     loud = jb.decouple(J, F, X, config, progress=lambda it, eJ, eF: calls.append((it, eJ.copy())),
