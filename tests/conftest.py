@@ -110,3 +110,22 @@ def pytest_pyfunc_call(pyfuncitem):
     if proc.returncode != 0:
         pytest.fail(f"{pyfuncitem.nodeid} failed with XLA's default options:\n{proc.stdout[-4000:]}", pytrace=False)
     return True
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
+def pytest_collection_modifyitems(config, items):
+    """A test module's ``SLOW_CASES`` (a set of test names with their parameter ids, as pytest
+    prints them) are marked ``slow``: the way to move one case of a fixture's parameters, which a
+    ``pytest.param`` mark cannot reach, to the slow step."""
+    collected = {}
+    for item in items:
+        slow = getattr(item.module, "SLOW_CASES", ())
+        collected.setdefault(item.module, set()).add(item.name)
+        if item.name in slow:
+            item.add_marker(pytest.mark.slow)
+    for module, names in collected.items():
+        # A renamed test or parameter would leave its entry behind silently, and its case in the default run.
+        functions = {name.split("[")[0] for name in names}
+        stale = [case for case in getattr(module, "SLOW_CASES", ()) if case.split("[")[0] in functions and case not in names]
+        if stale:
+            raise pytest.UsageError(f"{module.__name__}.SLOW_CASES names no collected test: {stale}")

@@ -10,6 +10,15 @@ from scipy.interpolate import BSpline as ScipyBSpline
 
 from jaxbsd import bspline
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_derivative_matches_finite_differences_and_autodiff[5]",
+    "test_solver_design_matrices_match_scipy[5]",
+    "test_evaluate_matches_scipy_spline[5]",
+}
+
+
 DEGREES = [0, 1, 2, 3, 4, 5]
 DERIVATIVES = [0, 1, 2]
 

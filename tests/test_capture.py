@@ -9,6 +9,13 @@ from flax import nnx
 from jaxbsd.models import CONFIGS, build_model, capture, mlp_inputs
 from jaxbsd.models.capture import mlp_function
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_capture_matches_finite_differences[vit-1]",
+    "test_capture_matches_finite_differences[swin-2]",
+}
+
 
 def _float64(model):
     """Cast every parameter to float64 in place (so finite differences are accurate)."""

@@ -21,6 +21,13 @@ from jaxbsd.checkpoint import save_checkpoint
 from jaxbsd.cli.args import one_line
 from jaxbsd.models import build_model, config_for_dataset
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_console_command[library]",
+}
+
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Cheap settings for the cases that get past the argument checks.
 COMPRESS = ["compress", "--no-progress", "--train-epochs", "1", "--finetune-epochs", "0", "--max-iter", "1"]

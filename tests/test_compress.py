@@ -18,6 +18,14 @@ from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.train import train
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_compress_meets_a_reduction_budget[greedy]",
+    "test_finetuning_is_kept_only_if_validation_improves[-1.0-False]",
+    "test_lowrank_replacement_counts_real_parameters[svd]",
+}
+
 
 def tiny_dataset(n_train=96, n_test=48, seed=0):
     rng = np.random.default_rng(seed)

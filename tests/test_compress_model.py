@@ -16,6 +16,16 @@ from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodu
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_any_token_wise_module_falls_back_to_dense_jacobians",
+    "test_jaxbsd_models_are_recognised_without_a_spec",
+    "test_reduction_meets_the_budget_and_the_model_still_runs[svd]",
+    "test_compress_save_and_reload_a_user_model_round_trips[svd]",
+}
+
+
 PATHS = ["encoder.layers.0.ffn", "encoder.layers.2.ffn"]
 SPEC = jb.MLPSpec(fc1="up", fc2="down", activation="gelu")
 FAST = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=30, tol=1e-8)
@@ -183,13 +193,14 @@ def test_finetune_is_called_once_per_mlp_back_to_front():
     seen = []
 
     def finetune(model):
-        seen.append(tuple(p for p in PATHS if isinstance(get_submodule(model, p), DecoupledMLP)))
+        seen.append(tuple(p for p in PATHS if not isinstance(get_submodule(model, p), FeedForward)))  # replaced
 
-    jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC,
+    # The order is the engine's, the same for every method: pruning's, which has no solver to compile.
+    jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, method="prune", mlp_specs=SPEC,
                       finetune=finetune, key=jax.random.key(0))
     assert seen == [(PATHS[1],), (PATHS[0], PATHS[1])]
     seen.clear()
-    _, report = jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, config=FAST,
+    _, report = jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, method="prune",
                                   mlp_specs=SPEC, finetune=finetune, order="front-to-back", key=jax.random.key(0))
     assert seen == [(PATHS[0],), (PATHS[0], PATHS[1])]
     assert [r.path for r in report.mlps] == PATHS
@@ -298,7 +309,8 @@ def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch
     for spec in (SPEC, None):
         m, report = jb.compress_model(Net(), calibration(), mlps=[PATHS[0]], ranks={PATHS[0]: RANK},
                                       config=FAST, mlp_specs=spec, key=jax.random.key(2),
-                                      warm_start=False)  # a spec would add the warm start (pruning)
+                                      warm_start=False,  # a spec would add the warm start (pruning)
+                                      refine=None)  # the claim is the decoupling's; refinement is tests/test_refine.py's
         reports.append((get_submodule(m, PATHS[0]), report.mlps[0]))
     (a, ra), (b, rb) = reports
     assert (ra.jacobian, rb.jacobian) == ("structured", "dense")

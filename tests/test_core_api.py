@@ -12,6 +12,13 @@ import pytest
 
 import jaxbsd as jb
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_float64_hyperparameters_do_not_promote_a_float32_problem",
+    "test_sweep_jit_and_eager_agree__without_jit",
+}
+
 
 @jax.jit
 def gelu_mlp(key, m=6, H=20, n=4, S=64):

@@ -35,8 +35,8 @@ REDUCTIONS = (0.05, 0.2, 0.35, 0.6)
 SLOW = pytest.mark.slow
 
 
-def _reductions(values=REDUCTIONS):
-    return [pytest.param(r, marks=SLOW) if r in (0.2, 0.35) else r for r in values]
+def _reductions(values=REDUCTIONS, slow=(0.2, 0.35)):
+    return [pytest.param(r, marks=SLOW) if r in slow else r for r in values]
 #: Beyond what the MLP alone can give (it holds 88 % of a two-layer model's parameters, 92 % of a
 #: gated one's): every method must refuse it naming ``reduction``.
 INFEASIBLE = 0.95
@@ -130,7 +130,21 @@ def succeeded(kind, tokens, method, reduction) -> bool:
     return outcome(kind, tokens, method, reduction)[3] is None
 
 
-@pytest.fixture(scope="module", params=[(k, t) for k in KINDS for t in TOKENS], ids=lambda p: f"{p[0]}-{p[1]}")
+#: The gated MLP's decouplings (bsd and auto) run in the slow step; its baselines and pruning in the default run.
+SLOW_CASES = {
+    "test_every_method_meets_the_budget_or_names_the_argument[gated-many-bsd-0.6]",
+    "test_every_method_meets_the_budget_or_names_the_argument[gated-many-auto-0.6]",
+    "test_auto_works_wherever_bsd_and_prune_work[gated-many-0.6]",
+    "test_auto_on_a_gated_mlp_at_light_compression_is_within_budget[0.05-many]",
+    "test_output_error_is_far_below_the_zero_replacement[gated-bsd-0.6]",
+    "test_output_error_is_far_below_the_zero_replacement[gated-auto-0.6]",
+}
+#: The settings of the default run: each kind once, each calibration once; the other two in the slow step.
+DEFAULT_SETTINGS = (("two-layer", "few"), ("gated", "many"))
+
+
+@pytest.fixture(scope="module", params=[(k, t) if (k, t) in DEFAULT_SETTINGS else pytest.param((k, t), marks=SLOW)
+                                        for k in KINDS for t in TOKENS], ids=lambda p: f"{p[0]}-{p[1]}")
 def setting(request):
     """One (MLP kind, calibration) per fixture: its cases share the calibration batch and, through
     :func:`outcome`'s cache, the runs the cross-method tests look at again."""
@@ -177,7 +191,7 @@ def test_every_method_meets_the_budget_or_names_the_argument(setting, method, re
     assert out.shape == (*TOKENS[tokens], 3) and bool(jnp.all(jnp.isfinite(out)))
 
 
-@pytest.mark.parametrize("reduction", _reductions())
+@pytest.mark.parametrize("reduction", _reductions(slow=(0.05, 0.2, 0.35)))  # ρ = 0.05: bsd's slowest solve
 def test_auto_works_wherever_bsd_and_prune_work(setting, reduction):
     kind, tokens = setting
     # Not a condition (a failing bsd or prune would let this test pass without a check): both must
@@ -210,7 +224,7 @@ def test_prune_refits_with_fewer_tokens_than_kept_units_and_says_so(kind, reduct
     assert outcome(kind, "many", "prune", reduction)[2].mlps[0].notes is None
 
 
-@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("tokens", ["many", pytest.param("few", marks=SLOW)])
 @pytest.mark.parametrize("reduction", [0.05, pytest.param(0.2, marks=SLOW)])  # 0.05: the case that failed
 def test_auto_on_a_gated_mlp_at_light_compression_is_within_budget(tokens, reduction):
     """The failure the issue reports: the decoupling's rank exceeds H on a gated MLP at ρ ≤ 0.2."""
@@ -302,8 +316,10 @@ def mlp_output_error(kind, compressed, x):
     return float(jnp.sum((y - y_hat) ** 2) / jnp.sum(y ** 2))
 
 
-@pytest.mark.parametrize("reduction", _reductions())
-@pytest.mark.parametrize("method", ["bsd", "prune", "auto"])
+@pytest.mark.parametrize("method, reduction", [
+    # bsd's and auto's lightest reduction (their slowest solves) in the slow step, with the middle ones
+    pytest.param(m, r, marks=SLOW) if r in (0.2, 0.35) or (m != "prune" and r == 0.05) else (m, r)
+    for m in ("bsd", "prune", "auto") for r in REDUCTIONS])
 @pytest.mark.parametrize("kind", KINDS)
 def test_output_error_is_far_below_the_zero_replacement(kind, method, reduction):
     P, model, report, err = outcome(kind, "many", method, reduction)
@@ -338,6 +354,7 @@ class TanhNet(nnx.Module):
         return self.head(h + self.ffn(h))
 
 
+@pytest.mark.slow  # the solver's planted decouplings (tests/test_cmtf.py) run in the default step
 def test_a_planted_decoupling_is_found():
     """An exactly decouplable MLP (``H = 4`` tanh units, no output bias) compressed at rank ``H``:
     measured output error 1.7e-4 with cubic B-splines of 8 coefficients (50 sweeps; 2.4e-2 with

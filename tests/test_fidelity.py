@@ -16,6 +16,14 @@ import pytest
 import jaxbsd as jb
 from jaxbsd import cmtf
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_isolated_spikes_are_not_divergence",
+    "test_healthy_degree_10_polynomial_run_is_never_diverged",
+    "test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate[True]",
+}
+
 
 _call = jax.jit(lambda mdl, x: mdl(x))  # one compiled model evaluation instead of many eager ops
 

@@ -42,6 +42,13 @@ from jaxbsd.train import (
     train_lm,
 )
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_forward_shapes[True-1]",
+}
+
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = LMConfig.tiny()
 forward = nnx.jit(lambda model, x: model(x))

@@ -150,6 +150,7 @@ def test_data_whose_norm_overflows_is_rejected():
         jb.decouple(J, np.ones((30, 2), np.float32), X, jb.CMTFConfig(rank=2), key=jax.random.key(0))
 
 
+@pytest.mark.slow  # its solves compile programs of their own; the finite-sweep tests above stay
 def test_dead_ranks_are_counted():
     """A rank-1 function fitted at rank 3 without robustness: report, don't crash."""
     rng = np.random.default_rng(1)

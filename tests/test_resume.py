@@ -327,10 +327,10 @@ def test_a_finished_state_returns_its_result_without_recompressing(toy_module, r
     assert_same_model(model, reference_model)
 
 
-def test_another_configuration_is_refused_naming_state_dir_and_resume_false_starts_over(toy_module, references,
-                                                                                         tmp_path):
+@pytest.mark.parametrize("variant", ["prune", pytest.param("bsd", marks=pytest.mark.slow)])  # prune: no solver
+def test_another_configuration_is_refused_naming_state_dir(toy_module, references, tmp_path, variant):
     _, module = toy_module
-    reference_model, reference_report, finished = references("bsd")
+    reference_model, reference_report, finished = references(variant)
     state_dir = tmp_path / "state"
     shutil.copytree(finished, state_dir)
     header = read_checkpoint_header(state_dir / "model")
@@ -343,12 +343,22 @@ def test_another_configuration_is_refused_naming_state_dir_and_resume_false_star
                dict(num_samples=40),
                dict(config=jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=21)))
     for change in changes:
+        if variant == "prune" and {"num_samples", "config"} & set(change):
+            continue  # options pruning refuses outright (it has no decoupling): not part of its identity
         finetune = module.Finetune()
         with pytest.raises(ValueError, match=r"^state_dir\b.*different run"):
-            module.run(state_dir, finetune=finetune, **change)
+            module.run(state_dir, finetune=finetune, **{"variant": variant, **change})
         assert finetune.calls == 0
     assert read_checkpoint_header(state_dir / "model") == header  # the state is untouched
-    # resume=False: the state is discarded, the other configuration runs from the start ...
+
+
+@pytest.mark.slow  # two more runs of the toy; the refusals above stay in the default run
+def test_resume_false_discards_the_state_and_starts_over(toy_module, references, tmp_path):
+    _, module = toy_module
+    reference_model, reference_report, finished = references("bsd")
+    state_dir = tmp_path / "state"
+    shutil.copytree(finished, state_dir)
+    # resume=False: the state is discarded, another configuration runs from the start ...
     finetune = module.Finetune()
     model, report = module.run(state_dir, reduction=0.29, resume=False, finetune=finetune)
     assert finetune.calls == 3
@@ -441,11 +451,11 @@ def test_another_model_of_the_same_size_is_refused_naming_state_dir(toy_module, 
     """Weights after the MLPs' inputs (the head; the first MLP compressed, back to front) do not
     change the captured inputs: the state of the original model must still be refused."""
     _, module = toy_module
-    _, _, finished = references("bsd")
+    _, _, finished = references("prune")  # the model's identity is the engine's, the same for every method
     state_dir = tmp_path / "state"
     shutil.copytree(finished, state_dir)
     other = _scaled(module, changed)
     expected = np.asarray(_scaled(module, changed).head.kernel[...])
     with pytest.raises(ValueError, match=r"^state_dir\b"):
-        module.run(state_dir, model=other, finetune=module.Finetune())
+        module.run(state_dir, model=other, variant="prune", finetune=module.Finetune())
     np.testing.assert_array_equal(np.asarray(other.head.kernel[...]), expected)

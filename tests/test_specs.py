@@ -15,6 +15,15 @@ from jaxbsd.baselines import LowRankMLP
 from jaxbsd.compression.specs import GatedMLPSpec, choose_spec, find_spec, match_tolerance
 from jaxbsd.compression.surgery import get_submodule
 
+#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
+#: slow step runs them (tests/conftest.py marks them).
+SLOW_CASES = {
+    "test_an_explicit_spec_wins_over_the_found_one",
+    "test_the_readme_example_runs_the_baselines_with_no_spec[svd]",
+    "test_each_activation_is_found_with_other_attribute_names[True-gelu]",
+}
+
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The user's own activations, written as a user would (not jaxbsd's table).
 USER_ACTS = {
