@@ -6,7 +6,9 @@ against their string shortcuts (item 2). Resume after a kill is in ``tests/test_
 Cost: most of this file's time is XLA compiling the solver, once per (Jacobian kind, decoupling
 rank, number of samples ``S``, warm start or not): the matrix's 16 decouplings (two kinds × four
 reductions × two calibrations) are most of it, and the other tests reuse the matrix's runs and
-ranks where they can (:func:`outcome` caches every run of the matrix).
+ranks where they can (:func:`outcome` caches every run of the matrix). The default run keeps the
+two-layer MLP's decouplings with the few-token calibration at the heaviest reduction; the rest of
+the matrix, the gated MLP's decouplings among them, runs in the slow step.
 """
 
 import functools
