@@ -14,6 +14,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ import pytest
 import grouped_toy as toy
 import jaxbsd as jb
 from jaxbsd.compression import devices as dv
+from jaxbsd.compression import grouped
 from jaxbsd.compression.state import RunState
 
 #: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
@@ -104,6 +106,30 @@ def test_a_killed_grouped_run_resumes_to_the_uninterrupted_model(tmp_path, monke
     assert [r.path for r in report.mlps] == [r.path for r in reference_report.mlps] == [
         "blocks.3", "blocks.2", "blocks.1", "blocks.0"]
     assert [r.group["paths"] for r in report.mlps] == [["blocks.3", "blocks.1"], ["blocks.2", "blocks.0"]] * 2
+
+
+def test_a_group_larger_than_its_chunk_runs_in_chunks_with_the_same_models(monkeypatch):
+    """``group=k``: at most k MLPs per device in one program (a group too large for a device's memory)."""
+    alone, _, _, _ = compressed("svd", False, False)
+    built = []
+    monkeypatch.setattr(jb.SVD, "build_group", lambda self, sites, *a, **k: built.append(len(sites)) or
+                        jb.compression.methods.Method.build_group(self, sites, *a, **k))
+    model, report = toy.run("svd", refine=False, group=2)
+    assert built == [2]  # blocks 2 and 1 in one program; block 0, alone, in the one-block program
+    assert [r.group["paths"] for r in report.mlps] == [["blocks.2", "blocks.1"]] * 2 + [["blocks.0"]]
+    assert [r.group["index"] for r in report.mlps] == [0, 0, 1]
+    errors = toy.relative_errors(toy.outputs(model), alone)
+    assert np.all(errors <= TOLERANCE[jnp.float64]), errors
+    # chunks of k blocks per device: k times the devices of the mesh axis per program
+    todo = [(i, f"blocks.{i}") for i in range(5)]
+    sites = {p: types.SimpleNamespace(module=None, m=4, n=4, hidden=8, gated=False, X=np.zeros((6, 4)),
+                                      check_X=np.zeros((6, 4)), fit_X=None) for _, p in todo}
+    ranks = dict.fromkeys(sites, 2)
+    assert [len(g) for g in grouped.groups(todo, sites, ranks, dv.Devices(max_blocks=2).chunk)] == [2, 2, 1]
+    assert [len(g) for g in grouped.groups(todo, sites, ranks, dv.Devices().chunk)] == [5]
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match=r"^group must be True, False, None or a positive int"):
+            toy.run("svd", refine=False, group=bad)
 
 
 def test_what_cannot_be_grouped_is_refused_or_said():

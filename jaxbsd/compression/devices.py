@@ -39,10 +39,15 @@ class Devices:
     Attributes:
       mesh: a :class:`jax.sharding.Mesh`, or None (the default device).
       axis: the mesh axis the block axis is split over (None: the mesh's first axis).
+      max_blocks: the most blocks one device holds in one program (None: a whole group). A larger
+        group is solved in chunks of ``max_blocks × size`` blocks, one program each (the chunks
+        of one size share it): how a group that does not fit in a device's memory
+        (:func:`group_bytes`) is run.
     """
 
     mesh: Mesh | None = None
     axis: str | None = None
+    max_blocks: int | None = None
 
     @property
     def axis_name(self) -> str | None:
@@ -54,6 +59,11 @@ class Devices:
     def size(self) -> int:
         """Devices the block axis is split over (1 without a mesh)."""
         return 1 if self.mesh is None else int(self.mesh.shape[self.axis_name])
+
+    @property
+    def chunk(self) -> int | None:
+        """The most blocks of one program (None: no limit)."""
+        return None if self.max_blocks is None else self.max_blocks * self.size
 
 
 def check_mesh(mesh, axis) -> Devices:

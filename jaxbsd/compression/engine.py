@@ -529,7 +529,7 @@ def compress_model(
     resume: bool = True,
     refine: Refine | bool | None = Refine(),
     distill: Distill | None = None,
-    group: bool | None = None,
+    group: bool | int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     mesh_axis: str | None = None,
 ) -> tuple[nnx.Module, CompressionReport]:
@@ -650,7 +650,10 @@ def compress_model(
         or why the run went one MLP at a time (front to back and ``finetune`` between blocks
         change what the next MLP is fed). ``False``: one MLP at a time. None (default): grouped
         when a ``mesh`` is given, else one MLP at a time — on this project's 2-core CPU a grouped run
-        was not yet measured to be as fast as one at a time (``benchmarks/grouped.py``).
+        was not yet measured to be as fast as one at a time (``benchmarks/grouped.py``). A
+        positive int ``k``: grouped, each device solving at most ``k`` MLPs in one program (a
+        larger group runs in chunks of ``k`` per device): for a group that does not fit in a
+        device's memory (:func:`jaxbsd.compression.devices.group_bytes` estimates a group's peak).
       mesh: a :class:`jax.sharding.Mesh`: a group's block axis is split over its axis
         ``mesh_axis`` (default: its first), and the calibration capture is data-parallel over the
         batch (when its leading size divides evenly; one process). Under ``jax.distributed``
@@ -728,7 +731,10 @@ def compress_model(
     if group is None:  # grouped where it pays for sure: splitting the blocks over a mesh
         group = mesh is not None
     if not isinstance(group, bool):
-        raise ValueError(f"group must be True, False or None, got {group!r}")
+        if not isinstance(group, int) or group < 1:
+            raise ValueError(f"group must be True, False, None or a positive int (the most MLPs one device "
+                             f"solves in one program), got {group!r}")
+        devices, group = dataclasses.replace(devices, max_blocks=group), True
     if order == grouped.INDEPENDENT and finetune is not None:
         raise ValueError("finetune: order='independent' compresses every MLP on the original model; fine-tuning "
                          "between blocks would make each depend on the last. Give finetune=None and fine-tune the "

@@ -66,13 +66,16 @@ def group_key(site: Site, rank) -> tuple:
             str(site.X.dtype), site.check_X.shape[0], fit)
 
 
-def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any]) -> list[list[tuple[int, str]]]:
+def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
+           chunk: int | None = None) -> list[list[tuple[int, str]]]:
     """The ``(step, path)`` of ``todo`` in groups of one :func:`group_key`, each in step order, the
-    groups in the order of their first step."""
+    groups in the order of their first step; a group of more than ``chunk`` MLPs (None: no limit)
+    split into consecutive chunks of ``chunk`` (the last one shorter)."""
     out: dict[tuple, list] = {}
     for step, path in todo:
         out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
-    return list(out.values())
+    size = chunk or max(len(todo), 1)
+    return [members[i:i + size] for members in out.values() for i in range(0, len(members), size)]
 
 
 def _refine_all(modules, refiners, devices):
@@ -102,7 +105,7 @@ def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of:
     method = plan.method
     refining = plan.refine is not None and plan.refine.steps > 0
     todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
-    for index, members in enumerate(groups(todo, sites, rank_of)):
+    for index, members in enumerate(groups(todo, sites, rank_of, devices.chunk)):
         start = time.perf_counter()
         refiners = {step: site_refiner(plan.refine, sites[path], references.get(step),
                                        jax.random.fold_in(build_key(path, step), 2))
