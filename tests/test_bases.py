@@ -11,8 +11,8 @@ import pytest
 import jaxbsd as jb
 from jaxbsd import bspline
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_lemma3_spline_without_interior_knots_spans_the_polynomials[10]",
 }

@@ -10,8 +10,8 @@ from scipy.interpolate import BSpline as ScipyBSpline
 
 from jaxbsd import bspline
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_derivative_matches_finite_differences_and_autodiff[5]",
     "test_solver_design_matrices_match_scipy[5]",

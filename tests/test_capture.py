@@ -9,8 +9,8 @@ from flax import nnx
 from jaxbsd.models import CONFIGS, build_model, capture, mlp_inputs
 from jaxbsd.models.capture import mlp_function
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_capture_matches_finite_differences[vit-1]",
     "test_capture_matches_finite_differences[swin-2]",

@@ -18,8 +18,8 @@ from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.train import train
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_compress_meets_a_reduction_budget[greedy]",
     "test_finetuning_is_kept_only_if_validation_improves[-1.0-False]",

@@ -16,8 +16,8 @@ from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodu
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_any_token_wise_module_falls_back_to_dense_jacobians",
     "test_jaxbsd_models_are_recognised_without_a_spec",

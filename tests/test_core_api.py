@@ -12,8 +12,8 @@ import pytest
 
 import jaxbsd as jb
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_float64_hyperparameters_do_not_promote_a_float32_problem",
     "test_sweep_jit_and_eager_agree__without_jit",

@@ -16,8 +16,8 @@ from flax import nnx
 import jaxbsd as jb
 from jaxbsd import gated
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_solve_on_the_operator_equals_the_dense_solve[gelu]",
     "test_every_method_matches_the_dense_jacobian[True-gelu]",

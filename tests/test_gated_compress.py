@@ -30,8 +30,8 @@ from jaxbsd.compression.sites import make_site, site_jacobian
 from jaxbsd.compression.specs import choose_spec
 from jaxbsd.compression.surgery import capture_calls, get_submodule, parse_path
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec[t5-geglu-bias-drone]",
     "test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec[qwen-swiglu-prune]",

@@ -23,8 +23,8 @@ from jaxbsd.compression.sites import make_site
 from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_prune_refits_on_calibration_tokens_outside_the_check_set[20-held-out]",
 }

@@ -17,8 +17,8 @@ import jaxbsd as jb
 from jaxbsd.compression import refine as refine_mod
 from jaxbsd.models import count_params
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget[svd]",
     "test_the_reported_heldout_error_is_that_of_the_returned_module[None]",

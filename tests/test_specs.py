@@ -15,8 +15,8 @@ from jaxbsd.baselines import LowRankMLP
 from jaxbsd.compression.specs import GatedMLPSpec, choose_spec, find_spec, match_tolerance
 from jaxbsd.compression.surgery import get_submodule
 
-#: Cases of the default run's tests that repeat a cheaper case's claim with a costlier program: the
-#: slow step runs them (tests/conftest.py marks them).
+#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
+#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
     "test_an_explicit_spec_wins_over_the_found_one",
     "test_the_readme_example_runs_the_baselines_with_no_spec[svd]",
