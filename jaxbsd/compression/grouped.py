@@ -74,8 +74,8 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
     out: dict[tuple, list] = {}
     for step, path in todo:
         out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
-    size = chunk or max(len(todo), 1)
-    return [members[i:i + size] for members in out.values() for i in range(0, len(members), size)]
+    return [members[i:i + (chunk or len(members))] for members in out.values()
+            for i in range(0, len(members), chunk or len(members))]
 
 
 def _refine_all(modules, refiners, devices):
