@@ -19,8 +19,6 @@ from jaxbsd.models.decoupled_mlp import DecoupledMLP
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
-    "test_any_token_wise_module_falls_back_to_dense_jacobians",
-    "test_jaxbsd_models_are_recognised_without_a_spec",
     "test_reduction_meets_the_budget_and_the_model_still_runs[svd]",
     "test_compress_save_and_reload_a_user_model_round_trips[svd]",
 }
@@ -319,6 +317,7 @@ def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch
     np.testing.assert_allclose(a(x), b(x), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_any_token_wise_module_falls_back_to_dense_jacobians():
     # A whole layer (norm, residuals, two MLP-like maps) is no two-layer MLP, but token-wise.
     model = Net()
@@ -328,6 +327,7 @@ def test_any_token_wise_module_falls_back_to_dense_jacobians():
     assert bool(jnp.all(jnp.isfinite(run(model, calibration(2)))))
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_jaxbsd_models_are_recognised_without_a_spec():
     from jaxbsd.models import ViTConfig, build_model
 

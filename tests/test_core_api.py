@@ -12,10 +12,9 @@ import pytest
 
 import jaxbsd as jb
 
-#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
-#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
+#: The chex variant run without jit (its name is made by chex: no decorator reaches it) runs in the
+#: slow step only (tests/conftest.py marks it); the jitted variant stays.
 SLOW_CASES = {
-    "test_float64_hyperparameters_do_not_promote_a_float32_problem",
     "test_sweep_jit_and_eager_agree__without_jit",
 }
 
@@ -94,6 +93,7 @@ def test_numbers_of_the_config_are_traced_leaves_and_structure_is_static():
     assert jax.jit(lambda t: CONFIG.replace(tol=t).tol * 2)(0.5) == 1.0
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_float64_hyperparameters_do_not_promote_a_float32_problem(mlp):
     J, F, X = (a.astype(jnp.float32) for a in mlp)
     problem = jb.problem(J, F, X)

@@ -19,8 +19,6 @@ from jaxbsd import cmtf
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
-    "test_isolated_spikes_are_not_divergence",
-    "test_healthy_degree_10_polynomial_run_is_never_diverged",
     "test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate[True]",
 }
 
@@ -46,6 +44,7 @@ def synthetic():
     return X, J, F
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_healthy_degree_10_polynomial_run_is_never_diverged(synthetic):
     X, J, F = synthetic
     config = jb.CMTFConfig(rank=3, basis=jb.Polynomial(10), lam=0.25, max_iter=400)
@@ -95,6 +94,7 @@ def test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate(synthetic,
     assert float(run.error_J) == pytest.approx(float(np.min(np.asarray(run.history_J))))
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_isolated_spikes_are_not_divergence(synthetic, monkeypatch):
     """Single-sweep spikes far above the best, followed by recovery, keep the run going."""
     X, J, F = synthetic

@@ -26,13 +26,6 @@ from jaxbsd.compression import devices as dv
 from jaxbsd.compression import grouped
 from jaxbsd.compression.state import RunState
 
-#: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
-#: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
-SLOW_CASES = {
-    "test_grouped_float32_within_1e_6",
-}
-
-
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 SLOW = pytest.mark.slow
@@ -71,6 +64,7 @@ def test_grouped_gives_the_models_of_one_block_at_a_time(method, refine):
     assert refine_traces == (0 if not refine else 2 if method == "auto" else 1)
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_grouped_float32_within_1e_6():
     alone, _, _, _ = compressed("svd", True, False, jnp.float32)
     together, _, _, _ = compressed("svd", True, True, jnp.float32)

@@ -18,7 +18,6 @@ from jaxbsd.compression.surgery import get_submodule
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
 SLOW_CASES = {
-    "test_an_explicit_spec_wins_over_the_found_one",
     "test_the_readme_example_runs_the_baselines_with_no_spec[svd]",
     "test_each_activation_is_found_with_other_attribute_names[True-gelu]",
 }
@@ -317,6 +316,7 @@ def test_without_a_spec_bsd_goes_dense_and_the_baselines_say_why():
     assert report.mlps[0].jacobian == "structured" and report.mlps[0].spec.startswith("found: silu: lin_b")
 
 
+@pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_an_explicit_spec_wins_over_the_found_one():
     # The module uses exact GELU; the tanh form is within the spec check's 1e-3, so a user's
     # (slightly wrong) spec is accepted and used as given, not replaced by what would be found.
