@@ -31,6 +31,8 @@ def _args(model, out, texts, *extra):
             "--no-progress", *extra]
 
 
+@pytest.mark.slow  # the CLI on a BERT directory end to end; its refusals stay in the default run, and the library
+# path (prune, save_pretrained, reload) is tests/test_bert.py's
 def test_prune_writes_a_smaller_bert_and_a_fidelity_report(tmp_path, texts, capsys):
     path, paragraphs = texts
     model = write_tiny_bert(tmp_path / "m")

@@ -287,6 +287,7 @@ def _site(model, path, spec, S=None):
     return make_site(path, get_submodule(model, path), spec, *tokens[path], S, jax.random.key(1))
 
 
+@pytest.mark.slow  # the structured operator against dense Jacobians: tests/test_gated.py and test_cmtf.py, default run
 def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch):
     # No spec found (FeedForward would be recognised, tests/test_specs.py): dense Jacobians.
     from jaxbsd.compression import specs

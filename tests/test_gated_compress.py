@@ -41,6 +41,10 @@ SLOW_CASES = {
     "test_every_gated_mlp_is_structured_and_every_method_runs_with_no_spec[t5-geglu-bias-svd]",
     "test_compress_model_on_the_language_model[svd]",
     "test_svd_keeps_the_truncated_kernels_of_numpy[qwen-swiglu]",
+    # one kind of gated MLP each in the default run: the other's case is the same claim
+    "test_drone_fits_each_kernel_to_its_own_inputs[qwen-swiglu]",
+    "test_save_load_round_trip_is_bit_identical[qwen-swiglu-prune]",
+    "test_the_baselines_error_J_matches_the_dense_jacobians[prune]",
 }
 
 

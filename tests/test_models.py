@@ -59,6 +59,10 @@ def _abstract(kind, config):
 forward = nnx.jit(lambda model, x: model(x))
 
 
+#: The default run builds the smallest and the largest preset of each family; the others in the slow step.
+SLOW_CASES = {f"test_preset_shapes[{case}]" for case in ("vit-1", "vit-2", "vit-3", "vit-5", "swin-1", "swin-2", "swin-3")}
+
+
 @pytest.mark.parametrize("kind,config", PRESETS, ids=lambda v: v if isinstance(v, str) else "")
 def test_preset_shapes(kind, config):
     graphdef, state = _abstract(kind, config)

@@ -153,6 +153,8 @@ PATHS = ["layers.0", "layers.1", "layers.2"]
 SPEC = jb.MLPSpec(fc1="up", fc2="down", activation="gelu")
 
 
+@pytest.mark.slow  # the README example runs in tests/test_specs.py; prune's budget in test_engine.py, its round trip in
+# test_gated_compress.py (default run)
 def test_readme_example_with_prune_meets_the_budget_and_round_trips(tmp_path):
     reduction = 0.3
     model = Net(nnx.Rngs(0))

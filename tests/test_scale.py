@@ -34,6 +34,7 @@ def single():
     return jb.decouple(jac, F, X, CONFIG, key=jax.random.key(0), restarts=4)
 
 
+@pytest.mark.slow  # progress from one compiled solve is asserted in the default run (tests/test_core_api.py)
 def test_progress_in_chunks_matches_the_single_compiled_solve(single):
     jac, F, X = mlp_problem()
     one = single

@@ -26,12 +26,12 @@ def test_other():
 '''
 
 
-def _collect(tmp_path, entries: str, marks: str) -> subprocess.CompletedProcess:
+def _collect(tmp_path, entries: str, marks: str, node: str = "") -> subprocess.CompletedProcess:
     (tmp_path / "test_module.py").write_text(MODULE.format(entries=entries))
     env = dict(os.environ, PYTHONPATH=str(HERE), JAXBSD_TEST_COMPILATION_CACHE="0")
     return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "conftest", "-p", "no:xdist",
                            "-p", "no:cacheprovider", "-o", "addopts=", "-m", marks, "--rootdir", str(tmp_path),
-                           str(tmp_path / "test_module.py")], env=env, capture_output=True, text=True, cwd=tmp_path)
+                           str(tmp_path / "test_module.py") + node], env=env, capture_output=True, text=True, cwd=tmp_path)
 
 
 @pytest.mark.slow  # two subprocesses that start JAX
@@ -44,3 +44,6 @@ def test_named_cases_are_slow_and_a_stale_entry_is_an_error(tmp_path):
     assert "test_case[2]" in slow.stdout and "test_other" in slow.stdout and "test_case[1]" not in slow.stdout
     stale = _collect(tmp_path, '"test_case[3]"', "not slow")
     assert stale.returncode != 0 and "SLOW_CASES names no collected test: ['test_case[3]']" in stale.stdout + stale.stderr
+    # One case named by node id: its slow sibling was not collected, and that is no stale entry.
+    one = _collect(tmp_path, '"test_case[2]"', "", node="::test_case[1]")
+    assert one.returncode == 0 and "test_case[1]" in one.stdout, one.stdout + one.stderr

@@ -64,6 +64,7 @@ def test_tiny_model_learns(data):
     assert acc > 0.9  # chance is 1/3
 
 
+@pytest.mark.slow  # two more trainings; the seeded streams are asserted in the default run by tests/test_cmtf.py and test_refine.py
 def test_same_seed_same_params(data):
     def run(seed):
         model = build_model("vit", TINY, seed=0)  # has stochastic depth: RNG streams too
