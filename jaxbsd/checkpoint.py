@@ -460,7 +460,7 @@ def _check_against(path: pathlib.Path, header: dict, model) -> dict[str, nnx.Var
 def _assign(header: dict, variables: dict[str, nnx.Variable], arrays: dict[str, np.ndarray]) -> None:
     table = header["variables"]
     values = {name: jax.random.wrap_key_data(arrays[name], impl=table[name]["key_impl"]) if _is_key(var[...])
-              else jnp.asarray(arrays[name]) for name, var in variables.items()}
+              else jax.device_put(np.asarray(arrays[name])) for name, var in variables.items()}  # no compiled copy
     for name, var in variables.items():  # only after everything converted
         var[...] = values[name]
 

@@ -154,29 +154,36 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
         sample = keep[sample]
     else:  # too few tokens outside the reserve for the S sampling points: draw them from all N
         sample = np.asarray(_draw_tokens(key, N, S)[0])
-    X = X_all[sample]
-    check_X, check_Y = X_all[check], Y_all[check]
+    probe = check[: min(64, check.shape[0])]
+    X, (check_X, check_Y), (fit_X, fit_Y), (held_X, held_Y), (probe_X, probe_Y) = _take_rows(
+        X_all, Y_all, sample, check, rest, held, probe)
     if validate:
         # Token by token: the module must reproduce what it computed inside the model (this
         # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
-        probe = check[: min(64, check.shape[0])]
         try:
-            out = apply_module(module, X_all[probe])
+            out = apply_module(module, probe_X)
         except Exception as err:  # noqa: BLE001 — any failure means the contract does not hold
             raise ValueError(f"mlps: {path!r} cannot be applied to (S, {m}) token vectors: {err}") from err
-        if out.shape != (probe.shape[0], n) or not _close(out, Y_all[probe]):
+        if out.shape != (probe.shape[0], n) or not _close(out, probe_Y):
             raise ValueError(f"mlps: {path!r} does not map (..., {m}) -> (..., {n}) token by token "
                              "(applied to its own inputs alone it gives other outputs)")
         if spec is not None:
             spec.kernels(module, path)
-            if not _close(_apply_spec(spec, module, X_all[probe]), Y_all[probe]):
+            if not _close(_apply_spec(spec, module, probe_X), probe_Y):
                 raise ValueError(f"mlp_specs: {path!r} does not compute {spec.describe()} on the calibration tokens")
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
     biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
                 params=count_params(module), X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
-                fit_X=X_all[rest], fit_Y=Y_all[rest], biases=biases, check_idx=check, fit_idx=rest,
-                **({"held_X": X_all[held], "held_Y": Y_all[held], "held_idx": held} if reserve else {}))
+                fit_X=fit_X, fit_Y=fit_Y, biases=biases, check_idx=check, fit_idx=rest,
+                **({"held_X": held_X, "held_Y": held_Y, "held_idx": held} if reserve else {}))
+
+
+@jax.jit
+def _take_rows(X_all, Y_all, sample, check, rest, held, probe):
+    """The site's token sets as one program: ``X_all[sample]`` and the ``(X, Y)`` rows of the check,
+    fit, held-out and probe tokens (each an eager gather would compile on its own, per shape)."""
+    return (X_all[sample], *((X_all[i], Y_all[i]) for i in (check, rest, held, probe)))
 
 
 @nnx.jit
@@ -237,11 +244,17 @@ def mlp_error_J(jac: StructuredJacobian, K1: jax.Array, b1: jax.Array, K2: jax.A
     It is itself an MLP, so its Jacobian is ``[[V1', V0'ᵀ, D']]`` too, and
     ``‖𝒥 − 𝒥'‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥'⟩ + ‖𝒥'‖²`` with ``⟨[[A,B,C]], [[A',B',C']]⟩ = Σ AᵀA' ∘ BᵀB' ∘ CᵀC'``.
     """
+    return float(_mlp_error_J(jac, K1, b1, K2, X, h_prime))
+
+
+@functools.partial(jax.jit, static_argnums=5)
+def _mlp_error_J(jac: StructuredJacobian, K1, b1, K2, X, h_prime) -> jax.Array:
+    # One program per shape: run eagerly, its dozen products would each compile on their own.
     V0, V1 = K1.T, K2.T
     D = h_prime(X @ K1 + b1[None, :])
     inner = jnp.sum((jac.V1.T @ V1) * (jac.V0 @ V0.T) * (jac.D.T @ D))
     ref = jac.sq_norm()
-    return float((ref - 2 * inner + cpd_sq_norm(V0, V1, D)) / ref)
+    return (ref - 2 * inner + cpd_sq_norm(V0, V1, D)) / ref
 
 
 def gated_error_J(jac: GatedJacobian, kernels, X: jax.Array, spec: GatedMLPSpec) -> float:
