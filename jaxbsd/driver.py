@@ -106,7 +106,7 @@ def _as_array(name: str, x: Any, ndim: int, shape_doc: str) -> jax.Array:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    return jnp.asarray(x)
+    return x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x))  # no compiled copy per shape
 
 
 def problem(J: Any, F: Any, X: Any) -> Problem:

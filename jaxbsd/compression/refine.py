@@ -222,18 +222,37 @@ def _prepare(module, X, Y, config: Refine, key, given=None) -> _Prepared:
     if given is None:  # a share of a permutation of X is held out
         take = min(N, config.max_tokens)
         held = max(1, min(take - 1, int(round(config.holdout * take))))
-        order = jax.random.permutation(key, N)[:take]
-        train, X_held, Y_held = order[held:], X[order[:held]], Y[order[:held]]
+        X_train, Y_train, X_held, Y_held = _draw_training(key, X, Y, take, held)
     else:  # the held-out tokens are given (set apart before the build): X trains, at most max_tokens in all
         held = int(given[0].shape[0])
-        train = jax.random.permutation(key, N)[:min(N, max(1, config.max_tokens - held))]
+        X_train, Y_train, _, _ = _draw_training(key, X, Y, min(N, max(1, config.max_tokens - held)), 0)
         X_held, Y_held = (jnp.asarray(a, dtype) for a in given)
-    n_train = int(train.shape[0])
+    n_train = int(X_train.shape[0])
     batch = None if config.batch_size is None or config.batch_size >= n_train else config.batch_size
     every = min(config.eval_every or (1 if batch is None else -(-n_train // batch)), max(1, config.steps))
-    operands = (params, rest, X[train], Y[train], X_held, Y_held, jnp.asarray(config.learning_rate, dtype),
+    operands = (params, rest, X_train, Y_train, X_held, Y_held, jnp.asarray(config.learning_rate, dtype),
                 jax.random.fold_in(key, 1))
     return _Prepared(graphdef, operands, batch, every, n_train, held)
+
+
+@jax.jit
+def _concatenate(arrays: tuple[jax.Array, ...]) -> jax.Array:
+    return jnp.concatenate(arrays)  # one program per shapes, not an eager op with its own compile
+
+
+@jax.jit
+def _rows_of(reference: jax.Array, indices: tuple[jax.Array, ...]) -> jax.Array:
+    """``reference``'s rows at each of ``indices``, concatenated (one program)."""
+    return jnp.concatenate([reference[i] for i in indices])
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _draw_training(key, X, Y, take: int, held: int):
+    """``(X_train, Y_train, X_held, Y_held)``: the first ``take`` tokens of a permutation of ``X``'s,
+    the first ``held`` of them held out, as one program (eager, each gather compiles on its own)."""
+    order = jax.random.permutation(key, X.shape[0])[:take]
+    train, out = order[held:], order[:held]
+    return X[train], Y[train], X[out], Y[out]
 
 
 def _finish(prep: _Prepared, config: Refine, best, errors, best_step, start: float) -> tuple[nnx.Module, dict[str, Any]]:
@@ -325,8 +344,8 @@ def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | N
 
     def targets(*group):
         if config.target == "local":
-            return jnp.concatenate([y for _, y, _ in group])
-        return jnp.concatenate([reference[np.asarray(i)] for _, _, i in group])
+            return _concatenate(tuple(y for _, y, _ in group))
+        return _rows_of(reference, tuple(np.asarray(i) for _, _, i in group))
 
-    X = jnp.concatenate([x for x, _, _ in parts])
+    X = _concatenate(tuple(x for x, _, _ in parts))
     return Refiner(X, targets(*parts), config, key, None if held is None else (held[0], targets(held)))

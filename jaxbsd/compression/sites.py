@@ -208,9 +208,11 @@ def _close(a, b, rtol: float = 1e-3) -> bool:
     return bool(np.all(np.isfinite(a)) and np.linalg.norm(a - b) <= rtol * max(np.linalg.norm(b), 1e-30))
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def gated_site_jacobian(X: jax.Array, kernels, spec: GatedMLPSpec) -> GatedJacobian:
     """The :class:`~jaxbsd.gated.GatedJacobian` at ``X (S, m)`` of the gated MLP with
-    ``kernels = (Kg, bg, Ku, bu, Kd, bd)`` (Flax layout), all cast to ``X``'s dtype."""
+    ``kernels = (Kg, bg, Ku, bu, Kd, bd)`` (Flax layout), all cast to ``X``'s dtype (one program
+    per shape)."""
     Kg, bg, Ku, bu, Kd, _ = (None if a is None else jnp.asarray(a, X.dtype) for a in kernels)
     return gated_mlp_jacobian(X, Kg.T, Ku.T, Kd.T, spec.h, gate_bias=bg, up_bias=bu,
                               activation_derivative=spec.h_prime)
@@ -228,13 +230,19 @@ def _compute_jacobian(site: Site):
         return gated_site_jacobian(site.X, site.spec.kernels(site.module, site.path), site.spec), "structured"
     if site.spec is not None:
         K1, b1, K2, _ = site.spec.kernels(site.module, site.path)
-        b1 = jnp.zeros((K1.shape[1],), K1.dtype) if b1 is None else b1
-        # The solver needs one dtype: the samples' (float64 tokens of a float32 model, say).
-        K1, b1, K2 = (jnp.asarray(a, site.X.dtype) for a in (K1, b1, K2))
-        return mlp_jacobian(site.X, K1.T, b1, K2.T, site.spec.h_prime), "structured"
+        return _structured_jacobian(site.X, K1, b1, K2, site.spec.h_prime), "structured"
     graphdef, state = nnx.split(site.module)
     J, _ = module_jacobians(graphdef, state, site.X, min(256, site.X.shape[0]))
     return J, "dense"
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _structured_jacobian(X, K1, b1, K2, h_prime) -> StructuredJacobian:
+    """The two-layer MLP's structured Jacobian at ``X (S, m)`` as one program (kernels in Flax layout)."""
+    b1 = jnp.zeros((K1.shape[1],), K1.dtype) if b1 is None else b1
+    # The solver needs one dtype: the samples' (float64 tokens of a float32 model, say).
+    K1, b1, K2 = (jnp.asarray(a, X.dtype) for a in (K1, b1, K2))
+    return mlp_jacobian(X, K1.T, b1, K2.T, h_prime)
 
 
 def mlp_error_J(jac: StructuredJacobian, K1: jax.Array, b1: jax.Array, K2: jax.Array, X: jax.Array, h_prime) -> float:

@@ -311,7 +311,20 @@ def _matmul_rounding(linear: nnx.Linear, X: jax.Array) -> float:
     ref = np.asarray(X, np.float64) @ K
     if linear.bias is not None:
         ref = ref + np.asarray(linear.bias[...], np.float64)[None, :]
-    return _rel(linear(X), ref)
+    return _rel(_apply_linear(linear, X), ref)
+
+
+@nnx.jit
+def _apply_linear(linear: nnx.Linear, X: jax.Array) -> jax.Array:
+    return linear(X)
+
+
+@jax.jit
+def _take_tokens(X: jax.Array, Y: jax.Array, rows, screen):
+    """``(X[rows], Y[rows], X[rows][screen], Y[rows][screen])`` as one program (eager, each gather
+    would compile on its own, per shape)."""
+    Xc, Yc = X[rows], Y[rows]
+    return Xc, Yc, Xc[screen], Yc[screen]
 
 
 @nnx.jit
@@ -380,10 +393,10 @@ def find_spec(module: nnx.Module, X: jax.Array, Y: jax.Array) -> Detection:
     if not orders:
         return Detection(None, f"the shapes of {shapes} do not chain {m} -> H -> {n} as {kind}")
 
-    rows = jnp.asarray(_spread(X.shape[0], _CONFIRM_TOKENS))
-    Xc, Yc = X[rows], Y[rows]
-    screen = np.asarray(_spread(Xc.shape[0], _SCREEN_TOKENS))
-    rounding = _matmul_rounding(orders[0][0][1], Xc[screen])
+    rows = _spread(X.shape[0], _CONFIRM_TOKENS)
+    screen = _spread(rows.shape[0], _SCREEN_TOKENS)
+    Xc, Yc, Xs, Ys = _take_tokens(X, Y, rows, screen)
+    rounding = _matmul_rounding(orders[0][0][1], Xs)
     narrow = [Y.dtype] + [lin.dtype for _, lin in linears if lin.dtype is not None]
     tol = match_tolerance(min(narrow, key=lambda d: jnp.finfo(d).bits), rounding)
 
@@ -394,10 +407,10 @@ def find_spec(module: nnx.Module, X: jax.Array, Y: jax.Array) -> Detection:
     matches = []
     for order in orders:
         layers = tuple(lin for _, lin in order)
-        screened = _every_reading(layers, Xc[screen])
+        screened = _every_reading(layers, Xs)
         confirmed = None
         for i, act in enumerate(ACTIVATION_NAMES):
-            err = _rel(screened[i], Yc[screen])
+            err = _rel(screened[i], Ys)
             if err <= tol and screen.shape[0] < Xc.shape[0]:
                 # Confirm on more tokens.
                 confirmed = _every_reading(layers, Xc) if confirmed is None else confirmed

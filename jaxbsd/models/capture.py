@@ -75,7 +75,7 @@ def padded_batches(images, batch_size):
 def _batched_mlp_inputs(model, images, block_index, batch_size):
     """Yield ``(start, tokens)`` per batch; the last batch is padded to keep one compile."""
     for start, valid, chunk in padded_batches(images, batch_size):
-        yield start, _mlp_inputs_batch(model, jnp.asarray(chunk), int(block_index))[:valid]
+        yield start, _mlp_inputs_batch(model, jax.device_put(chunk), int(block_index))[:valid]  # no compiled copy
 
 
 def mlp_inputs(model, images, block_index: int, *, batch_size: int = 256) -> jax.Array:
