@@ -287,8 +287,11 @@ KILLS = {
     # inside the first save: nothing is left at the checkpoint's path, the rerun starts over
     "first": (0, (-1, -1)),
 }
-#: The fast suite runs these; the others are marked slow (each case is a subprocess and two runs).
-FAST_CASES = (("prune", "header"),)  # killed during a save; the other kill points run in the slow step
+#: The fast suite runs these; the others are marked slow (each case is a subprocess and two runs). None: the
+#: kills are the slow step's (a subprocess each); the default run resumes a finished state in this process
+#: (test_a_finished_state_returns_its_result_without_recompressing), and tests/test_checkpoint.py interrupts
+#: saves at each of their points.
+FAST_CASES = ()
 CASES = [("prune", "header"), *((("bsd", where) for where in KILLS)), ("bsd-greedy", "finetune"), ("auto", "finetune")]
 
 
@@ -316,12 +319,12 @@ def test_compress_model_killed_resumes_to_the_uninterrupted_result(toy_module, r
     assert [p.name for p in (state_dir / "model").iterdir()] == ["3"]
 
 
-@pytest.mark.slow  # the default run kills and resumes (prune-header); a finished state's return in the slow step
-def test_a_finished_state_returns_its_result_without_recompressing(toy_module, references):
+@pytest.mark.parametrize("variant", ["prune", pytest.param("bsd", marks=pytest.mark.slow)])  # prune: no solver
+def test_a_finished_state_returns_its_result_without_recompressing(toy_module, references, variant):
     _, module = toy_module
-    reference_model, reference_report, state_dir = references("bsd")
+    reference_model, reference_report, state_dir = references(variant)
     finetune = module.Finetune()
-    model, report = module.run(state_dir, finetune=finetune)
+    model, report = module.run(state_dir, variant=variant, finetune=finetune)
     assert finetune.calls == 0
     assert report.to_dict() == reference_report.to_dict()  # times included: read back from the state
     assert_same_model(model, reference_model)
