@@ -26,14 +26,15 @@ def _images(n=8, size=8, channels=1, seed=0):
 
 
 def _decoupled_mlp(mlp, rank=4, seed=0, basis=jb.BSpline(degree=2, dof=4)):
-    """A small R-CMTF decoupling of ``mlp`` (a few sweeps are enough to get factors)."""
-    m = mlp.fc1.kernel[...].shape[0]
-    X = jax.random.normal(jax.random.key(seed), (24, m), jnp.float32)
-    f = lambda x: mlp(x)  # noqa: E731
-    J, F = jb.sample(f, X)
-    cfg = jb.CMTFConfig(rank=rank, basis=basis, max_iter=5)
-    res = jb.decouple(J, F, X, cfg, key=jax.random.key(seed), restarts=1)
-    return DecoupledMLP.from_decoupled(res.model, dtype=jnp.float32)
+    """A ``DecoupledMLP`` of ``mlp``'s sizes with random factors and the knots ``basis`` fits to their
+    activations: a round trip needs a decoupled module, not a good one (no solve to compile)."""
+    (m, _), (_, n) = mlp.fc1.kernel[...].shape, mlp.fc2.kernel[...].shape
+    rng = np.random.default_rng(seed)
+    W0, W1 = rng.normal(size=(rank, m)) / np.sqrt(m), rng.normal(size=(n, rank)) / np.sqrt(rank)
+    knots = jax.jit(jax.vmap(basis.fit, in_axes=1))(jnp.asarray(rng.normal(size=(24, m)) @ W0.T))
+    model = jb.Decoupled(W0=jnp.asarray(W0), W1=jnp.asarray(W1), coef=jnp.asarray(rng.normal(size=(rank, basis.num_coef))),
+                         knots=knots, basis=basis)
+    return DecoupledMLP.from_decoupled(model, dtype=jnp.float32)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +217,6 @@ class Stage(nnx.Module):
 class UserNet(nnx.Module):
     """Not a jaxbsd model: own classes, MLPs two lists deep."""
 
-    # The ViT tiny MLP's sizes (16 -> 32), so its decoupling reuses compressed_vit's compiled solve.
     def __init__(self, dim=16, hidden=32, seed=0):
         rngs = nnx.Rngs(seed)
         self.embed = nnx.Linear(3, dim, rngs=rngs)
