@@ -189,19 +189,19 @@ def test_progress_is_reported_from_one_program_with_identical_results(mlp, batch
     np.testing.assert_allclose(final, np.asarray(loud.restarts.history_J)[:, -1])
 
 
-def test_vmapped_solves_contain_no_batched_lapack_call(mlp):
+@pytest.mark.parametrize("robust", [True, pytest.param(False, marks=pytest.mark.slow)])  # each a lowering
+def test_vmapped_solves_contain_no_batched_lapack_call(mlp, robust):
     """jaxlib's batched CPU LAPACK kernels deadlock XLA's pool when two run at once; under
     vmap (restarts, λ) every LAPACK call must stay unbatched (a 2-d operand)."""
     problem = jb.problem(*mlp)
-    for robust in (True, False):
-        config = CONFIG.replace(robust=robust)
-        fn = jax.vmap(jax.vmap(lambda k, lam: jb.solve(k, problem, config.replace(lam=lam)), (0, None)), (None, 0))
-        keys = jax.random.split(jax.random.key(0), 4)
-        hlo = jax.jit(fn).lower(keys, jnp.array([0.1, 0.2])).as_text()
-        lapack_lines = [line for line in hlo.splitlines() if "lapack_" in line and "custom_call" in line]
-        assert lapack_lines, "expected LAPACK calls in the solve"
-        for line in lapack_lines:
-            assert re.search(r'num_batch_dims = "0"', line), line
+    config = CONFIG.replace(robust=robust)
+    fn = jax.vmap(jax.vmap(lambda k, lam: jb.solve(k, problem, config.replace(lam=lam)), (0, None)), (None, 0))
+    keys = jax.random.split(jax.random.key(0), 4)
+    hlo = jax.jit(fn).lower(keys, jnp.array([0.1, 0.2])).as_text()
+    lapack_lines = [line for line in hlo.splitlines() if "lapack_" in line and "custom_call" in line]
+    assert lapack_lines, "expected LAPACK calls in the solve"
+    for line in lapack_lines:
+        assert re.search(r'num_batch_dims = "0"', line), line
 
 
 def _while_loops(fn, *args, platform: str) -> int:

@@ -793,14 +793,9 @@ def test_real_fashion_mnist():
     np.testing.assert_allclose(float64_channel_stats(ds.train_images)[1], 1.0, atol=1e-5)
 
 
-def test_a_missing_fashion_mnist_fails_in_ci(tmp_path, monkeypatch):
-    """tests/conftest.py turns a skip for want of Fashion-MNIST into a failure when CI is set
-    (a ``skipif`` mark fails in setup, a ``pytest.skip`` call in the test), and only that skip:
-    run on tests that skip as ours do where the package is not installed."""
-    import shutil
-    import subprocess
-    import sys
-
+def test_which_skips_fail_in_ci(monkeypatch):
+    """tests/conftest.py's rule: with CI set, a skip naming Fashion-MNIST is a data set CI must have;
+    other skips, and any skip outside CI, are not (the hook itself: the next test, slow step)."""
     import conftest
 
     for value, required in [("true", "fashion-mnist"), ("1", "fashion-mnist"), ("false", None), ("", None)]:
@@ -809,6 +804,18 @@ def test_a_missing_fashion_mnist_fails_in_ci(tmp_path, monkeypatch):
         assert conftest.ci_required_data("no CIFAR-10 copy") is None
     monkeypatch.delenv("CI")
     assert conftest.ci_required_data("dataset-fashion-mnist is not installed") is None
+
+
+@pytest.mark.slow  # a pytest subprocess; the rule it applies is test_which_skips_fail_in_ci (default run)
+def test_a_missing_fashion_mnist_fails_in_ci(tmp_path):
+    """tests/conftest.py turns a skip for want of Fashion-MNIST into a failure when CI is set
+    (a ``skipif`` mark fails in setup, a ``pytest.skip`` call in the test), and only that skip:
+    run on tests that skip as ours do where the package is not installed."""
+    import shutil
+    import subprocess
+    import sys
+
+    import conftest
 
     shutil.copy(pathlib.Path(conftest.__file__), tmp_path / "conftest.py")
     (tmp_path / "test_needs_it.py").write_text(
