@@ -31,8 +31,10 @@ def planted(seed=11, m=4, n=3, S=96):
     X = np.asarray(jax.random.uniform(k2, (S, m), minval=-1.0, maxval=1.0))
     J, F = _sample(lambda x: jnp.asarray(W1) @ jnp.stack([g[0](jnp.asarray(W0)[0] @ x), g[1](jnp.asarray(W0)[1] @ x)]), X)
     U = W0 @ X.T
-    knots = np.stack([np.asarray(bspline.quantile_knots(jnp.asarray(u), BASIS.dof, BASIS.degree)) for u in U])
-    coef = np.stack([np.linalg.lstsq(np.asarray(bspline.design_matrix(jnp.asarray(u), jnp.asarray(t), 3)), gi(u),
+    # each one compiled program (eager, every op of the knot placement and the recursion compiles on its own)
+    knots = np.asarray(jax.jit(jax.vmap(lambda u: bspline.quantile_knots(u, BASIS.dof, BASIS.degree)))(jnp.asarray(U)))
+    design = jax.jit(bspline.design_matrix, static_argnums=2)
+    coef = np.stack([np.linalg.lstsq(np.asarray(design(jnp.asarray(u), jnp.asarray(t), 3)), gi(u),
                                      rcond=None)[0] for u, t, gi in zip(U, knots, g)])
     model = jb.Decoupled(W0=jnp.asarray(W0), W1=jnp.asarray(W1), coef=jnp.asarray(coef), knots=jnp.asarray(knots),
                          basis=BASIS)
