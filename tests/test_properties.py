@@ -39,6 +39,8 @@ def clamped_knots(draw):
     return degree, t, scale, shift
 
 
+@pytest.mark.slow  # every knot count and degree compiles anew; tests/test_bspline.py's scipy oracles, repeated
+# knots and partition of unity run in the default run
 @SETTINGS
 @given(clamped_knots(), st.integers(0, 2), st.data())
 def test_design_matrix_is_finite_and_a_partition_of_unity(spec, derivative, data):
@@ -57,6 +59,7 @@ def test_design_matrix_is_finite_and_a_partition_of_unity(spec, derivative, data
         np.testing.assert_allclose(B[within], ref[within], atol=1e-7)
 
 
+@pytest.mark.slow  # the default run's degenerate samples: tests/test_bspline.py (quantile knots, a usable basis)
 @SETTINGS
 @given(
     st.sampled_from([1e-8, 1.0, 1e8]),
