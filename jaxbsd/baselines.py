@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-def on_device(a, dtype=None) -> jax.Array:
+def _on_device(a, dtype=None) -> jax.Array:
     """``jnp.asarray(a, dtype)`` without a compiled copy: a host array is cast on the host and put
     on the device (``jnp.asarray`` of a numpy array compiles a program per shape)."""
     if isinstance(a, jax.Array):
@@ -72,7 +72,7 @@ def on_device(a, dtype=None) -> jax.Array:
     return jax.device_put(np.asarray(a, dtype))
 
 
-def linear_of(K, b=None) -> nnx.Linear:
+def _linear_of(K, b=None) -> nnx.Linear:
     """An ``nnx.Linear`` holding the kernel ``K (d_in, d_out)`` and the bias ``b`` (None: a layer
     without one) in ``K``'s dtype, built without drawing the initial values it would overwrite
     (each draw compiles a program per shape)."""
@@ -80,9 +80,9 @@ def linear_of(K, b=None) -> nnx.Linear:
     dtype = np.dtype(K.dtype)
     layer = nnx.eval_shape(lambda: nnx.Linear(d_in, d_out, use_bias=b is not None, param_dtype=dtype,
                                               rngs=nnx.Rngs(0)))
-    layer.kernel = nnx.Param(on_device(K))
+    layer.kernel = nnx.Param(_on_device(K))
     if b is not None:
-        layer.bias = nnx.Param(on_device(b, dtype))
+        layer.bias = nnx.Param(_on_device(b, dtype))
     return layer
 
 
@@ -294,7 +294,7 @@ class PrunedMLP(nnx.Module):
         if b1.shape != (K1.shape[1],) or b2.shape != (K2.shape[1],):
             raise ValueError(f"b1 must have shape ({K1.shape[1]},) and b2 ({K2.shape[1]},), got {b1.shape}, {b2.shape}")
         (m, k), n = K1.shape, K2.shape[1]
-        self.fc1, self.fc2 = linear_of(K1, b1), linear_of(K2, b2)
+        self.fc1, self.fc2 = _linear_of(K1, b1), _linear_of(K2, b2)
         self.activation = activation
         self.in_features, self.hidden, self.out_features = int(m), int(k), int(n)
         self.rank = int(k)
@@ -490,7 +490,7 @@ def prune_mlp(K1, b1, K2, b2, activation: str | Callable, k: int, X: jax.Array,
     """:func:`prune_weights` as a module: ``(PrunedMLP, Pruning)``, the module in ``K1``'s dtype
     with :func:`pruned_mlp_params` ``(m, k, n)`` parameters."""
     res = prune_weights(K1, b1, K2, b2, activation, k, X, Y, ridge=ridge)
-    return PrunedMLP(*(on_device(a) for a in (res.K1, res.b1, res.K2, res.b2)), activation), res
+    return PrunedMLP(*(_on_device(a) for a in (res.K1, res.b1, res.K2, res.b2)), activation), res
 
 
 # ----------------------------------------------------------------------------- gated MLPs
@@ -578,7 +578,7 @@ class PrunedGatedMLP(nnx.Module):
         m, k, n = _check_gated(Kg, bg, Ku, bu, Kd, bd)
         if k < 1:
             raise ValueError(f"a pruned gated MLP keeps k >= 1 hidden units, got kernels {Kg.shape}, {Kd.shape}")
-        self.gate, self.up, self.down = linear_of(Kg, bg), linear_of(Ku, bu), linear_of(Kd, bd)
+        self.gate, self.up, self.down = _linear_of(Kg, bg), _linear_of(Ku, bu), _linear_of(Kd, bd)
         self.activation = activation
         self.in_features, self.hidden, self.out_features = int(m), int(k), int(n)
         self.rank = int(k)
