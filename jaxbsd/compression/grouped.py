@@ -74,8 +74,8 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
     out: dict[tuple, list] = {}
     for step, path in todo:
         out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
-    return [members[i:i + (chunk or len(members))] for members in out.values()
-            for i in range(0, len(members), chunk or len(members))]
+    sizes = {key: chunk or len(members) for key, members in out.items()}
+    return [members[i:i + sizes[key]] for key, members in out.items() for i in range(0, len(members), sizes[key])]
 
 
 def _refine_all(modules, refiners, devices):

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd import metrics
-from jaxbsd.compression.specs import AnySpec, GatedMLPSpec
+from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, apply_module
 from jaxbsd.gated import GatedJacobian, gated_mlp_jacobian
 from jaxbsd.models import count_params
 from jaxbsd.models.capture import module_jacobians
@@ -184,12 +184,6 @@ def _take_rows(X_all, Y_all, sample, check, rest, held, probe):
     """The site's token sets as one program: ``X_all[sample]`` and the ``(X, Y)`` rows of the check,
     fit, held-out and probe tokens (each an eager gather would compile on its own, per shape)."""
     return (X_all[sample], *((X_all[i], Y_all[i]) for i in (check, rest, held, probe)))
-
-
-@nnx.jit
-def apply_module(module: nnx.Module, X: jax.Array) -> jax.Array:
-    # One compiled program per module structure and shape, not a dispatch (and a compile) per op.
-    return module(X)
 
 
 @nnx.jit(static_argnums=0)

@@ -311,12 +311,14 @@ def _matmul_rounding(linear: nnx.Linear, X: jax.Array) -> float:
     ref = np.asarray(X, np.float64) @ K
     if linear.bias is not None:
         ref = ref + np.asarray(linear.bias[...], np.float64)[None, :]
-    return _rel(_apply_linear(linear, X), ref)
+    return _rel(apply_module(linear, X), ref)
 
 
 @nnx.jit
-def _apply_linear(linear: nnx.Linear, X: jax.Array) -> jax.Array:
-    return linear(X)
+def apply_module(module: nnx.Module, X: jax.Array) -> jax.Array:
+    """``module(X)`` as one compiled program per module structure and shape, not a dispatch (and
+    a compile) per op."""
+    return module(X)
 
 
 @jax.jit
