@@ -202,8 +202,9 @@ def test_two_processes_of_two_devices_give_the_one_device_model_and_resume(tmp_p
 
 
 @SLOW
+@pytest.mark.parametrize("vectorize", [True, False], ids=["vmap", "map"])
 @pytest.mark.parametrize("G, S, m, H, r, restarts", [(1, 128, 12, 32, 3, 2), (4, 256, 64, 256, 8, 4)])
-def test_the_memory_model_is_within_a_factor_of_the_compiled_program(G, S, m, H, r, restarts):
+def test_the_memory_model_is_within_a_factor_of_the_compiled_program(G, S, m, H, r, restarts, vectorize):
     from jaxbsd.driver import problem
     from jaxbsd.tensor import mlp_jacobian
 
@@ -212,12 +213,14 @@ def test_the_memory_model_is_within_a_factor_of_the_compiled_program(G, S, m, H,
     V0 = jax.random.normal(jax.random.key(1), (H, m), jnp.float32)
     V1 = jax.random.normal(jax.random.key(2), (m, H), jnp.float32)
     prob = problem(mlp_jacobian(X, V0, jnp.zeros(H, jnp.float32), V1, jax.nn.sigmoid), X @ V0.T @ V1.T, X)
-    blocks = (jnp.stack([jax.random.key_data(jax.random.key(i)) for i in range(G)]), dv.stack([prob] * G), None)
-    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None)
+    blocks = tuple((jax.random.key_data(jax.random.key(i)), prob, None) for i in range(G))
+    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, vectorize)
     analysis = program.lower(blocks, config).compile().memory_analysis()
     measured = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-    model = dv.group_bytes(G, S, m, m, r, restarts, 4, hidden=H, max_iter=50, itemsize=4)
-    assert 0.8 * measured <= model <= 2 * measured, (model, measured)
+    model = dv.group_bytes(G, S, m, m, r, restarts, 4, hidden=H, max_iter=50, itemsize=4, vectorize=vectorize)
+    # The docstring's band (measured / estimate): an upper estimate of the vmapped form.
+    low, high = (0.2, 1.0) if vectorize else (0.2, 1.2)
+    assert low * model <= measured <= high * model, (model, measured)
 
 
 def test_a_group_of_six_lowers_for_cuda_as_one_loop_over_all_blocks_and_restarts():
@@ -232,8 +235,9 @@ def test_a_group_of_six_lowers_for_cuda_as_one_loop_over_all_blocks_and_restarts
     V0 = jax.random.normal(jax.random.key(1), (H, m), jnp.float32)
     V1 = jax.random.normal(jax.random.key(2), (m, H), jnp.float32)
     prob = problem(mlp_jacobian(X, V0, jnp.zeros(H, jnp.float32), V1, jax.nn.sigmoid), X @ V0.T @ V1.T, X)
-    blocks = (jnp.stack([jax.random.key_data(jax.random.key(i)) for i in range(G)]), dv.stack([prob] * G), None)
-    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None)
+    blocks = tuple((jax.random.key_data(jax.random.key(i)), prob, None) for i in range(G))
+    # The vmapped form (an accelerator's): the memory model's G blocks held at once.
+    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, True)
     text = jax.export.export(program, platforms=("cuda",))(blocks, config).mlir_module()
     # One device-side loop, whose carry holds every block's every restart (6 × 4 leading axes):
     # no loop over the blocks, none over the restarts.

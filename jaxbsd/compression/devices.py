@@ -28,7 +28,7 @@ from jaxbsd import driver
 from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Problem
 from jaxbsd.decoupled import Decoupled
 
-__all__ = ["Devices", "run_blocks", "decouple_group", "trace_count", "stack", "unstack", "check_mesh",
+__all__ = ["Devices", "run_blocks", "decouple_group", "trace_count", "vectorized", "check_mesh",
            "group_bytes", "shard_batch"]
 
 
@@ -92,16 +92,10 @@ def trace_count(what: str = "solver") -> int:
     return _TRACES.get({"solver": "_solve_block", "refine": "_refine_block"}.get(what, what), 0)
 
 
-@jax.jit  # one program per group signature, not one eager op (and compile) per leaf
-def stack(trees: list) -> Any:
-    """Pytrees of one structure and shapes, stacked on a new leading axis."""
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
-
-
-@functools.partial(jax.jit, static_argnums=1)  # one program, as stack
-def unstack(tree: Any, count: int) -> list:
-    """The ``count`` members of a pytree stacked on its leading axis."""
-    return [jax.tree_util.tree_map(lambda a, i=i: a[i], tree) for i in range(count)]
+def _stack_on_host(members: list) -> Any:
+    """Pytrees of one structure and shapes, stacked on a new leading axis as host arrays (what a
+    mesh's global arrays are assembled from: no device program, so no compile per structure)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *members)
 
 
 def _to_global(x, sharding: NamedSharding):
@@ -112,55 +106,62 @@ def _to_global(x, sharding: NamedSharding):
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def _over_blocks(one: Callable, blocks, shared):
-    """``one(block, shared)`` for every block: vmapped on accelerators (one batched program step
-    for all blocks, as the restarts), one block after the other inside the program on the CPU
-    (``lax.map``: the same arithmetic as one block at a time, one compile and one dispatch for
-    the group; the CPU has no idle lanes for a batch to fill, and its batched LAPACK kernels are
-    what :func:`jaxbsd.cmtf._batch_polymorphic` avoids)."""
-    def mapped(blocks, shared):
-        return jax.lax.map(lambda block: one(block, shared), blocks)
-
-    def vmapped(blocks, shared):
-        return jax.vmap(one, in_axes=(0, None))(blocks, shared)
-
-    return jax.lax.platform_dependent(blocks, shared, cpu=mapped, default=vmapped)
+def vectorized(devices: "Devices") -> bool:
+    """Whether a group's blocks are vmapped (accelerators: one batched program step for all
+    blocks, as the restarts) or run one after the other inside the program (the CPU: ``lax.map``,
+    the same arithmetic as one block at a time, one compile and one dispatch for the group; the
+    CPU has no idle lanes for a batch to fill, and its batched LAPACK kernels are what
+    :func:`jaxbsd.cmtf._batch_polymorphic` avoids). Decided in Python from the devices the
+    program runs on, so only the chosen form is traced and compiled."""
+    platform = jax.default_backend() if devices.mesh is None else devices.mesh.devices.flat[0].platform
+    return platform != "cpu"
 
 
 @functools.lru_cache(maxsize=None)
-def _program(fn: Callable, statics: tuple, mesh: Mesh | None, axis: str | None) -> Callable:
-    """The jitted program ``(blocks, shared) -> outputs`` of ``fn(block, shared, **statics)``
-    over the leading axis of ``blocks`` (:func:`_over_blocks`; shard-mapped over ``axis`` of
-    ``mesh``); cached, so a group signature is traced and compiled once."""
+def _program(fn: Callable, statics: tuple, mesh: Mesh | None, axis: str | None, vectorize: bool) -> Callable:
+    """The jitted program of ``fn(block, shared, **statics)`` over a group's blocks, vmapped or
+    ``lax.map``-ped (:func:`vectorized`); cached, so a group signature is traced and compiled once.
+
+    Without a mesh, ``(members, shared) -> outputs``: ``members`` a tuple of the blocks' pytrees,
+    stacked on a leading block axis inside the program and the outputs split back per block there
+    (one program for the group, no separate stacking programs). With a mesh, ``(blocks, shared)``
+    with the leaves already stacked, the block axis shard-mapped over ``axis``."""
     one = functools.partial(fn, **dict(statics))
 
-    def program(blocks, shared):
+    def over(blocks, shared):
         _TRACES[fn.__name__] = _TRACES.get(fn.__name__, 0) + 1  # Python runs once per trace
-        return _over_blocks(one, blocks, shared)
+        if vectorize:
+            return jax.vmap(one, in_axes=(0, None))(blocks, shared)
+        return jax.lax.map(lambda block: one(block, shared), blocks)
 
     if mesh is None:
+        def program(members, shared):
+            out = over(jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *members), shared)
+            return tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(members)))
+
         return jax.jit(program)
-    mapped = jax.shard_map(program, mesh=mesh, in_specs=(P(axis), P()), out_specs=P(axis), check_vma=False)
+    mapped = jax.shard_map(over, mesh=mesh, in_specs=(P(axis), P()), out_specs=P(axis), check_vma=False)
     # Gathered: every process (jax.distributed) ends with every block's result.
     return jax.jit(mapped, out_shardings=NamedSharding(mesh, P()))
 
 
-def run_blocks(fn: Callable, blocks: Any, shared: Any, devices: Devices = Devices(), **statics) -> Any:
-    """``fn(block, shared, **statics)`` for every block of ``blocks`` (leaves stacked on a leading
-    block axis ``G``), as one program; the outputs stacked on the block axis.
+def run_blocks(fn: Callable, members: list, shared: Any, devices: Devices = Devices(), **statics) -> list:
+    """``fn(block, shared, **statics)`` for every block of ``members`` (pytrees of one structure
+    and shapes), as one program; one output per block.
 
-    With a mesh, the block axis is padded to a multiple of the devices on ``devices.axis`` (by
-    repeating the last block; the copies are dropped) and split over them; ``shared`` is
-    replicated. Inputs must be the same on every process (they are: every process of an SPMD run
-    captured the same tokens), and the outputs are gathered onto every device.
+    With a mesh, the blocks are stacked on a leading block axis, padded to a multiple of the
+    devices on ``devices.axis`` (by repeating the last block; the copies are dropped) and split
+    over them; ``shared`` is replicated. Inputs must be the same on every process (they are: every
+    process of an SPMD run captured the same tokens), and the outputs are gathered onto every device.
     """
-    G = jax.tree_util.tree_leaves(blocks)[0].shape[0]
-    program = _program(fn, tuple(sorted(statics.items())), devices.mesh, devices.axis_name)
+    program = _program(fn, tuple(sorted(statics.items())), devices.mesh, devices.axis_name, vectorized(devices))
     if devices.mesh is None:
-        return program(blocks, shared)
+        return list(program(tuple(members), shared))
+    G = len(members)
+    blocks = _stack_on_host(members)
     pad = (-G) % devices.size
     if pad:
-        blocks = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)]), blocks)
+        blocks = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), blocks)
     split = NamedSharding(devices.mesh, P(devices.axis_name))
     whole = NamedSharding(devices.mesh, P())
     blocks = jax.tree_util.tree_map(lambda a: _to_global(a, split), blocks)
@@ -168,7 +169,9 @@ def run_blocks(fn: Callable, blocks: Any, shared: Any, devices: Devices = Device
     out = program(blocks, shared)
     # Gathered on every device; brought back as this process's own arrays (under jax.distributed the
     # program's outputs are global arrays, which the host code after it cannot mix with its own).
-    return jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)[:G]), out)
+    # device_put, not jnp.asarray: the latter compiles a copy program per shape.
+    host = jax.tree_util.tree_map(np.asarray, out)
+    return [jax.tree_util.tree_map(lambda a, i=i: jax.device_put(a[i]), host) for i in range(G)]
 
 
 def _solve_block(block, shared, *, restarts: int, batch: str) -> DecouplingResult:
@@ -198,33 +201,37 @@ def decouple_group(problems: list[Problem], config: CMTFConfig, keys: list[jax.A
       restarts=restarts, init=inits[i], shard=None)`` returns up to rounding.
     """
     batch = driver._restart_batching(None, restarts)
-    key_data = jnp.stack([jax.random.key_data(k) for k in keys])
-    block_inits = None if inits is None else stack(inits)
-    blocks = (key_data, stack(problems), block_inits)
-    out = run_blocks(_solve_block, blocks, config, devices, restarts=restarts, batch=batch)
-    return unstack(out, len(problems))
+    members = [(jax.random.key_data(k), prob, None if inits is None else inits[i])
+               for i, (k, prob) in enumerate(zip(keys, problems))]
+    return run_blocks(_solve_block, members, config, devices, restarts=restarts, batch=batch)
 
 
 def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: int, *, hidden: int | None = None,
-                max_iter: int = 0, itemsize: int = 4) -> int:
-    """An upper estimate of the peak bytes of a group's solve on one device (the memory model).
+                max_iter: int = 0, itemsize: int = 4, vectorize: bool = True) -> int:
+    """An estimate of the peak bytes of a group's solve on one device (the memory model).
 
-    Per block: the problem (``X (S, m)``, ``F (S, n)``, and the Jacobian: dense ``S·n·m``, or
-    structured ``S·H + H·(n + m)``), and per restart (warm start included) a handful of copies of
-    the solver state (``W0 (r, m)``, ``W1 (n, r)``, ``G``, ``R (S, r)``, coefficients, knots: the
-    current iterate, the best one, the stepped one, and the sweep's temporaries ``M1 (n, r)``,
-    ``M2 (m, r)``, design matrices ``(r, S, ν)`` twice) and the history ``2·max_iter``.
-    ``G`` blocks on one device hold ``G`` times that (the vmapped program of an accelerator; the
-    CPU program solves its blocks one after the other and holds one block's temporaries, so it
-    needs less). Checked against ``compiled.memory_analysis()`` (arguments + outputs +
-    temporaries) in ``tests/test_grouped.py``: between 0.8 and 2 times the measurement.
+    ``P = S·m + S·n + jac`` elements per block (``X``, ``F`` and the Jacobian: dense ``S·n·m``,
+    structured ``S·H + H·(n + m)``); the program holds the blocks' problems and, for ``G > 1``,
+    their stacked copy (``2·G·P``), and per block solved at once the solve's temporaries
+    ``T = 1.5·P + (R + 1)·(16·S·r·ν + 24·r·(n + m))`` (``R`` restarts and the warm start:
+    the iterate, the best one, the sweep's design matrices ``(r, S, ν)`` and the factor updates).
+    ``vectorize`` (an accelerator's vmapped program) holds ``G`` blocks' temporaries at once, the
+    CPU's ``lax.map`` one. ``max_iter`` (the history, ``2·max_iter`` per restart) is negligible and
+    only kept in the signature for callers that pass it.
+
+    The coefficients are fitted to ``compiled.memory_analysis()`` (arguments, outputs and
+    temporaries) of 20 problem shapes (S 128–1024, m 16–128, H 64–512, r 4–32, R 1–4), with
+    ``G`` = 1 and 2, scaled to bound them: the vmapped program's measurement is 0.22–0.97 times
+    the estimate (an upper estimate, up to 4.5× generous on the smallest shapes), the CPU
+    program's 0.22–1.14 times. ``tests/test_grouped.py``
+    checks two shapes in both forms. XLA's buffer assignment is not a formula of the sizes; keep
+    a margin when choosing a chunk size from it.
     """
     jac = S * n * m if hidden is None else S * hidden + hidden * (n + m)
     problem = S * m + S * n + jac
-    state = rank * m + n * rank + 2 * S * rank + rank * dof + rank * (dof + 4)
-    sweep = n * rank + m * rank + 2 * rank * S * dof + S * rank * 2
-    per_restart = 4 * state + sweep + 2 * max_iter
-    return int(itemsize * G * (problem + (restarts + 1) * per_restart))
+    temporaries = 1.5 * problem + (restarts + 1) * (16 * S * rank * dof + 24 * rank * (n + m))
+    held = G * problem * (2 if G > 1 else 1)
+    return int(itemsize * (held + (G if vectorize else 1) * temporaries))
 
 
 def shard_batch(calibration, devices: Devices):

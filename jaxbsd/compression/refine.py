@@ -50,7 +50,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxbsd.compression.devices import Devices, run_blocks, stack, unstack
+from jaxbsd.compression.devices import Devices, run_blocks
 
 __all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "reserved_tokens", "trace_count"]
 
@@ -302,13 +302,11 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
     out: dict[int, tuple] = {}
     for members in buckets.values():
         first, config = preps[members[0]], refiners[members[0]].config
-        blocks = stack([(*preps[i].operands[:6], jax.random.key_data(preps[i].operands[7])) for i in members])
-        best, errors, steps_kept = run_blocks(_refine_block, blocks, first.operands[6],
-                                              devices if devices is not None else Devices(),
-                                              graphdef=first.graphdef, steps=config.steps, batch=first.batch,
-                                              eval_every=first.every)
-        for i, b, e, k in zip(members, unstack(best, len(members)), errors, steps_kept):
-            out[i] = (b, e, k)
+        blocks = [(*preps[i].operands[:6], jax.random.key_data(preps[i].operands[7])) for i in members]
+        solved = run_blocks(_refine_block, blocks, first.operands[6], devices if devices is not None else Devices(),
+                            graphdef=first.graphdef, steps=config.steps, batch=first.batch, eval_every=first.every)
+        for i, result in zip(members, solved):
+            out[i] = result
     share = (time.perf_counter() - start) / len(modules)
     results = []
     for i, prep in enumerate(preps):
