@@ -312,6 +312,30 @@ def test_pinv_solve_is_the_minimum_norm_solution(spectrum, solve):
     np.testing.assert_allclose(np.asarray(both[1]), _min_norm_oracle(SPECTRA["well conditioned"], Q2, B), rtol=1e-12)
 
 
+@pytest.mark.parametrize("singular", [(1.0, 2.0, 3.0, 0.5), (1.0, 2.0, 0.0, 0.0), (1.0, 2.0, 3e-9, 1e-17)],
+                         ids=["full row rank", "rank deficient", "one kept, one cut"])
+def test_the_wide_r_update_is_the_minimum_norm_least_squares(singular):
+    """R ← F W1 (W1ᵀW1)⁺ at r > n goes through the n × n Gram (``_wide_least_squares``): it
+    equals numpy's minimum-norm least squares with the r × r Gram's cutoff (eigenvalues at or
+    below r·eps of the largest, i.e. singular values below √(r·eps) of the largest), alone and
+    vmapped, and the r × r eigendecomposition it replaces."""
+    n, r, S = 4, 9, 6
+    rng = np.random.default_rng(5)
+    U, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((r, n)))
+    W1 = U @ np.diag(singular) @ V.T  # (n, r), singular values as given
+    F = rng.standard_normal((S, n))
+    pinv = np.linalg.pinv(W1, rcond=np.sqrt(r * np.finfo(np.float64).eps))  # (r, n)
+    expected = F @ pinv.T  # each row: argmin ‖F_s − W1 R_sᵀ‖ of least norm
+    got = np.asarray(cmtf._wide_least_squares(jnp.asarray(W1), jnp.asarray(F)))
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
+    old = np.asarray(cmtf._pinv_solve_by_eigh(jnp.asarray(W1.T @ W1), jnp.asarray(F @ W1)))
+    np.testing.assert_allclose(got, old, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+    both = jax.vmap(cmtf._wide_least_squares)(jnp.stack([W1, 2 * W1]), jnp.stack([F, F]))
+    np.testing.assert_allclose(np.asarray(both[0]), expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
+    np.testing.assert_allclose(np.asarray(both[1]), expected / 2, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("mu", [1e-4, 1e-30])
 def test_tikhonov_solve_matches_numpy(mu):
     """``B (A + μI)⁻¹``: by Cholesky when it succeeds, by LU when rounding makes ``A + μI``

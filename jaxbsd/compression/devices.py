@@ -119,28 +119,21 @@ def vectorized(devices: "Devices") -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _program(fn: Callable, statics: tuple, mesh: Mesh | None, axis: str | None, vectorize: bool) -> Callable:
-    """The jitted program of ``fn(block, shared, **statics)`` over a group's blocks, vmapped or
-    ``lax.map``-ped (:func:`vectorized`); cached, so a group signature is traced and compiled once.
-
-    Without a mesh, ``(members, shared) -> outputs``: ``members`` a tuple of the blocks' pytrees,
-    stacked on a leading block axis inside the program and the outputs split back per block there
-    (one program for the group, no separate stacking programs). With a mesh, ``(blocks, shared)``
-    with the leaves already stacked, the block axis shard-mapped over ``axis``."""
+    """The jitted program ``(blocks, shared) -> outputs`` of ``fn(block, shared, **statics)``
+    over the leading axis of ``blocks``, vmapped or ``lax.map``-ped (:func:`vectorized`), and
+    shard-mapped over ``axis`` of ``mesh`` when there is one; cached, so a group signature is
+    traced and compiled once."""
     one = functools.partial(fn, **dict(statics))
 
-    def over(blocks, shared):
+    def program(blocks, shared):
         _TRACES[fn.__name__] = _TRACES.get(fn.__name__, 0) + 1  # Python runs once per trace
         if vectorize:
             return jax.vmap(one, in_axes=(0, None))(blocks, shared)
         return jax.lax.map(lambda block: one(block, shared), blocks)
 
     if mesh is None:
-        def program(members, shared):
-            out = over(jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *members), shared)
-            return tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(members)))
-
         return jax.jit(program)
-    mapped = jax.shard_map(over, mesh=mesh, in_specs=(P(axis), P()), out_specs=P(axis), check_vma=False)
+    mapped = jax.shard_map(program, mesh=mesh, in_specs=(P(axis), P()), out_specs=P(axis), check_vma=False)
     # Gathered: every process (jax.distributed) ends with every block's result.
     return jax.jit(mapped, out_shardings=NamedSharding(mesh, P()))
 
@@ -149,27 +142,31 @@ def run_blocks(fn: Callable, members: list, shared: Any, devices: Devices = Devi
     """``fn(block, shared, **statics)`` for every block of ``members`` (pytrees of one structure
     and shapes), as one program; one output per block.
 
-    With a mesh, the blocks are stacked on a leading block axis, padded to a multiple of the
-    devices on ``devices.axis`` (by repeating the last block; the copies are dropped) and split
-    over them; ``shared`` is replicated. Inputs must be the same on every process (they are: every
-    process of an SPMD run captured the same tokens), and the outputs are gathered onto every device.
+    The blocks are stacked on a leading block axis on the host and the outputs split there
+    (numpy: no device program, so nothing to compile per group structure; stacking inside the
+    group's program measured 2–3 s more compile on this CPU). With a mesh, the block axis is
+    padded to a multiple of the devices on ``devices.axis`` (by repeating the last block; the
+    copies are dropped) and split over them; ``shared`` is replicated. Inputs must be the same on
+    every process (they are: every process of an SPMD run captured the same tokens), and the
+    outputs are gathered onto every device.
     """
     program = _program(fn, tuple(sorted(statics.items())), devices.mesh, devices.axis_name, vectorized(devices))
-    if devices.mesh is None:
-        return list(program(tuple(members), shared))
     G = len(members)
     blocks = _stack_on_host(members)
-    pad = (-G) % devices.size
-    if pad:
-        blocks = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), blocks)
-    split = NamedSharding(devices.mesh, P(devices.axis_name))
-    whole = NamedSharding(devices.mesh, P())
-    blocks = jax.tree_util.tree_map(lambda a: _to_global(a, split), blocks)
-    shared = jax.tree_util.tree_map(lambda a: _to_global(a, whole), shared)
-    out = program(blocks, shared)
-    # Gathered on every device; brought back as this process's own arrays (under jax.distributed the
-    # program's outputs are global arrays, which the host code after it cannot mix with its own).
-    # device_put, not jnp.asarray: the latter compiles a copy program per shape.
+    if devices.mesh is None:
+        out = program(jax.device_put(blocks), shared)
+    else:
+        pad = (-G) % devices.size
+        if pad:
+            blocks = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), blocks)
+        split = NamedSharding(devices.mesh, P(devices.axis_name))
+        whole = NamedSharding(devices.mesh, P())
+        blocks = jax.tree_util.tree_map(lambda a: _to_global(a, split), blocks)
+        shared = jax.tree_util.tree_map(lambda a: _to_global(a, whole), shared)
+        out = program(blocks, shared)
+    # Brought back as this process's own arrays (under jax.distributed the program's outputs are
+    # global arrays, gathered on every device, which the host code after it cannot mix with its
+    # own). device_put, not jnp.asarray: the latter compiles a copy program per shape.
     host = jax.tree_util.tree_map(np.asarray, out)
     return [jax.tree_util.tree_map(lambda a, i=i: jax.device_put(a[i]), host) for i in range(G)]
 
@@ -211,8 +208,8 @@ def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: i
     """An estimate of the peak bytes of a group's solve on one device (the memory model).
 
     ``P = S·m + S·n + jac`` elements per block (``X``, ``F`` and the Jacobian: dense ``S·n·m``,
-    structured ``S·H + H·(n + m)``); the program holds the blocks' problems and, for ``G > 1``,
-    their stacked copy (``2·G·P``), and per block solved at once the solve's temporaries
+    structured ``S·H + H·(n + m)``); the device holds the blocks' problems and their stacked copy,
+    the program's argument (``2·G·P``), and per block solved at once the solve's temporaries
     ``T = 1.5·P + (R + 1)·(16·S·r·ν + 24·r·(n + m))`` (``R`` restarts and the warm start:
     the iterate, the best one, the sweep's design matrices ``(r, S, ν)`` and the factor updates).
     ``vectorize`` (an accelerator's vmapped program) holds ``G`` blocks' temporaries at once, the
@@ -220,8 +217,8 @@ def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: i
     only kept in the signature for callers that pass it.
 
     The coefficients are fitted to ``compiled.memory_analysis()`` (arguments, outputs and
-    temporaries) of 20 problem shapes (S 128–1024, m 16–128, H 64–512, r 4–32, R 1–4), with
-    ``G`` = 1 and 2, scaled to bound them: the vmapped program's measurement is 0.22–0.97 times
+    temporaries, plus the blocks' own problems beside the stacked argument) of 20 problem shapes (S 128–1024, m 16–128, H 64–512, r 4–32, R 1–4), with
+    ``G`` = 1 and 2, scaled to bound them: the vmapped program's measurement was 0.22–0.97 times
     the estimate (an upper estimate, up to 4.5× generous on the smallest shapes), the CPU
     program's 0.22–1.14 times. ``tests/test_grouped.py``
     checks two shapes in both forms. XLA's buffer assignment is not a formula of the sizes; keep
@@ -230,7 +227,7 @@ def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: i
     jac = S * n * m if hidden is None else S * hidden + hidden * (n + m)
     problem = S * m + S * n + jac
     temporaries = 1.5 * problem + (restarts + 1) * (16 * S * rank * dof + 24 * rank * (n + m))
-    held = G * problem * (2 if G > 1 else 1)
+    held = 2 * G * problem
     return int(itemsize * (held + (G if vectorize else 1) * temporaries))
 
 
