@@ -5,15 +5,23 @@ residual blocks, float32) is compressed by ``jb.compress_model`` with the defaul
 300 sweeps, the warm start, held-out selection; ``jb.Refine()``), at the rank a ρ = 0.5
 training-free run gives that shape (40), once grouped (``group=True``: one program for the six
 blocks) and once one block at a time (``group=False``). Each mode runs in a fresh subprocess (so
-each compiles from cold, and its peak memory is its own): a first run (compiles included), then
-``repeats`` timed runs. Reported per mode: the first run's and the median steady wall time, the
-XLA backend compiles of the first run (``jax.monitoring``), and the process's peak resident
-memory. Ratios are one block at a time / grouped.
+each compiles from cold, and its peak memory is its own), the two modes alternating for
+``rounds`` rounds: a first run (compiles included), then ``repeats`` timed runs. Reported per
+mode (medians over the rounds): the first run's and the steady wall time, the XLA backend
+compiles of the first run (``jax.monitoring``), those of the solver's and the refinement's
+programs by name, and the process's peak resident memory. Ratios are one block at a time /
+grouped.
+
+Also: the exported CUDA program of a group of 6 blocks × 4 restarts (``jax.export``, lowered on
+this CPU): its count of device-side loops; and the sweep as a multiple of this machine's GEMM
+bound, at the paper's size (dense Jacobian, row (f) of ``benchmarks/run.py``) and at a MiniLM
+MLP's size (384 → 1536 → 384, S = 256, the structured Jacobian ``compress_model`` solves, at the
+real-model study's ranks), with a profile of where a sweep's time goes.
 
 Usage::
 
     python benchmarks/grouped.py              # writes benchmarks/grouped.json
-    python benchmarks/grouped.py --quick      # fewer sweeps and repeats, to a scratch file
+    python benchmarks/grouped.py --quick      # fewer sweeps, rounds and ranks, to a scratch file
 """
 
 from __future__ import annotations
@@ -32,6 +40,110 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 BLOCKS, M, H, RANK, TOKENS = 6, 64, 256, 40, (32, 64)
+#: The programs of the solve and the refinement: one block at a time's (jaxbsd.driver, refine) and
+#: a group's (jaxbsd.compression.devices._program).
+SOLVER_PROGRAMS = ("jit(_decouple_compiled)", "jit(_refine_loop)", "jit(program)")
+#: A MiniLM MLP (all-MiniLM-L6-v2: 384 → 1536 → 384) and the real-model study's ranks (s = 0.9, 0.7, 0.5).
+MINILM = dict(S=256, m=384, H=1536)
+MINILM_RANKS = (153, 459, 765)
+
+
+def cuda_export_loops(G: int = 6, restarts: int = 4) -> dict:
+    """The group program of ``G`` blocks × ``restarts`` restarts exported for CUDA from this CPU:
+    how many device-side loops (``stablehlo.while``) it has, and whether one carries all blocks'
+    restarts (``G × restarts`` leading axes)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    import jaxbsd as jb
+    from jaxbsd.compression import devices as dv
+    from jaxbsd.driver import problem
+    from jaxbsd.tensor import mlp_jacobian
+
+    S, m, h, r = 64, 12, 32, 3
+    config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=20)
+    X = jax.random.normal(jax.random.key(0), (S, m), jnp.float32)
+    V0 = jax.random.normal(jax.random.key(1), (h, m), jnp.float32)
+    V1 = jax.random.normal(jax.random.key(2), (m, h), jnp.float32)
+    prob = problem(mlp_jacobian(X, V0, jnp.zeros(h, jnp.float32), V1, jax.nn.sigmoid), X @ V0.T @ V1.T, X)
+    blocks = dv._stack_on_host([(jax.random.key_data(jax.random.key(i)), prob, None) for i in range(G)])
+    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, True)
+    text = jax.export.export(program, platforms=("cuda",))(blocks, config).mlir_module()
+    return {"blocks": G, "restarts": restarts, "while_loops": len(re.findall(r"stablehlo\.while", text)),
+            "carry_holds_all": bool(re.search(rf"tensor<{G}x{restarts}x{m}x{r}x", text))}
+
+
+def structured_sweep_rows(ranks, sweeps: int, repeats: int) -> list:
+    """The sweep of a MiniLM-size MLP's decoupling (structured Jacobian, float32, one restart)
+    against this machine's GEMM bound ``4·r·H·(S + m + n)`` FLOP per sweep, at each rank; with a
+    profile of one sweep from its parts, each jitted alone (medians over ``repeats``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxbsd as jb
+    from benchmarks.common import Row, interleaved
+    from benchmarks.run import gemm_peak
+    from jaxbsd import cmtf
+    from jaxbsd.tensor import mlp_jacobian
+
+    S, m, h = MINILM["S"], MINILM["m"], MINILM["H"]
+    n = m
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.standard_normal((S, m)), jnp.float32)
+    V0 = jnp.asarray(rng.standard_normal((h, m)) / np.sqrt(m), jnp.float32)
+    V1 = jnp.asarray(rng.standard_normal((n, h)) / np.sqrt(h), jnp.float32)
+    b0 = jnp.zeros(h, jnp.float32)
+    gelu_prime = jax.vmap(jax.vmap(jax.grad(lambda z: jax.nn.gelu(z, approximate=False))))
+    jac = mlp_jacobian(X, V0, b0, V1, gelu_prime)
+    F = jax.nn.gelu(X @ V0.T + b0, approximate=False) @ V1.T
+    prob = jb.problem(jac, F, X)
+    peak = gemm_peak(2048, repeats=repeats)
+    rows = []
+    for r in ranks:
+        full = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=sweeps, tol=0.0)
+        one = full.replace(max_iter=1)
+        key = jax.random.key(0)
+        cfg = full.cast(jnp.float32)
+        state = cmtf.init_state(key, prob, full)
+        sweep = jax.jit(lambda st: cmtf._sweep(st, prob, cfg, prob.jac.sq_norm()))
+        state = sweep(sweep(state)[0])[0]  # two sweeps in: the factors a sweep meets in practice
+        W0, W1, G, R = state.W0, state.W1, state.G, state.R
+        mu = jnp.asarray(cfg.effective_mu_w, jnp.float32)
+        parts = {
+            "contractions": (jax.jit(lambda W0, W1, G: (jac.mttkrp_w1(W0, G), jac.mttkrp_w0_from(jac.contract_w1(W1), G),
+                                                         jac.mttkrp_g_from(jac.contract_w1(W1), W0))), (W0, W1, G)),
+            "W1, W0 (Tikhonov)": (jax.jit(lambda A, B1, B0: (cmtf._tikhonov_solve(A, B1, mu), cmtf._tikhonov_solve(A, B0, mu))),
+                                  ((G.T @ G) * (W0 @ W0.T), jnp.ones((n, r), jnp.float32), jnp.ones((m, r), jnp.float32))),
+            "G (certified pinv)": (jax.jit(cmtf._pinv_solve), ((W0 @ W0.T) * (W1.T @ W1), G)),
+            # as the sweep: through the n x n Gram at r > n, else the r x r one (eigh at r = n)
+            "R (n x n Gram)" if r > n else "R": (jax.jit(lambda W1: cmtf._wide_least_squares(W1, F) if r > n else
+                                                         (cmtf._pinv_solve_by_eigh if r == n else cmtf._pinv_solve)(
+                                                             W1.T @ W1, F @ W1)), (W1,)),
+            "projection (knots, design, coefficients)": (jax.jit(lambda W0, G, R: cmtf._project(X, W0, G, R, cfg)), (W0, G, R)),
+            "whole sweep": (sweep, (state,)),
+        }
+        if r > n:  # the R update before this issue: the r x r Gram's eigendecomposition
+            parts["(was: R by r x r eigh)"] = (jax.jit(lambda W1: cmtf._pinv_solve_by_eigh(W1.T @ W1, F @ W1)), (W1,))
+        calls = {"run": lambda: jax.block_until_ready(jb.decouple(jac, F, X, full, key=key, restarts=1)),
+                 "run1": lambda: jax.block_until_ready(jb.decouple(jac, F, X, one, key=key, restarts=1))}
+        calls.update({k: (lambda f=f, a=a: jax.block_until_ready(f(*a))) for k, (f, a) in parts.items()})
+        t = {k: v["median"] for k, v in interleaved(calls, repeats=repeats).items()}
+        per_sweep = (t["run"] - t["run1"]) / (sweeps - 1)  # the loop's sweep, without the run's fixed costs
+        bound = 4 * r * h * (S + m + n) / peak
+        named = [k for k in parts if k not in ("whole sweep",) and not k.startswith("(was")]
+        rest = t["whole sweep"] - sum(t[k] for k in named)
+        profile = ", ".join(f"{k} {t[k] * 1e3:.1f} ms" for k in parts) + f", rest {rest * 1e3:.1f} ms"
+        rows.append(Row(f"sweep / matmul bound [MiniLM MLP, r={r}]", per_sweep, bound, per_sweep / bound, "—", None,
+                        note=(f"S={S} m=n={m} H={h} r={r} ν=4 d=3 f32, structured Jacobian; peak {peak / 1e9:.0f} GFLOP/s "
+                              f"(2048³ f32 GEMM); bound 4·r·H·(S+m+n)/peak = {bound * 1e3:.1f} ms; in the loop "
+                              f"{per_sweep * 1e3:.1f} ms/sweep (runs of {sweeps} and 1 sweeps, differenced); "
+                              f"a whole run of {sweeps} sweeps {t['run']:.2f} s; profile: {profile}"),
+                        details={"parts_s": {k: t[k] for k in parts}, "rest_s": rest, "run_s": t["run"],
+                                 "run1_s": t["run1"], "peak_flops": peak}))
+    return rows
 
 
 def child(mode: str, quick: bool, repeats: int) -> dict:
@@ -43,8 +155,15 @@ def child(mode: str, quick: bool, repeats: int) -> dict:
     import jaxbsd as jb
 
     compiles = [0]
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, _secs, **_: compiles.__setitem__(0, compiles[0] + (event == "/jax/core/compile/backend_compile_duration")))
+    by_name: dict[str, int] = {}
+
+    def on_event(event, _secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles[0] += 1
+            name = str(kw.get("fun_name", "?"))
+            by_name[name] = by_name.get(name, 0) + 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
 
     class MLP(nnx.Module):
         def __init__(self, rngs):
@@ -86,12 +205,13 @@ def child(mode: str, quick: bool, repeats: int) -> dict:
     t0 = time.perf_counter()
     once()
     first, first_compiles = time.perf_counter() - t0, compiles[0]
+    programs = {name: k for name, k in by_name.items() if name in SOLVER_PROGRAMS}
     steady = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         once()
         steady.append(time.perf_counter() - t0)
-    return {"mode": mode, "first": first, "steady": steady, "compiles": first_compiles,
+    return {"mode": mode, "first": first, "steady": steady, "compiles": first_compiles, "solver_programs": programs,
             "compiles_steady": compiles[0] - first_compiles,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -102,40 +222,50 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--child", choices=("grouped", "sequential"), help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None, help="alternating subprocess rounds per mode")
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     if args.child:
         print(json.dumps(child(args.child, args.quick, repeats)))
         return 0
-    results = {}
-    for mode in ("sequential", "grouped"):
-        command = [sys.executable, __file__, "--child", mode, "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        results[mode] = json.loads(out.strip().splitlines()[-1])
-    seq, grp = results["sequential"], results["grouped"]
-    ratios = {"first_run": seq["first"] / grp["first"],
-              "steady_median": statistics.median(seq["steady"]) / statistics.median(grp["steady"]),
-              "compiles": seq["compiles"] / max(grp["compiles"], 1),
-              "peak_rss": seq["peak_rss_mib"] / grp["peak_rss_mib"]}
-    print(f"{'':28s}{'one at a time':>16s}{'grouped':>12s}{'ratio':>9s}")
-    print(f"{'first run (compiles), s':28s}{seq['first']:16.2f}{grp['first']:12.2f}{ratios['first_run']:9.2f}")
-    print(f"{'steady run (median), s':28s}{statistics.median(seq['steady']):16.2f}"
-          f"{statistics.median(grp['steady']):12.2f}{ratios['steady_median']:9.2f}")
-    print(f"{'XLA compiles, first run':28s}{seq['compiles']:16d}{grp['compiles']:12d}{ratios['compiles']:9.2f}")
-    print(f"{'peak RSS, MiB':28s}{seq['peak_rss_mib']:16.0f}{grp['peak_rss_mib']:12.0f}{ratios['peak_rss']:9.2f}")
-    # The sweep as a multiple of this machine's GEMM bound (row (f) of benchmarks/run.py), at the
-    # paper's size and at a MiniLM MLP's (m = n = 384, S = 256, r = 96: a dense Jacobian, as row (f);
-    # the real-model study's ranks are not on this branch, r = 96 is a stand-in to replace by them).
+    rounds = args.rounds or (1 if args.quick else 2)
+    runs: dict[str, list] = {"sequential": [], "grouped": []}
+    for _ in range(rounds):
+        for mode in ("sequential", "grouped"):
+            command = [sys.executable, __file__, "--child", mode, "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+    med = statistics.median
+    summary = {mode: {"first": med(r["first"] for r in rs), "steady": med(t for r in rs for t in r["steady"]),
+                      "compiles": med(r["compiles"] for r in rs), "solver_programs": rs[0]["solver_programs"],
+                      "peak_rss_mib": med(r["peak_rss_mib"] for r in rs),
+                      "first_runs": [r["first"] for r in rs]} for mode, rs in runs.items()}
+    seq, grp = summary["sequential"], summary["grouped"]
+    ratios = {"first_run": seq["first"] / grp["first"], "steady_median": seq["steady"] / grp["steady"],
+              "compiles": seq["compiles"] / max(grp["compiles"], 1), "peak_rss": seq["peak_rss_mib"] / grp["peak_rss_mib"]}
+    print(f"{'':34s}{'one at a time':>16s}{'grouped':>12s}{'ratio':>9s}")
+    print(f"{'first run (compiles), s':34s}{seq['first']:16.2f}{grp['first']:12.2f}{ratios['first_run']:9.2f}")
+    print(f"{'  (each round)':34s}{' '.join(f'{x:.1f}' for x in seq['first_runs']):>16s}"
+          f"{' '.join(f'{x:.1f}' for x in grp['first_runs']):>12s}")
+    print(f"{'steady run (median), s':34s}{seq['steady']:16.2f}{grp['steady']:12.2f}{ratios['steady_median']:9.2f}")
+    print(f"{'XLA compiles, first run':34s}{seq['compiles']:16.0f}{grp['compiles']:12.0f}{ratios['compiles']:9.2f}")
+    print(f"{'  solver + refinement programs':34s}{sum(seq['solver_programs'].values()):16d}"
+          f"{sum(grp['solver_programs'].values()):12d}   {seq['solver_programs']} | {grp['solver_programs']}")
+    print(f"{'peak RSS, MiB':34s}{seq['peak_rss_mib']:16.0f}{grp['peak_rss_mib']:12.0f}{ratios['peak_rss']:9.2f}")
+    export = cuda_export_loops()
+    print(f"CUDA export of a group of {export['blocks']} blocks x {export['restarts']} restarts: "
+          f"{export['while_loops']} stablehlo.while, carrying every block's restarts: {export['carry_holds_all']}")
     from benchmarks.common import format_table
     from benchmarks.run import bench_matmul_bound
 
-    sizes = {"paper": dict(S=128, n=64, m=64, r=64), "MiniLM MLP": dict(S=256, n=384, m=384, r=96)}
+    # The paper's size: row (f) of benchmarks/run.py (dense Jacobian, 1 and 4 restarts).
     bound_rows = []
-    for name, size in sizes.items():
-        rows = bench_matmul_bound(**size, restarts=4, sweeps=3 if args.quick else 10, repeats=2 if args.quick else 3)
-        for row in rows[:2]:
-            row.name = f"{row.name} [{name}]"
-            bound_rows.append(row)
+    for row in bench_matmul_bound(S=128, n=64, m=64, r=64, restarts=4, sweeps=5 if args.quick else 20,
+                                  repeats=2 if args.quick else 3)[:2]:
+        row.name = f"{row.name} [paper]"
+        bound_rows.append(row)
+    bound_rows += structured_sweep_rows(MINILM_RANKS[:1] if args.quick else MINILM_RANKS,
+                                        sweeps=4 if args.quick else 10, repeats=2 if args.quick else 3)
     print(format_table(bound_rows))
     from jaxbsd.io import provenance, write_json_atomic
     import jax
@@ -145,7 +275,7 @@ def main(argv=None) -> int:
     write_json_atomic(out, {"command": cmd, "mode": "quick" if args.quick else "full",
                             "device": jax.devices()[0].platform, "model": {"blocks": BLOCKS, "m": M, "H": H,
                                                                            "rank": RANK, "tokens": TOKENS},
-                            "results": results, "ratios": ratios,
+                            "rounds": rounds, "runs": runs, "results": summary, "ratios": ratios, "cuda_export": export,
                             "sweep_vs_bound": [r.__dict__ for r in bound_rows], "provenance": provenance(cmd)})
     print(f"wrote {out}")
     return 0
