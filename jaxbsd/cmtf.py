@@ -362,7 +362,7 @@ def _wide_least_squares(W1: jax.Array, F: jax.Array) -> jax.Array:
     only sometimes (κ₂ 2e2 … 2e3 measured at r = 459 … 765, near the float32 certificate's
     limit), and a failed attempt costs more than it saves."""
     relative = W1.shape[-1] * jnp.finfo(W1.dtype).eps
-    return _pinv_by_eigh(W1 @ _mT(W1), F, relative) @ W1
+    return _pinv_by_eigh_cut(W1 @ _mT(W1), F, relative) @ W1
 
 
 def _pinv_relative_cutoff(A: jax.Array) -> float:
@@ -370,11 +370,15 @@ def _pinv_relative_cutoff(A: jax.Array) -> float:
     return A.shape[-1] * jnp.finfo(A.dtype).eps
 
 
-def _pinv_by_eigh(A: jax.Array, B: jax.Array, relative: float | None = None) -> jax.Array:
-    """``B A⁺`` by the eigenvalue decomposition, with :func:`_pinv_solve`'s cutoff applied exactly
-    (``relative``: another relative cutoff)."""
+def _pinv_by_eigh(A: jax.Array, B: jax.Array) -> jax.Array:
+    """``B A⁺`` by the eigenvalue decomposition, with :func:`_pinv_solve`'s cutoff applied exactly."""
+    return _pinv_by_eigh_cut(A, B, _pinv_relative_cutoff(A))
+
+
+def _pinv_by_eigh_cut(A: jax.Array, B: jax.Array, relative: float) -> jax.Array:
+    """:func:`_pinv_by_eigh` with the relative cutoff ``relative`` (two positional arguments
+    only for the former: ``custom_vmap`` would pass a keyword's default to its batching rule)."""
     w, Q = jnp.linalg.eigh(A)
-    relative = _pinv_relative_cutoff(A) if relative is None else relative
     cutoff = relative * jnp.maximum(jnp.max(jnp.abs(w), axis=-1, keepdims=True), jnp.finfo(A.dtype).tiny)
     keep = w > cutoff
     inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)

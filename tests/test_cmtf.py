@@ -266,6 +266,22 @@ def test_sequential_and_vmapped_restarts_agree(planted, progress):
         jb.decouple(J, F, X, config, key=key, restarts=2, batch="pmap")
 
 
+@pytest.mark.parametrize("rank", [2, 4, 7], ids=["r<n", "r=n", "r>n"])
+def test_vmapped_restarts_on_either_side_of_the_output_width(rank):
+    """The R update takes three forms (certified pinv at r < n, eigh at r = n, the n × n Gram at
+    r > n), each a batch-polymorphic solve: vmapped restarts run every form and each restart
+    equals its own single solve."""
+    S, n, m = 40, 4, 3
+    rng = np.random.default_rng(rank)
+    J, F, X = (jnp.asarray(rng.standard_normal(shape)) for shape in ((S, n, m), (S, n), (S, m)))
+    config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 4), max_iter=4, tol=0.0)
+    key = jax.random.key(3)
+    vec = jb.decouple(J, F, X, config, key=key, restarts=2, batch="vmap")
+    for k, sub in enumerate(jax.random.split(key, 2)):
+        single = jax.jit(jb.solve)(sub, jb.Problem(jb.DenseJacobian(J), F, X), config)
+        np.testing.assert_allclose(vec.restarts.objective[k], single.objective, rtol=1e-8)
+
+
 # --------------------------------------------------------------------------- small solves
 
 
