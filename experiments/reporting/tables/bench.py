@@ -108,3 +108,38 @@ def refine_benchmark_table() -> str:
 source("bench", "results.json", Benchmark, folder="benchmarks")
 source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
+
+
+@table("grouped-benchmark")
+def grouped_benchmark_table() -> str:
+    """``benchmarks/grouped.json``: grouped compression against one block at a time on one device,
+    the CUDA export's loop count, and the sweep against this machine's GEMM bound with its profile."""
+    path = committed.BENCHMARKS / "grouped.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/grouped.py`)."
+    d = json.loads(path.read_text())
+    seq, grp, ratio = d["results"]["sequential"], d["results"]["grouped"], d["ratios"]
+    mdl = d["model"]
+    head = (source_line(d) + f" Device: {d.get('device', '?')}. A {mdl['blocks']}-block model, MLPs "
+            f"{mdl['m']} → {mdl['H']} → {mdl['m']} at rank {mdl['rank']}, `jb.BSD()` and `jb.Refine()` defaults; "
+            f"each mode in fresh processes, {d['rounds']} alternating round(s), medians; ratio = one at a time / grouped.")
+    programs = lambda r: ", ".join(f"`{k}` × {v}" for k, v in sorted(r["solver_programs"].items()))  # noqa: E731
+    rows = [
+        ["first run (compiles included)", f"{seq['first']:.1f} s", f"{grp['first']:.1f} s", f"{ratio['first_run']:.2f}×"],
+        ["steady run (compiled)", f"{seq['steady']:.2f} s", f"{grp['steady']:.2f} s", f"{ratio['steady_median']:.2f}×"],
+        ["XLA compiles, first run", f"{seq['compiles']:.0f}", f"{grp['compiles']:.0f}", f"{ratio['compiles']:.2f}×"],
+        ["of which the solve's and refinement's programs", programs(seq), programs(grp), "—"],
+        ["peak resident memory", f"{seq['peak_rss_mib']:.0f} MiB", f"{grp['peak_rss_mib']:.0f} MiB",
+         f"{ratio['peak_rss']:.2f}×"],
+    ]
+    ex = d["cuda_export"]
+    export = (f"The group program of {ex['blocks']} blocks × {ex['restarts']} restarts exported for CUDA "
+              f"(`jax.export`, lowered on this CPU) has {ex['while_loops']} device-side loop(s) "
+              f"(`stablehlo.while`); its carry holds every block's every restart: {'yes' if ex['carry_holds_all'] else 'no'}.")
+    sweep_rows = []
+    for r in d["sweep_vs_bound"]:
+        sweep_rows.append([r["name"], bench_value(r.get("ours"), "s"), bench_value(r.get("reference"), "s"),
+                           f"{r['ratio']:.2f}×"])
+    notes = "\n".join(f"- {r['name']}: {r['note']}" for r in d["sweep_vs_bound"])
+    return "\n".join([head, "", md(["", "one block at a time", "grouped", "ratio"], rows), "", export, "",
+                      md(["sweep", "per sweep", "GEMM bound", "multiple"], sweep_rows), "", notes])
