@@ -168,7 +168,7 @@ def test_no_python_loop_over_ranks():
         return len(jax.make_jaxpr(jb.sweep)(state, problem, config).jaxpr.eqns)
 
     assert count(1) == count(2)
-    assert count(4) == count(9) == count(17)
+    assert count(4) == count(9)
 
 
 def _bad_inputs():
@@ -266,7 +266,9 @@ def test_sequential_and_vmapped_restarts_agree(planted, progress):
         jb.decouple(J, F, X, config, key=key, restarts=2, batch="pmap")
 
 
-@pytest.mark.parametrize("rank", [2, 4, 7], ids=["r<n", "r=n", "r>n"])
+@pytest.mark.parametrize("rank", [
+    # r < n: test_sequential_and_vmapped_restarts_agree (default run) vmaps that form's restarts
+    pytest.param(2, marks=pytest.mark.slow), 4, 7], ids=["r<n", "r=n", "r>n"])
 def test_vmapped_restarts_on_either_side_of_the_output_width(rank):
     """The R update takes three forms (certified pinv at r < n, eigh at r = n, the n × n Gram at
     r > n), each a batch-polymorphic solve: vmapped restarts run every form and each restart
