@@ -269,19 +269,23 @@ def test_sequential_and_vmapped_restarts_agree(planted, progress):
 @pytest.mark.parametrize("rank", [
     # r < n: test_sequential_and_vmapped_restarts_agree (default run) vmaps that form's restarts
     pytest.param(2, marks=pytest.mark.slow), 4, 7], ids=["r<n", "r=n", "r>n"])
-def test_vmapped_restarts_on_either_side_of_the_output_width(rank):
+def test_vmapped_sweeps_on_either_side_of_the_output_width(rank):
     """The R update takes three forms (certified pinv at r < n, eigh at r = n, the n × n Gram at
-    r > n), each a batch-polymorphic solve: vmapped restarts run every form and each restart
-    equals its own single solve."""
+    r > n), each a batch-polymorphic solve: a sweep vmapped over restarts' states runs every form
+    (its batching rule) and equals each state's own sweep."""
     S, n, m = 40, 4, 3
     rng = np.random.default_rng(rank)
     J, F, X = (jnp.asarray(rng.standard_normal(shape)) for shape in ((S, n, m), (S, n), (S, m)))
-    config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 4), max_iter=4, tol=0.0)
-    key = jax.random.key(3)
-    vec = jb.decouple(J, F, X, config, key=key, restarts=2, batch="vmap")
-    for k, sub in enumerate(jax.random.split(key, 2)):
-        single = jax.jit(jb.solve)(sub, jb.Problem(jb.DenseJacobian(J), F, X), config)
-        np.testing.assert_allclose(vec.restarts.objective[k], single.objective, rtol=1e-8)
+    problem = jb.Problem(jb.DenseJacobian(J), F, X)
+    config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 4))
+    keys = jax.random.split(jax.random.key(3), 2)
+    states = jax.jit(jax.vmap(jb.init_state, in_axes=(0, None, None)))(keys, problem, config)
+    batched = jax.jit(jax.vmap(jb.sweep, in_axes=(0, None, None)))(states, problem, config)
+    one = jax.jit(jb.sweep)
+    for k in range(2):
+        alone = one(jax.tree_util.tree_map(lambda a, k=k: a[k], states), problem, config)
+        for got, want in zip(batched, alone):
+            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want), rtol=1e-9, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- small solves
