@@ -48,29 +48,38 @@ MINILM = dict(S=256, m=384, H=1536)
 MINILM_RANKS = (153, 459, 765)
 
 
-def cuda_export_loops(G: int = 6, restarts: int = 4) -> dict:
-    """The group program of ``G`` blocks × ``restarts`` restarts exported for CUDA from this CPU:
-    how many device-side loops (``stablehlo.while``) it has, and whether one carries all blocks'
-    restarts (``G × restarts`` leading axes)."""
-    import re
-
+def planted_group(G: int, S: int = 64, m: int = 12, h: int = 32) -> tuple:
+    """``G`` blocks of one MLP problem (``S`` samples, ``m → h → m``, sigmoid, float32), stacked
+    as a group program takes them (keys, problems, no warm start)."""
     import jax
     import jax.numpy as jnp
 
-    import jaxbsd as jb
     from jaxbsd.compression import devices as dv
     from jaxbsd.driver import problem
     from jaxbsd.tensor import mlp_jacobian
 
-    S, m, h, r = 64, 12, 32, 3
-    config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=20)
     X = jax.random.normal(jax.random.key(0), (S, m), jnp.float32)
     V0 = jax.random.normal(jax.random.key(1), (h, m), jnp.float32)
     V1 = jax.random.normal(jax.random.key(2), (m, h), jnp.float32)
     prob = problem(mlp_jacobian(X, V0, jnp.zeros(h, jnp.float32), V1, jax.nn.sigmoid), X @ V0.T @ V1.T, X)
-    blocks = dv._stack_on_host([(jax.random.key_data(jax.random.key(i)), prob, None) for i in range(G)])
+    return dv._stack_on_host([(jax.random.key_data(jax.random.key(i)), prob, None) for i in range(G)])
+
+
+def cuda_export_loops(G: int = 6, restarts: int = 4) -> dict:
+    """The group program of ``G`` blocks × ``restarts`` restarts (rank 3, ``m = 12``) exported for
+    CUDA from this CPU: how many device-side loops (``stablehlo.while``) it has, and whether one
+    carries all blocks' restarts (``G × restarts`` leading axes)."""
+    import re
+
+    import jax
+
+    import jaxbsd as jb
+    from jaxbsd.compression import devices as dv
+
+    m, r = 12, 3
+    config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=20)
     program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, True)
-    text = jax.export.export(program, platforms=("cuda",))(blocks, config).mlir_module()
+    text = jax.export.export(program, platforms=("cuda",))(planted_group(G, m=m), config).mlir_module()
     return {"blocks": G, "restarts": restarts, "while_loops": len(re.findall(r"stablehlo\.while", text)),
             "carry_holds_all": bool(re.search(rf"tensor<{G}x{restarts}x{m}x{r}x", text))}
 
