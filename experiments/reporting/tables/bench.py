@@ -105,7 +105,17 @@ def refine_benchmark_table() -> str:
     return "\n".join([head, "", md(["MLP", "shape", "refine", "decouple", "ratio", "target", "met"], rows)])
 
 
+class GroupedBenchmark(Result):
+    def sweep_part(self, rank: str, part: str) -> float:
+        """Seconds of ``part`` in the profile of the MiniLM-size sweep row at ``rank`` (``"r=765"``)."""
+        rows = [r for r in self.json["sweep_vs_bound"] if f"MiniLM MLP, {rank}]" in r["name"]]
+        if len(rows) != 1:
+            raise KeyError(f"{len(rows)} sweep rows at {rank!r}")
+        return float(rows[0]["details"]["parts_s"][part])
+
+
 source("bench", "results.json", Benchmark, folder="benchmarks")
+source("bench_grouped", "grouped.json", GroupedBenchmark, folder="benchmarks")
 source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
 
