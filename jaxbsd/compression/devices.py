@@ -217,12 +217,12 @@ def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: i
     only kept in the signature for callers that pass it.
 
     The coefficients are fitted to ``compiled.memory_analysis()`` (arguments, outputs and
-    temporaries, plus the blocks' own problems beside the stacked argument) of 20 problem shapes (S 128–1024, m 16–128, H 64–512, r 4–32, R 1–4), with
-    ``G`` = 1 and 2, scaled to bound them: the vmapped program's measurement was 0.22–0.97 times
-    the estimate (an upper estimate, up to 4.5× generous on the smallest shapes), the CPU
-    program's 0.22–1.14 times. ``tests/test_grouped.py``
-    checks two shapes in both forms. XLA's buffer assignment is not a formula of the sizes; keep
-    a margin when choosing a chunk size from it.
+    temporaries, plus the blocks' own problems beside the stacked argument) of 20 problem shapes
+    (S 128–1024, m 16–128, H 64–512, r 4–32, R 1–4) with ``G`` = 1 and 2, and scaled to bound
+    them: the vmapped program's measurement was 0.22–0.97 times the estimate (an upper estimate,
+    up to 4.5× generous on the smallest shapes), the CPU program's 0.22–1.14 times.
+    ``tests/test_grouped.py`` checks two shapes in both forms. XLA's buffer assignment is not a
+    formula of the sizes; keep a margin when choosing a chunk size from it.
     """
     jac = S * n * m if hidden is None else S * hidden + hidden * (n + m)
     problem = S * m + S * n + jac
