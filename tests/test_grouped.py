@@ -226,3 +226,19 @@ def test_a_group_of_six_lowers_for_cuda_as_one_loop_over_all_blocks_and_restarts
     # One device-side loop, whose carry holds every block's every restart (6 × 4 leading axes):
     # no loop over the blocks, none over the restarts.
     assert cuda_export_loops(6, 4) == {"blocks": 6, "restarts": 4, "while_loops": 1, "carry_holds_all": True}
+
+
+def test_on_the_cpu_a_group_runs_its_blocks_one_after_the_other_in_one_program():
+    """Without a mesh on the CPU the group program is a ``lax.map`` (a scan of length G = 5) over the
+    blocks, the arithmetic of one block at a time; not a vmap of the solver."""
+    from benchmarks.grouped import planted_group
+
+    assert jax.default_backend() == "cpu"
+    config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 4), max_iter=5)
+    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", 2)), None, None,
+                          dv.vectorized(dv.Devices()))
+    text = str(jax.make_jaxpr(program)(planted_group(5), config))
+    assert "length=5" in text
+    # Values batched over blocks × restarts: only the stacked outputs (16 here), not every step of
+    # the solver's loop (the vmapped form has over a thousand).
+    assert text.count("[5,2,") < 50
