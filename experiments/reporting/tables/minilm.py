@@ -9,7 +9,8 @@ from .. import committed
 from ..committed import source_line
 from ..formats import md, pm
 from ..names import display
-from ..registry import table
+from ..registry import source, table
+from ..stats import Study
 
 METRICS = (("mean_cosine", "mean cosine"), ("neighbour_overlap", "top-10 overlap"), ("recall@1", "recall@1"),
            ("recall@10", "recall@10"))
@@ -38,6 +39,20 @@ def minilm_table() -> str:
     if ref is not None:
         head += (f" The original's recall@1 / recall@10: {ref['reference_recall@1']:.3f} / "
                  f"{ref['reference_recall@10']:.3f}.")
+    cut = plan.get("slow_cells")
+    if cut:
+        seeds = "the first seed" if cut["seeds"] == 1 else f"the first {cut['seeds']} seeds"
+        cells = [r for r in runs if r["base"] in cut["methods"] and r["share"] in cut["shares"]]
+        builds = [r["build_seconds"] / 60 for r in cells if r.get("build_seconds")]
+        spent = sum(r["seconds"] + r.get("eval_seconds", 0) for r in runs) / 3600
+        more = sum(r["seconds"] + r.get("eval_seconds", 0) for r in cells) / 3600 * (plan["seeds"] - cut["seeds"])
+        head += (f" **The cut:** {' and '.join(display(m) for m in cut['methods'])} at the shares "
+                 f"{' and '.join(f'{s:g}' for s in cut['shares'])} (the highest decoupling ranks) run for {seeds} "
+                 "only" + (f": there, one decoupling of the six MLPs took {min(builds):.0f}–{max(builds):.0f} min on "
+                           f"this 2-core CPU, and their further seeds would add about {more:.1f} h to the "
+                           f"{spent:.1f} h the committed units took" if builds else "") + ".")
+    head += (" Seconds: the compression's wall time per unit (mean over seeds); `auto` reuses the decoupling of "
+             "`bsd` at the same share, seed and refinement, so its seconds leave that build out (add the `bsd` row's).")
     rows = []
     for share in plan["shares"]:
         for method in plan["methods"]:
@@ -51,4 +66,28 @@ def minilm_table() -> str:
                              f"{np.mean([r['seconds'] for r in cell]):.0f}"])
     table_md = md(["MLP share removed", "model reduction", "method", "refined", "seeds",
                    *[name for _, name in METRICS], "seconds"], rows) if rows else "_No unit done yet._"
-    return "\n".join([head, "", source_line(d), "", table_md])
+    out = [head, "", source_line(d), "", table_md]
+    if (committed.RESULTS / "minilm.png").exists():  # docs/hooks.py serves experiments/results/*.png as plots/
+        out += ["", "![all-MiniLM-L6-v2: mean cosine and recall@10 against the share of MLP parameters removed]"
+                "(plots/minilm.png)"]
+    return "\n".join(out)
+
+
+class MiniLM(Study):
+    """The MiniLM study as figures see it: ``mean(method, share, key)`` and ``vs(a, b, share, key)``
+    over the seeds done, ``method`` as the units name it (``"bsd-ref"``), the share of the MLP
+    parameters removed in place of ρ, the mean cosine by default."""
+
+    key = "mean_cosine"
+
+    def _runs(self, method, rho, setting=None) -> dict:
+        return {r["seed"]: r for r in self.json["runs"] if r["method"] == method and r["share"] == rho
+                and r.get("status", "ok") == "ok"}
+
+    def best(self, share: float, key: str | None = None, refined: bool = True) -> str:
+        """The method (unit name) with the highest mean of ``key`` at ``share``, refined or not."""
+        names = [m + ("-ref" if refined else "") for m in self.json["plan"]["methods"]]
+        return max((n for n in names if self._runs(n, share)), key=lambda n: self.mean(n, share, key))
+
+
+source("minilm", "minilm.json", MiniLM)
