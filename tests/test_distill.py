@@ -337,3 +337,40 @@ def test_a_forward_matches_logits_and_block_outputs_and_the_reported_loss_is_rec
     ref = jax.tree.map(lambda a: np.asarray(a, np.float64), _logits_and_blocks(make(), images[held]))
     expected = _np_kl(out[0], ref[0], 2.0) + sum(_relative_np(o, t) for o, t in zip(out[1], ref[1]))
     np.testing.assert_allclose(d["loss_after"], expected, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["prune", "bsd"])
+def test_a_bert_encoder_distils_its_embeddings_and_numpy_recomputes_the_cosine_loss(tmp_path, method):
+    """The BERT encoder of issue 42 (embeddings, a calibration callable over padded sequences,
+    ``mlps=None``): the cosine loss it reports is ``mean(1 - cos)`` of the returned model's embeddings
+    against the original's on the held-out sequences, written here in numpy."""
+    from bert_reference import tiny_vocab, write_tiny_bert
+
+    from jaxbsd.models import bert as B
+
+    path = write_tiny_bert(tmp_path / "bert", hidden=16, intermediate=32, layers=2)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, len(tiny_vocab()), (24, 10)).astype(np.int32)
+    mask = (np.arange(10)[None, :] < rng.integers(4, 11, (24, 1))).astype(np.int32)  # padded sequences
+    calibration = lambda m: m(ids, mask)  # noqa: E731
+    config = jb.Distill(steps=25, learning_rate=1e-3, holdout=0.25, eval_every=1, loss="cosine")
+    kw = dict(mlps=None, reduction=0.3, method=method, key=jax.random.key(3), refine=None,
+              config=FAST if method == "bsd" else None)
+    plain, plain_report = jb.compress_model(B.from_pretrained(path), calibration, **kw)
+    model, report = jb.compress_model(B.from_pretrained(path), calibration, distill=config, **kw)
+    d = report.distill
+    assert [r.path for r in report.mlps] == ["bert.layers.1.mlp", "bert.layers.0.mlp"]  # found, back to front
+    assert d["loss_after"] < d["loss_before"] and 0 < d["steps_kept"] <= 25
+    assert report.params_after == plain_report.params_after == count_params(model)
+    assert nnx.graphdef(model.bert) == nnx.graphdef(plain.bert)  # (each load has its own tokenizer object)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), distill_mod.DISTILL_STREAM), 0)
+    _, held = distill_mod.split_examples(key, 24, 0.25)
+    teacher = np.asarray(B.from_pretrained(path)(ids, mask), np.float64)[held]
+
+    def cosine_loss(m):
+        out = np.asarray(m(ids, mask), np.float64)[held]
+        cos = np.sum(out * teacher, -1) / (np.linalg.norm(out, axis=-1) * np.linalg.norm(teacher, axis=-1))
+        return np.mean(1 - cos)
+
+    np.testing.assert_allclose(d["loss_before"], cosine_loss(plain), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(d["loss_after"], cosine_loss(model), rtol=1e-4, atol=1e-7)
