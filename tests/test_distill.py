@@ -339,7 +339,8 @@ def test_a_forward_matches_logits_and_block_outputs_and_the_reported_loss_is_rec
     np.testing.assert_allclose(d["loss_after"], expected, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["prune", "bsd"])
+# bsd in the slow step: the default run distils a decoupling in test_every_method_on_a_toy_vit_and_a_gated_lm
+@pytest.mark.parametrize("method", ["prune", pytest.param("bsd", marks=pytest.mark.slow)])
 def test_a_bert_encoder_distils_its_embeddings_and_numpy_recomputes_the_cosine_loss(tmp_path, method):
     """The BERT encoder of issue 42 (embeddings, a calibration callable over padded sequences,
     ``mlps=None``): the cosine loss it reports is ``mean(1 - cos)`` of the returned model's embeddings
