@@ -84,17 +84,17 @@ def cuda_export_loops(G: int = 6, restarts: int = 4) -> dict:
             "carry_holds_all": bool(re.search(rf"tensor<{G}x{restarts}x{m}x{r}x", text))}
 
 
-def structured_sweep_rows(ranks, sweeps: int, repeats: int) -> list:
+def structured_sweep_rows(ranks, sweeps: int, repeats: int, peak: float) -> list:
     """The sweep of a MiniLM-size MLP's decoupling (structured Jacobian, float32, one restart)
-    against this machine's GEMM bound ``4·r·H·(S + m + n)`` FLOP per sweep, at each rank; with a
-    profile of one sweep from its parts, each jitted alone (medians over ``repeats``)."""
+    against this machine's GEMM bound ``4·r·H·(S + m + n)`` FLOP per sweep (``peak``: the GEMM
+    rate, FLOP/s), at each rank; with a profile of one sweep from its parts, each jitted alone
+    (medians over ``repeats``)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import jaxbsd as jb
     from benchmarks.common import Row, interleaved
-    from benchmarks.run import gemm_peak
     from jaxbsd import cmtf
     from jaxbsd.tensor import mlp_jacobian
 
@@ -109,7 +109,6 @@ def structured_sweep_rows(ranks, sweeps: int, repeats: int) -> list:
     jac = mlp_jacobian(X, V0, b0, V1, gelu_prime)
     F = jax.nn.gelu(X @ V0.T + b0, approximate=False) @ V1.T
     prob = jb.problem(jac, F, X)
-    peak = gemm_peak(2048, repeats=repeats)
     rows = []
     for r in ranks:
         full = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=sweeps, tol=0.0)
@@ -265,16 +264,19 @@ def main(argv=None) -> int:
     print(f"CUDA export of a group of {export['blocks']} blocks x {export['restarts']} restarts: "
           f"{export['while_loops']} stablehlo.while, carrying every block's restarts: {export['carry_holds_all']}")
     from benchmarks.common import format_table
-    from benchmarks.run import bench_matmul_bound
+    from benchmarks.run import bench_matmul_bound, gemm_peak
 
+    # One GEMM peak for every bound row (two measurements in one run differed by 1.5x).
+    repeats_bound = 2 if args.quick else 3
+    peak = gemm_peak(2048, repeats=repeats_bound)
     # The paper's size: row (f) of benchmarks/run.py (dense Jacobian, 1 and 4 restarts).
     bound_rows = []
     for row in bench_matmul_bound(S=128, n=64, m=64, r=64, restarts=4, sweeps=5 if args.quick else 20,
-                                  repeats=2 if args.quick else 3)[:2]:
+                                  repeats=repeats_bound, peak=peak)[:2]:
         row.name = f"{row.name} [paper]"
         bound_rows.append(row)
     bound_rows += structured_sweep_rows(MINILM_RANKS[:1] if args.quick else MINILM_RANKS,
-                                        sweeps=4 if args.quick else 10, repeats=2 if args.quick else 3)
+                                        sweeps=4 if args.quick else 10, repeats=repeats_bound, peak=peak)
     print(format_table(bound_rows))
     from jaxbsd.io import provenance, write_json_atomic
     import jax

@@ -253,20 +253,20 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
 
 def bench_matmul_bound(
     S: int = 128, n: int = 64, m: int = 64, r: int = 64, dof: int = 4, degree: int = 3,
-    restarts: int = 16, sweeps: int = 20, repeats: int = 5, gemm: int = 2048,
+    restarts: int = 16, sweeps: int = 20, repeats: int = 5, gemm: int = 2048, peak: float | None = None,
 ) -> list[Row]:
     """(f) ``jb.decouple`` per sweep against the machine's own matmul bound, float32.
 
     A sweep must contract 𝒥 twice (with W0 for the W1 update, with the new W1 for the W0 and
     G updates): ``4·S·n·m·r`` FLOP, ``bound = 4·S·n·m·r / peak`` with ``peak`` the GEMM rate
-    measured in this run. ``t1``: one restart; ``t16``: ``restarts`` restarts (the default
+    measured in this run (or ``peak``, FLOP/s, one measurement several rows share). ``t1``: one restart; ``t16``: ``restarts`` restarts (the default
     batching, vmap), both per sweep (tol = 0, ``sweeps`` sweeps, compile excluded). Also: the
     same restarts one after the other (``batch="map"``, informational), and a profile of one
     sweep from the library's public pieces (contractions, knots, design matrices, the r × r
     LAPACK solves of the same sizes; "rest" = sweep − their sum: projection solves, Grams,
     normalization, bookkeeping).
     """
-    peak = gemm_peak(gemm, repeats=repeats)
+    peak = gemm_peak(gemm, repeats=repeats) if peak is None else peak
     J, F, X = random_dense_problem(S, n, m, seed=0, dtype=np.float32)
     problem = jb.problem(J, F, X)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof), max_iter=sweeps, tol=0.0)
