@@ -168,10 +168,50 @@ def test_each_loss_is_its_formula(kind):
     (dict(holdout=1.0), "holdout"), (dict(holdout=0), "holdout"), (dict(batch_size=0), "batch_size"),
     (dict(eval_every=0), "eval_every"), (dict(loss="mse"), "loss"), (dict(temperature=0.0), "temperature"),
     (dict(trainable="norms"), "trainable"), (dict(batch_size=True), "batch_size"),
+    (dict(schedule="linear"), "schedule"), (dict(warmup=-1), "warmup"), (dict(warmup=5), "warmup"),
+    (dict(schedule="cosine", steps=10, warmup=10), "warmup"),
 ])
 def test_bad_settings_name_the_field(bad, field):
     with pytest.raises(ValueError, match=f"distill: {field}"):
         jb.Distill(**bad)
+
+
+@pytest.mark.parametrize("schedule, warmup", [("cosine", 0), ("cosine", 3), ("constant", 0)])
+def test_the_loop_takes_the_steps_of_optax_adam_on_its_own_schedule(schedule, warmup):
+    """The held-out losses of the loop, step by step, against a plain Python loop of ``optax.adam``
+    on optax's own schedule (``warmup_cosine_decay_schedule``), full batch, evaluated every step."""
+    import optax
+
+    steps, lr = 12, 2e-2
+    batch = _batch(seed=5, n=20)
+    teacher, student = _net(), LabelledNet(D, H, DEPTH, C, nnx.Rngs(9))  # another draw: something to learn
+    targets = distill_mod.teacher_outputs(teacher, batch)
+    config = jb.Distill(steps=steps, learning_rate=lr, batch_size=None, holdout=0.25, eval_every=1, loss="relative",
+                        trainable="all", schedule=schedule, warmup=warmup)
+    key = jax.random.key(4)
+    train, held = distill_mod.split_examples(jax.random.fold_in(key, 0), 20, 0.25)
+    graphdef, params, rest = nnx.split(nnx.clone(student), nnx.Param, ...)
+
+    def loss(p, idx):
+        out = nnx.merge(graphdef, p, rest)({k: v[idx] for k, v in batch.items()})
+        return _relative_np(out, np.asarray(targets)[idx])
+
+    rate = (optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, 0.0) if warmup else
+            optax.cosine_decay_schedule(lr, steps) if schedule == "cosine" else lr)
+    tx, p = optax.adam(rate), params
+    state, held_losses = tx.init(p), [loss(p, held)]
+    for _ in range(steps):
+        grads = jax.grad(lambda q: distill_mod._Loss("relative", 1.0)(
+            nnx.merge(graphdef, q, rest)({k: v[train] for k, v in batch.items()}), targets[train]))(p)
+        updates, state = tx.update(grads, state, p)
+        p = optax.apply_updates(p, updates)
+        held_losses.append(loss(p, held))
+    report = distill_mod.distill_model(student, batch, targets, [], config, key)
+    kept = int(np.argmin(held_losses))
+    assert report["steps_kept"] == kept and report["schedule"] == schedule
+    np.testing.assert_allclose(report["loss_after"], held_losses[kept], rtol=2e-4)
+    np.testing.assert_allclose(_relative_np(student({k: v[held] for k, v in batch.items()}), np.asarray(targets)[held]),
+                               held_losses[kept], rtol=2e-4)
 
 
 def test_compress_model_checks_distill_and_the_calibration_before_compressing():
@@ -266,8 +306,17 @@ def test_compression_config_and_cli_take_distillation_and_old_run_ids_stay_valid
     assert config.distill == jb.Distill(steps=40, batch_size=None, loss="kl", temperature=2.0,
                                         trainable="replaced+norms")
     assert config.distill_images == 4096
+    # a schedule: in the identity only when it is not the constant one runs before it had
+    args = build_parser().parse_args(["compress", "--distill-steps", "40", "--distill-schedule", "cosine",
+                                      "--distill-warmup", "5"])
+    config = validate_compress_args(args)
+    assert config.distill == jb.Distill(steps=40, loss="kl", temperature=2.0, schedule="cosine", warmup=5)
+    assert config.to_dict()["distill_schedule"] == "cosine"
+    assert "distill_schedule" not in blockwise.CompressionConfig(distill_steps=40).to_dict()
+    assert "schedule" not in jb.Distill().to_dict() and jb.Distill(schedule="cosine").to_dict()["schedule"] == "cosine"
     for bad, field in ((dict(distill_steps=-1), "distill_steps"), (dict(distill_images=1), "distill_images"),
-                       (dict(distill_steps=5, distill_loss="mse"), "distill: loss")):
+                       (dict(distill_steps=5, distill_loss="mse"), "distill: loss"),
+                       (dict(distill_steps=5, distill_warmup=2), "distill: warmup")):
         with pytest.raises(ValueError, match=field):
             blockwise.CompressionConfig(**bad)
 

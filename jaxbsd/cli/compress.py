@@ -70,6 +70,7 @@ def validate_compress_args(args: argparse.Namespace):
         distill_steps=args.distill_steps, distill_lr=args.distill_lr, distill_batch=args.distill_batch or None,
         distill_images=args.distill_images, distill_loss=args.distill_loss,
         distill_temperature=args.distill_temperature, distill_trainable=args.distill_trainable,
+        distill_schedule=args.distill_schedule, distill_warmup=args.distill_warmup,
     )
     existing_path("--checkpoint", args.checkpoint)
     existing_path("--data-root", args.data_root)
@@ -300,6 +301,10 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distill-temperature", type=positive_float, default=2.0, help="the KL loss's temperature")
     p.add_argument("--distill-trainable", default="replaced", choices=("replaced", "replaced+norms", "all"),
                    help="which parameters distillation trains")
+    p.add_argument("--distill-schedule", default="constant", choices=("constant", "cosine"),
+                   help="distillation learning-rate schedule (cosine: from --distill-lr down to 0)")
+    p.add_argument("--distill-warmup", type=nonnegative_int, default=0,
+                   help="steps of linear warm-up before the cosine schedule")
     p.add_argument("--finetune-epochs", type=nonnegative_int, default=2,
                    help="fine-tuning epochs (with labels) after each block (0: none)")
     p.add_argument("--lr", type=positive_float, default=1e-4, help="fine-tuning learning rate")

@@ -146,9 +146,10 @@ class CompressionConfig:
         (:class:`~jaxbsd.compression.distill.Distill`; 0: none): the compressed model is trained to
         reproduce the original model's logits on ``distill_images`` training images
         (:func:`distill_indices`; their labels are never read), the best step on held-out images kept.
-      distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable: its learning
-        rate, images per step, loss (``"kl"`` on the logits by default), temperature and which
-        parameters train (see :class:`~jaxbsd.compression.distill.Distill`).
+      distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable,
+        distill_schedule, distill_warmup: its learning rate, images per step, loss (``"kl"`` on the
+        logits by default), temperature, which parameters train, learning-rate schedule and warm-up
+        steps (see :class:`~jaxbsd.compression.distill.Distill`).
       distill_images: how many training images (outside the validation hold-out) it uses, fewer
         if the split has fewer.
     """
@@ -189,6 +190,8 @@ class CompressionConfig:
     distill_loss: str = "kl"
     distill_temperature: float = 2.0
     distill_trainable: str = "replaced"
+    distill_schedule: str = "constant"
+    distill_warmup: int = 0
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -252,7 +255,8 @@ class CompressionConfig:
             raise ValueError(f"distill_steps must be an int >= 0, got {self.distill_steps!r}")
         distill = Distill(steps=self.distill_steps, learning_rate=self.distill_lr, batch_size=self.distill_batch,
                           loss=self.distill_loss, temperature=self.distill_temperature,
-                          trainable=self.distill_trainable)
+                          trainable=self.distill_trainable, schedule=self.distill_schedule,
+                          warmup=self.distill_warmup)
         return distill if self.distill_steps else None
 
     def method_object(self) -> Method:
@@ -291,10 +295,11 @@ class CompressionConfig:
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 _LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
-                 "refine_target": "local", "refine_batch": None, "distill_steps": 0}
+                 "refine_target": "local", "refine_batch": None, "distill_steps": 0,
+                 "distill_schedule": "constant", "distill_warmup": 0}
 #: The distillation's settings, left out of a run's identity without distillation.
 _DISTILL_FIELDS = ("distill_lr", "distill_batch", "distill_images", "distill_loss", "distill_temperature",
-                   "distill_trainable")
+                   "distill_trainable", "distill_schedule", "distill_warmup")
 
 
 def block_order(order: str | Sequence[int], num_blocks: int) -> tuple[int, ...]:

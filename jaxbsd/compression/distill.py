@@ -46,13 +46,15 @@ from flax import nnx
 from jaxbsd.compression.refine import keep_best_evaluated
 from jaxbsd.compression.surgery import mode_flags, parse_path, restore_mode_flags
 
-__all__ = ["Distill", "LOSSES", "TRAINABLE", "teacher_outputs", "distill_model", "split_examples", "trace_count",
+__all__ = ["Distill", "LOSSES", "TRAINABLE", "SCHEDULES", "learning_rate_at", "teacher_outputs", "distill_model", "split_examples", "trace_count",
            "DISTILL_STREAM"]
 
 #: The built-in losses (``Distill.loss`` may also be a callable).
 LOSSES = ("relative", "kl", "cosine")
 #: Which parameters train (see the module docstring).
 TRAINABLE = ("replaced", "replaced+norms", "all")
+#: The learning-rate schedules (:attr:`Distill.schedule`).
+SCHEDULES = ("constant", "cosine")
 #: ``compress_model`` draws the stage's randomness from ``fold_in(key, DISTILL_STREAM)`` (the MLPs'
 #: draws use ``fold_in(key, i)`` with ``i`` their index, far below it).
 DISTILL_STREAM = 0x44495354
@@ -64,7 +66,11 @@ class Distill:
 
     Attributes:
       steps: Adam steps; 0 turns the stage off.
-      learning_rate: Adam's step size.
+      learning_rate: Adam's step size (the peak of a schedule).
+      schedule: ``"constant"``, or ``"cosine"``: ``learning_rate · (1 + cos(π·t/steps)) / 2`` at step
+        ``t`` (0-based), after ``warmup`` steps rising linearly from 0 (:data:`SCHEDULES`;
+        :func:`learning_rate_at`). Long runs take a higher peak and still settle.
+      warmup: steps of linear warm-up before the cosine (``"cosine"`` only; ``< steps``).
       batch_size: training examples per step, drawn at random (with replacement) at every step;
         None, or at least the number of training examples: all of them at every step.
       holdout: share of the calibration examples held out to keep the best step (in ``(0, 1)``).
@@ -81,6 +87,8 @@ class Distill:
 
     steps: int = 300
     learning_rate: float = 3e-4
+    schedule: str = "constant"
+    warmup: int = 0
     batch_size: int | None = 64
     holdout: float = 0.2
     eval_every: int | None = None
@@ -107,6 +115,13 @@ class Distill:
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
                 or not np.isfinite(self.temperature) or self.temperature <= 0):
             raise ValueError(f"distill: temperature must be a positive number, got {self.temperature!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"distill: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"distill: warmup must be an int >= 0, got {self.warmup!r}")
+        if self.warmup and (self.schedule != "cosine" or self.warmup >= max(self.steps, 1)):
+            raise ValueError(f"distill: warmup needs schedule='cosine' and fewer steps than steps={self.steps}, "
+                             f"got warmup={self.warmup} with schedule={self.schedule!r}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"distill: trainable must be one of {TRAINABLE}, got {self.trainable!r}")
         if self.forward is not None and not callable(self.forward):
@@ -122,6 +137,8 @@ class Distill:
                 d[name] = f"callable:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
         if self.forward is None:
             d.pop("forward")  # absent at its default: identities of runs before it stay valid
+        if self.schedule == "constant":
+            d.pop("schedule"), d.pop("warmup")  # likewise
         if self.loss != "kl":
             d.pop("temperature")  # only the KL loss has one
         return d
@@ -250,13 +267,27 @@ def _trainable_filter(model: nnx.Module, replaced: Sequence[str], trainable: str
 # ----------------------------------------------------------------------------- the loop
 
 
+def learning_rate_at(t: jax.Array, peak: jax.Array, *, schedule: str, steps: int, warmup: int) -> jax.Array:
+    """The step size of (0-based) step ``t`` of :attr:`Distill.schedule` (``peak`` traced: a sweep
+    over it compiles once)."""
+    if schedule == "constant":
+        return peak * jnp.ones_like(t, dtype=peak.dtype)
+    t = t.astype(peak.dtype)
+    rise = peak * t / max(warmup, 1)
+    phase = jnp.pi * (t - warmup) / max(steps - warmup, 1)
+    return jnp.where(t < warmup, rise, peak * 0.5 * (1.0 + jnp.cos(phase)))
+
+
+
 def _take(tree, idx):
     return jax.tree.map(lambda a: a[idx], tree)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "call", "forward", "loss", "steps", "batch", "eval_every"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "call", "forward", "loss", "steps", "batch", "eval_every",
+                                             "schedule", "warmup"))
 def _distill_loop(graphdef, params, rest, inputs, targets, train_idx, held_idx, learning_rate, key, *, call,
-                  forward, loss: _Loss, steps: int, batch: int | None, eval_every: int):
+                  forward, loss: _Loss, steps: int, batch: int | None, eval_every: int, schedule: str = "constant",
+                  warmup: int = 0):
     """``(best params, held-out loss per step (steps + 1,), best step)``: ``steps`` Adam steps on the
     training examples (``train_idx``; all with ``batch=None``, else ``batch`` drawn at random per
     step), keeping the evaluated step (0 = as given) with the lowest loss on ``held_idx``; steps not
@@ -264,7 +295,9 @@ def _distill_loop(graphdef, params, rest, inputs, targets, train_idx, held_idx, 
     run on ``inputs[idx]``, through ``forward`` if given) or the calibration callable (run on all its
     examples, outputs taken at ``idx``)."""
     _TRACES[0] += 1
-    tx = optax.adam(learning_rate)
+    # optax counts its own steps from 0: the same t as the scan's i
+    tx = optax.adam(functools.partial(learning_rate_at, peak=learning_rate, schedule=schedule, steps=steps,
+                                      warmup=warmup))
 
     def objective(p, idx):
         model = nnx.merge(graphdef, p, rest)
@@ -350,7 +383,7 @@ def distill_model(model: nnx.Module, calibration, targets, replaced: Sequence[st
             graphdef, params, rest, inputs, targets, jnp.asarray(train_idx), jnp.asarray(held_idx),
             jnp.asarray(config.learning_rate, dtype), jax.random.fold_in(key, 1), call=call,
             forward=None if call is not None else config.forward, loss=loss,
-            steps=config.steps, batch=batch, eval_every=every)
+            steps=config.steps, batch=batch, eval_every=every, schedule=config.schedule, warmup=config.warmup)
         nnx.update(model, best)
     finally:
         restore_mode_flags(flags)
@@ -361,7 +394,7 @@ def distill_model(model: nnx.Module, calibration, targets, replaced: Sequence[st
         "params_trained": int(sum(x.size for x in leaves)), "steps": config.steps, "steps_kept": best_step,
         "loss_before": float(losses[0]), "loss_after": float(losses[best_step]),
         "examples_train": n_train, "examples_heldout": int(held_idx.shape[0]), "batch_size": batch or n_train,
-        "learning_rate": config.learning_rate,
+        "learning_rate": config.learning_rate, "schedule": config.schedule, "warmup": config.warmup,
         # every ``every``-th step and the last: ceil(steps / every)
         "evaluations": -(-config.steps // every), "seconds": time.perf_counter() - start,
     }
