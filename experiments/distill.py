@@ -58,7 +58,8 @@ from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
 VARIANTS = ("kl", "kl+blocks")
 FULL = dict(model="vit", dataset="fashion-mnist", budgets=(0.5,), methods=("prune-ref300",), variants=VARIANTS,
             seeds=3, images=4096, steps=3000, learning_rate=3e-4, batch=64, epochs=0, train_subset=None,
-            test_subset=None, blocks=None, max_iter=300, val_fraction=0.0)
+            test_subset=None, blocks=None, max_iter=300, val_fraction=0.0, trainable="replaced",
+            schedule="constant", warmup=0)
 QUICK = dict(FULL, model="deit", dataset="usps", budgets=(0.2,), methods=("prune-ref20",), variants=("kl",), seeds=1,
              images=128, steps=20, test_subset=300, blocks=2, max_iter=10, capture_images=64)
 ERROR_IMAGES = 512
@@ -79,8 +80,22 @@ def kl_and_blocks(outputs, targets):
     return _per_leaf("kl", 2.0, outputs[0], targets[0]) + sum(blocks) / len(blocks)
 
 
+#: The distillation knobs a run may change from the full plan: each non-default one names its
+#: units and its result file (``--lr 1e-3`` -> ``_lr10``), so an ablation never overwrites the headline.
+KNOBS = {"images": lambda v: f"n{v}", "steps": lambda v: f"s{v}", "learning_rate": lambda v: f"lr{round(v / 1e-4)}",
+         "trainable": lambda v: v.replace("replaced+norms", "norms"), "schedule": str, "warmup": lambda v: f"w{v}"}
+
+
+def knob_suffix(plan: dict, sep: str, skip: tuple = ()) -> str:
+    """``sep``-joined tags of the knobs of ``plan`` that differ from :data:`FULL` (``""`` if none)."""
+    return "".join(sep + tag(plan[k]) for k, tag in KNOBS.items()
+                   if k not in skip and plan.get(k, FULL[k]) != FULL[k])
+
+
 def distill_config(variant: str, plan: dict) -> jb.Distill:
-    common_kw = dict(steps=plan["steps"], learning_rate=plan["learning_rate"], batch_size=plan["batch"])
+    common_kw = dict(steps=plan["steps"], learning_rate=plan["learning_rate"], batch_size=plan["batch"],
+                     trainable=plan.get("trainable", "replaced"), schedule=plan.get("schedule", "constant"),
+                     warmup=plan.get("warmup", 0))
     if variant == "kl":
         return jb.Distill(loss="kl", temperature=2.0, **common_kw)
     return jb.Distill(loss=kl_and_blocks, forward=logits_and_blocks, **common_kw)
@@ -100,9 +115,7 @@ def run_unit(method, variant, reduction, seed, *, plan, args, model_path, data, 
     config = comparison.unit_config(method, reduction, seed, plan, args)
     distill = distill_config(variant, plan)
     rho = f"rho{int(round(1000 * reduction)):04d}-seed{seed}"
-    lr = "" if plan["learning_rate"] == FULL["learning_rate"] else f"-lr{round(plan['learning_rate'] / 1e-4)}"
-    steps = "" if plan["steps"] == FULL["steps"] else f"-s{plan['steps']}"
-    name = f"{method}-dist-{variant}-n{plan['images']}{steps}{lr}-{rho}"
+    name = f"{method}-dist-{variant}-n{plan['images']}{knob_suffix(plan, '-', skip=('images',))}-{rho}"
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order), "distill": distill.to_dict(),
                       "images": plan["images"]}, sort_keys=True)
@@ -169,10 +182,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="distillation steps (default 3000)")
     parser.add_argument("--lr", type=float, default=None, dest="learning_rate",
                         help="distillation learning rate (default 3e-4)")
+    parser.add_argument("--trainable", choices=("replaced", "replaced+norms", "all"), default=None,
+                        help="what distillation trains (default: the replaced MLPs)")
+    parser.add_argument("--schedule", choices=("constant", "cosine"), default=None,
+                        help="the learning-rate schedule (default constant)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps of the cosine schedule")
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
-    for key in ("budgets", "methods", "variants", "seeds", "images", "steps", "learning_rate"):
+    for key in ("budgets", "methods", "variants", "seeds", "images", "steps", "learning_rate", "trainable", "schedule",
+                "warmup"):
         if (value := getattr(args, key)) is not None:
             plan[key] = tuple(value) if isinstance(value, list) else value
     # comparison.unit_config's options: the studies' B-spline settings, S = max(128, 2r)
@@ -180,8 +199,8 @@ def main(argv=None) -> int:
     kind, name = plan["model"], plan["dataset"]
     prefix = "distill_quick" if args.quick else f"distill_{kind}_{name}"
     stem = prefix  # the units' state (compressions shared by every setting)
-    if not args.quick and args.learning_rate is not None:
-        prefix += f"_lr{round(args.learning_rate / 1e-4)}"  # its own result file
+    if not args.quick:
+        prefix += knob_suffix(plan, "_")  # an ablation: its own result file
     command = common.command_line("distill.py", argv)
     common.enable_compilation_cache()
     timer = common.Timer()
@@ -219,7 +238,9 @@ def main(argv=None) -> int:
                      "whole-model reduction rho, 256 calibration images per block and seed, nothing trained with "
                      f"labels), then distillation on {plan['images']} unlabeled training images (20 % held out, "
                      f"best step kept), {plan['steps']} Adam steps of {plan['batch']} images at lr "
-                     f"{plan['learning_rate']}, the replaced MLPs' parameters"),
+                     f"{plan['learning_rate']} ({plan.get('schedule', 'constant')} schedule"
+                     f"{', warm-up ' + str(plan['warmup']) if plan.get('warmup') else ''}), training "
+                     f"{plan.get('trainable', 'replaced')} parameters"),
         "protocol_key": key, "model": model_info, "accuracy_original": acc_original,
         "test_images": int(data.test_images.shape[0]), "train_images": int(data.train_images.shape[0]),
         "blocks": order, "rows": rows, "runs": units,
