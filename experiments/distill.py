@@ -66,12 +66,17 @@ ERROR_IMAGES = 512
 
 
 def logits_and_blocks(model, images):
-    """A ViT's logits and every block's output tokens, in one forward pass (its ``__call__`` unrolled)."""
+    """A ViT's or DeiT's logits and every block's output tokens, in one forward pass (its
+    ``__call__`` unrolled; DeiT: the mean of its class and distillation heads, as it predicts)."""
     x, blocks = model.embed(images), []
     for block in model.blocks:
         x = block(x)
         blocks.append(x)
-    return model.head(model.norm(x)[:, 0]), tuple(blocks)
+    x = model.norm(x)
+    logits = model.head(x[:, 0])
+    if getattr(model, "distilled", False):
+        logits = 0.5 * (logits + model.head_dist(x[:, 1]))
+    return logits, tuple(blocks)
 
 
 def kl_and_blocks(outputs, targets):
@@ -173,6 +178,8 @@ def summarize(units: list[dict], acc_original: float) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size (DeiT/USPS, 2 blocks, 1 seed, 20 steps)")
+    parser.add_argument("--model", choices=("vit", "deit"), default=None, help="default vit")
+    parser.add_argument("--dataset", default=None, help="default fashion-mnist (deit: usps)")
     parser.add_argument("--budgets", type=float, nargs="+", default=None)
     parser.add_argument("--methods", nargs="+", default=None, help="study method names (default prune-ref300)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None)
@@ -190,6 +197,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
+    if args.model is not None:
+        plan["model"], plan["dataset"] = args.model, args.dataset or ("usps" if args.model == "deit" else "fashion-mnist")
+    elif args.dataset is not None:
+        plan["dataset"] = args.dataset
     for key in ("budgets", "methods", "variants", "seeds", "images", "steps", "learning_rate", "trainable", "schedule",
                 "warmup"):
         if (value := getattr(args, key)) is not None:
