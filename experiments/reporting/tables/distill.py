@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import committed
 from ..committed import source_line
-from ..formats import md, pm
+from ..formats import md, num, pct, pm
 from ..names import prose_name
 from ..registry import source, table
 from ..stats import Paired, Study
@@ -38,7 +38,20 @@ class Distillation(Study):
         return Paired([runs[s]["accuracy"] for s in sorted(runs)], [runs[s]["accuracy_refined"] for s in sorted(runs)])
 
     def images(self) -> int:
-        return int(self.json["plan"]["images"])
+        """The unlabeled training images the runs distilled on (a split smaller than the plan caps it)."""
+        return int(self.json["runs"][0]["images"])
+
+    def says(self, method: str, rho: float, variant: str, target: float) -> str:
+        """The headline as prose: what the distilled model reaches, its gap to the original against
+        refinement alone's, the paired gain, and whether the gap meets ``target`` (points)."""
+        n, gain, gap = len(self.seeds(method, rho, setting=variant)), self.gain(method, rho, variant), \
+            self.gap(method, rho, variant)
+        return (f"{prose_name(method)} distilled on {self.images():,} unlabeled training images reaches "
+                f"{pct(self.mean(method, rho, setting=variant))} (mean of {n} seed{'s' * (n != 1)}), "
+                f"{num(gap)} points below the original ({pct(self.json['accuracy_original'])}); refined alone it "
+                f"stops {num(self.gap_refined(method, rho, variant))} points below (paired gain {gain.d}, {gain.pv}). "
+                f"Issue 43's target, within {target:g} point{'s' * (target != 1)}: "
+                + ("**met**" if gap <= target else "**missed**") + ("" if n >= 3 else " on fewer than 3 seeds so far"))
 
 
 for _name in HEADLINES:
