@@ -176,7 +176,9 @@ def test_bad_settings_name_the_field(bad, field):
         jb.Distill(**bad)
 
 
-@pytest.mark.parametrize("schedule, warmup", [("cosine", 0), ("cosine", 3), ("constant", 0)])
+# one case in the default run (warm-up and cosine both): each case compiles its own loop
+@pytest.mark.parametrize("schedule, warmup", [pytest.param("cosine", 0, marks=pytest.mark.slow), ("cosine", 3),
+                                              pytest.param("constant", 0, marks=pytest.mark.slow)])
 def test_the_loop_takes_the_steps_of_optax_adam_on_its_own_schedule(schedule, warmup):
     """The held-out losses of the loop, step by step, against a plain Python loop of ``optax.adam``
     on optax's own schedule (``warmup_cosine_decay_schedule``), full batch, evaluated every step."""
