@@ -1,7 +1,8 @@
 """Grouped compression against one block at a time, side by side in one run (issue 44).
 
 A 6-block model whose MLPs have the ViT/Fashion-MNIST study's shape (``m = 64``, ``H = 256``,
-residual blocks, float32) is compressed by ``jb.compress_model`` with the defaults (``jb.BSD()``:
+residual blocks, float32; ``--model minilm``: all-MiniLM-L6-v2's, ``384 → 1536 → 384`` at rank 153
+on 4,096 tokens, where compiling is a small share of the solve) is compressed by ``jb.compress_model`` with the defaults (``jb.BSD()``:
 300 sweeps, the warm start, held-out selection; ``jb.Refine()``), at the rank a ρ = 0.5
 training-free run gives that shape (40), once grouped (``group=True``: one program for the six
 blocks) and once one block at a time (``group=False``). Each mode runs in a fresh subprocess (so
@@ -20,8 +21,9 @@ real-model study's ranks), with a profile of where a sweep's time goes.
 
 Usage::
 
-    python benchmarks/grouped.py              # writes benchmarks/grouped.json
-    python benchmarks/grouped.py --quick      # fewer sweeps, rounds and ranks, to a scratch file
+    python benchmarks/grouped.py                  # writes benchmarks/grouped.json
+    python benchmarks/grouped.py --model minilm   # the comparison on MiniLM-size MLPs: grouped_minilm.json
+    python benchmarks/grouped.py --quick          # fewer sweeps, rounds and ranks, to a scratch file
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-BLOCKS, M, H, RANK, TOKENS = 6, 64, 256, 40, (32, 64)
+#: The compressed models, 6 residual blocks each: the ViT study's MLP shape at the rank a rho = 0.5
+#: training-free run gives it, and MiniLM's (all-MiniLM-L6-v2: 384 -> 1536 -> 384) at the real-model
+#: study's rank at s = 0.9 on its calibration (32 windows of 128 tokens).
+MODELS = {"vit": dict(blocks=6, m=64, H=256, rank=40, tokens=(32, 64)),
+          "minilm": dict(blocks=6, m=384, H=1536, rank=153, tokens=(32, 128))}
 #: The programs of the solve and the refinement: one block at a time's (jaxbsd.driver, refine) and
 #: a group's (jaxbsd.compression.devices._program).
 SOLVER_PROGRAMS = ("jit(_decouple_compiled)", "jit(_refine_loop)", "jit(program)")
@@ -154,7 +160,7 @@ def structured_sweep_rows(ranks, sweeps: int, repeats: int, peak: float) -> list
     return rows
 
 
-def child(mode: str, quick: bool, repeats: int) -> dict:
+def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
     """One mode in this process: ``{"first": s, "steady": [s...], "compiles": k, "peak_rss_mib": x}``."""
     import jax
     import jax.numpy as jnp
@@ -172,6 +178,9 @@ def child(mode: str, quick: bool, repeats: int) -> dict:
             by_name[name] = by_name.get(name, 0) + 1
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
+
+    shape = MODELS[model]
+    BLOCKS, M, H, RANK, TOKENS = (shape[k] for k in ("blocks", "m", "H", "rank", "tokens"))
 
     class MLP(nnx.Module):
         def __init__(self, rngs):
@@ -231,16 +240,19 @@ def main(argv=None) -> int:
     parser.add_argument("--child", choices=("grouped", "sequential"), help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="alternating subprocess rounds per mode")
+    parser.add_argument("--model", choices=tuple(MODELS), default="vit",
+                        help="the compressed model (minilm: the model comparison only, to grouped_minilm.json)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     if args.child:
-        print(json.dumps(child(args.child, args.quick, repeats)))
+        print(json.dumps(child(args.child, args.quick, repeats, args.model)))
         return 0
     rounds = args.rounds or (1 if args.quick else 2)
     runs: dict[str, list] = {"sequential": [], "grouped": []}
     for _ in range(rounds):
         for mode in ("sequential", "grouped"):
-            command = [sys.executable, __file__, "--child", mode, "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
+            command = ([sys.executable, __file__, "--child", mode, "--repeats", str(repeats), "--model", args.model]
+                       + (["--quick"] if args.quick else []))
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             runs[mode].append(json.loads(out.strip().splitlines()[-1]))
     med = statistics.median
@@ -260,34 +272,37 @@ def main(argv=None) -> int:
     print(f"{'  solver + refinement programs':34s}{sum(seq['solver_programs'].values()):16d}"
           f"{sum(grp['solver_programs'].values()):12d}   {seq['solver_programs']} | {grp['solver_programs']}")
     print(f"{'peak RSS, MiB':34s}{seq['peak_rss_mib']:16.0f}{grp['peak_rss_mib']:12.0f}{ratios['peak_rss']:9.2f}")
-    export = cuda_export_loops()
-    print(f"CUDA export of a group of {export['blocks']} blocks x {export['restarts']} restarts: "
-          f"{export['while_loops']} stablehlo.while, carrying every block's restarts: {export['carry_holds_all']}")
-    from benchmarks.common import format_table
-    from benchmarks.run import bench_matmul_bound, gemm_peak
-
-    # One GEMM peak for every bound row (two measurements in one run differed by 1.5x).
-    repeats_bound = 2 if args.quick else 3
-    peak = gemm_peak(2048, repeats=repeats_bound)
-    # The paper's size: row (f) of benchmarks/run.py (dense Jacobian, 1 and 4 restarts).
-    bound_rows = []
-    for row in bench_matmul_bound(S=128, n=64, m=64, r=64, restarts=4, sweeps=5 if args.quick else 20,
-                                  repeats=repeats_bound, peak=peak)[:2]:
-        row.name = f"{row.name} [paper]"
-        bound_rows.append(row)
-    bound_rows += structured_sweep_rows(MINILM_RANKS[:1] if args.quick else MINILM_RANKS,
-                                        sweeps=4 if args.quick else 10, repeats=repeats_bound, peak=peak)
-    print(format_table(bound_rows))
     from jaxbsd.io import provenance, write_json_atomic
     import jax
 
-    out = args.out or (pathlib.Path("/tmp/grouped_quick.json") if args.quick else HERE / "grouped.json")
-    cmd = "python benchmarks/grouped.py" + (" --quick" if args.quick else "")
-    write_json_atomic(out, {"command": cmd, "mode": "quick" if args.quick else "full",
-                            "device": jax.devices()[0].platform, "model": {"blocks": BLOCKS, "m": M, "H": H,
-                                                                           "rank": RANK, "tokens": TOKENS},
-                            "rounds": rounds, "runs": runs, "results": summary, "ratios": ratios, "cuda_export": export,
-                            "sweep_vs_bound": [r.__dict__ for r in bound_rows], "provenance": provenance(cmd)})
+    stem = "grouped" if args.model == "vit" else f"grouped_{args.model}"
+    out = args.out or (pathlib.Path(f"/tmp/{stem}_quick.json") if args.quick else HERE / f"{stem}.json")
+    cmd = "python benchmarks/grouped.py" + (" --quick" if args.quick else "") + \
+        (f" --model {args.model}" if args.model != "vit" else "")
+    payload = {"command": cmd, "mode": "quick" if args.quick else "full", "device": jax.devices()[0].platform,
+               "model": dict(MODELS[args.model], name=args.model), "rounds": rounds, "runs": runs, "results": summary,
+               "ratios": ratios}
+    if args.model == "vit":  # the export and the sweep rows do not depend on the model compared
+        payload["cuda_export"] = export = cuda_export_loops()
+        print(f"CUDA export of a group of {export['blocks']} blocks x {export['restarts']} restarts: "
+              f"{export['while_loops']} stablehlo.while, carrying every block's restarts: {export['carry_holds_all']}")
+        from benchmarks.common import format_table
+        from benchmarks.run import bench_matmul_bound, gemm_peak
+
+        # One GEMM peak for every bound row (two measurements in one run differed by 1.5x).
+        repeats_bound = 2 if args.quick else 3
+        peak = gemm_peak(2048, repeats=repeats_bound)
+        # The paper's size: row (f) of benchmarks/run.py (dense Jacobian, 1 and 4 restarts).
+        bound_rows = []
+        for row in bench_matmul_bound(S=128, n=64, m=64, r=64, restarts=4, sweeps=5 if args.quick else 20,
+                                      repeats=repeats_bound, peak=peak)[:2]:
+            row.name = f"{row.name} [paper]"
+            bound_rows.append(row)
+        bound_rows += structured_sweep_rows(MINILM_RANKS[:1] if args.quick else MINILM_RANKS,
+                                            sweeps=4 if args.quick else 10, repeats=repeats_bound, peak=peak)
+        print(format_table(bound_rows))
+        payload["sweep_vs_bound"] = [r.__dict__ for r in bound_rows]
+    write_json_atomic(out, dict(payload, provenance=provenance(cmd)))
     print(f"wrote {out}")
     return 0
 

@@ -120,14 +120,8 @@ source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
 
 
-@table("grouped-benchmark")
-def grouped_benchmark_table() -> str:
-    """``benchmarks/grouped.json``: grouped compression against one block at a time on one device,
-    the CUDA export's loop count, and the sweep against this machine's GEMM bound with its profile."""
-    path = committed.BENCHMARKS / "grouped.json"
-    if not path.exists():
-        return "No current result committed (`python benchmarks/grouped.py`)."
-    d = json.loads(path.read_text())
+def _grouped_comparison(d: dict) -> list[str]:
+    """The head and the table of one grouped-against-sequential comparison (``benchmarks/grouped*.json``)."""
     seq, grp, ratio = d["results"]["sequential"], d["results"]["grouped"], d["ratios"]
     mdl = d["model"]
     head = (source_line(d) + f" Device: {d.get('device', '?')}. A {mdl['blocks']}-block model, MLPs "
@@ -142,6 +136,22 @@ def grouped_benchmark_table() -> str:
         ["peak resident memory", f"{seq['peak_rss_mib']:.0f} MiB", f"{grp['peak_rss_mib']:.0f} MiB",
          f"{ratio['peak_rss']:.2f}×"],
     ]
+    return [head, "", md(["", "one block at a time", "grouped", "ratio"], rows)]
+
+
+@table("grouped-benchmark")
+def grouped_benchmark_table() -> str:
+    """``benchmarks/grouped.json``: grouped compression against one block at a time on one device
+    (and ``grouped_minilm.json``, the same at MiniLM's MLP size, where committed), the CUDA export's
+    loop count, and the sweep against this machine's GEMM bound with its profile."""
+    path = committed.BENCHMARKS / "grouped.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/grouped.py`)."
+    d = json.loads(path.read_text())
+    out = _grouped_comparison(d)
+    minilm = committed.BENCHMARKS / "grouped_minilm.json"
+    if minilm.exists():
+        out += ["", "At MiniLM's MLP size:", "", *_grouped_comparison(json.loads(minilm.read_text()))]
     ex = d["cuda_export"]
     export = (f"The group program of {ex['blocks']} blocks × {ex['restarts']} restarts exported for CUDA "
               f"(`jax.export`, lowered on this CPU) has {ex['while_loops']} device-side loop(s) "
@@ -151,5 +161,4 @@ def grouped_benchmark_table() -> str:
         sweep_rows.append([r["name"], bench_value(r.get("ours"), "s"), bench_value(r.get("reference"), "s"),
                            f"{r['ratio']:.2f}×"])
     notes = "\n".join(f"- {r['name']}: {r['note']}" for r in d["sweep_vs_bound"])
-    return "\n".join([head, "", md(["", "one block at a time", "grouped", "ratio"], rows), "", export, "",
-                      md(["sweep", "per sweep", "GEMM bound", "multiple"], sweep_rows), "", notes])
+    return "\n".join([*out, "", export, "", md(["sweep", "per sweep", "GEMM bound", "multiple"], sweep_rows), "", notes])
