@@ -1,0 +1,190 @@
+"""Label-free distillation of the compressed all-MiniLM-L6-v2 (issue 43), paired with refinement alone.
+
+The compression is the real-model study's refined unit (``experiments/minilm.py``: every MLP back to
+front at a share ``s`` of the six MLPs' parameters removed, refined, 32 calibration windows of 128
+tokens per seed), resumed from that study's state where it is on this machine (the call and its
+state directory are the study's), recomputed otherwise. The compressed encoder is then trained
+towards the original encoder's outputs on ``distill_windows`` further windows of the calibration
+files (another draw than the calibration's; the evaluation files are never read), through
+:func:`jaxbsd.compression.distill.distill_model` with a batch (``{"ids", "mask"}``) and a
+``forward``, so each step runs ``batch`` windows:
+
+* ``emb``: the sentence embedding (mean pooling, normalized), cosine loss;
+* ``emb+layers``: that, plus every layer's output tokens (relative squared error per layer,
+  averaged over the layers; TinyBERT-style intermediate targets).
+
+The evaluation is the study's (256 held-out passages, 300 title → section pairs of the evaluation
+files; mean cosine to the original's embeddings, top-10 neighbour overlap, recall@1/@10), for the
+refined model and the distilled one: the pairing.
+
+Usage::
+
+    python experiments/minilm_distill.py            # s = 0.8, refined pruning and auto, seed 0
+    python experiments/minilm_distill.py --quick    # CI: s = 0.9, pruning, tiny data, 10 steps
+
+Writes ``<out>/minilm_distill.json`` (``minilm_distill_quick.json``), resuming unit by unit
+(``<out>/state/minilm_distill/<unit>/unit.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402  (first: the checkout's jaxbsd)
+import minilm as study  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxbsd as jb  # noqa: E402
+from jaxbsd.compression.distill import DISTILL_STREAM, _per_leaf, distill_model, teacher_outputs  # noqa: E402
+from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
+from jaxbsd.models import bert as B  # noqa: E402
+from jaxbsd.models import count_params  # noqa: E402
+
+VARIANTS = ("emb", "emb+layers")
+FULL = dict(shares=(0.8,), methods=("prune", "auto"), variants=("emb+layers",), seeds=1, windows=32, seq_len=128,
+            max_iter=300, eval_passages=256, eval_pairs=300, distill_windows=1024, steps=1000, batch=16,
+            learning_rate=3e-4, schedule="cosine")
+QUICK = dict(FULL, shares=(0.9,), methods=("prune",), windows=4, seq_len=32, max_iter=5, eval_passages=16,
+             eval_pairs=16, distill_windows=24, steps=10, batch=8)
+
+
+def embedding_and_layers(encoder: B.Encoder, batch: dict):
+    """The encoder's sentence embeddings and every layer's output tokens, in one pass (its
+    ``__call__`` unrolled)."""
+    ids, mask = batch["ids"], batch["mask"]
+    x = encoder.bert.embeddings(ids, jnp.zeros_like(ids))
+    layers = []
+    for layer in encoder.bert.layers:
+        x = layer(x, mask)
+        layers.append(x)
+    emb = B.pool(x, mask, encoder.pooling)
+    if encoder.normalize:
+        emb = emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
+    return emb, tuple(layers)
+
+
+def embedding_only(encoder: B.Encoder, batch: dict):
+    return encoder(batch["ids"], batch["mask"])
+
+
+def loss_emb_and_layers(outputs, targets):
+    """``1 − cos`` of the embeddings plus the layers' relative squared errors, averaged over the layers."""
+    layers = [_per_leaf("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])]
+    return _per_leaf("cosine", 1.0, outputs[0], targets[0]) + sum(layers) / len(layers)
+
+
+def distill_config(variant: str, plan: dict) -> jb.Distill:
+    kw = dict(steps=plan["steps"], learning_rate=plan["learning_rate"], batch_size=plan["batch"],
+              schedule=plan["schedule"])
+    if variant == "emb":
+        return jb.Distill(loss="cosine", forward=embedding_only, **kw)
+    return jb.Distill(loss=loss_emb_and_layers, forward=embedding_and_layers, **kw)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI size")
+    parser.add_argument("--out", default=str(common.RESULTS))
+    parser.add_argument("--shares", nargs="+", type=float)
+    parser.add_argument("--methods", nargs="+", choices=study.METHODS)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS)
+    parser.add_argument("--seeds", type=int)
+    parser.add_argument("--steps", type=int)
+    args = parser.parse_args(argv)
+    plan = dict(QUICK if args.quick else FULL)
+    for name in ("shares", "methods", "variants", "seeds", "steps"):
+        if (value := getattr(args, name)) is not None:
+            plan[name] = tuple(value) if isinstance(value, list) else value
+    command = common.command_line("minilm_distill.py", argv)
+    common.enable_compilation_cache()
+    out = pathlib.Path(args.out)
+    stem = "minilm_distill_quick" if args.quick else "minilm_distill"
+    study_stem = "minilm_quick" if args.quick else "minilm"
+    state_root = out / "state" / stem
+    state_root.mkdir(parents=True, exist_ok=True)
+    wall = common.Timer()
+
+    def log(msg):
+        print(msg, flush=True)
+
+    model_dir = minilm_dir()
+    original = B.from_pretrained(model_dir)
+    P = count_params(original)
+    P_mlp = sum(count_params(original.bert.layers[i].mlp) for i in range(6))
+    corpus = load_docs_corpus()
+    rng = np.random.default_rng(0)  # the study's evaluation set
+    passages = corpus.passages("evaluation")
+    pairs = corpus.pairs("evaluation")
+    passages = [passages[i] for i in np.sort(rng.choice(len(passages), plan["eval_passages"], replace=False))]
+    pairs = [pairs[i] for i in np.sort(rng.choice(len(pairs), plan["eval_pairs"], replace=False))]
+    calibration_texts = corpus.passages("calibration")
+    reference = B.embed_eval_set(original, passages, pairs)
+    tag_eval = hashlib.sha256(repr((passages, pairs)).encode()).hexdigest()[:16]
+
+    records = []
+    for share in plan["shares"]:
+        for method in plan["methods"]:
+            for seed in range(plan["seeds"]):
+                rho = share * P_mlp / P
+                ids = B.calibration_windows(original, calibration_texts, plan["seq_len"], plan["windows"], seed=seed)
+                mask = np.ones_like(ids)
+                # the study's refined unit, resumed from its state directory when it is here
+                run_dir = out / "state" / study_stem / f"{method}-ref_s{share}_seed{seed}" / "run"
+                compressed, report = None, None
+                for variant in plan["variants"]:
+                    name = f"{method}-ref-dist-{variant}_s{share}_seed{seed}"
+                    config = distill_config(variant, plan)
+                    tag = json.dumps({"method": method, "share": share, "seed": seed, "study": [
+                        plan["windows"], plan["seq_len"], plan["max_iter"], tag_eval],
+                        "distill": config.to_dict(), "distill_windows": plan["distill_windows"]}, sort_keys=True)
+                    if (kept := common.resume_unit(state_root / name, tag, name, log)) is not None:
+                        records.append(kept)
+                        continue
+                    timer = common.Timer()
+                    if compressed is None:
+                        compressed, report = jb.compress_model(
+                            B.from_pretrained(model_dir), lambda m: m(ids, mask), mlps=None, reduction=rho,
+                            method=study.method_object(method, {}, {}, plan["max_iter"]), key=jax.random.key(seed),
+                            refine=jb.Refine(), state_dir=run_dir)
+                        refined_scores = B.fidelity(reference, B.embed_eval_set(compressed, passages, pairs))
+                    seconds_compress = timer()
+                    model = nnx.clone(compressed)  # each variant from the same refined model
+                    windows = B.calibration_windows(original, calibration_texts, plan["seq_len"],
+                                                    plan["distill_windows"], seed=10_000 + seed)
+                    batch = {"ids": jnp.asarray(windows), "mask": jnp.ones(windows.shape, jnp.int32)}
+                    targets = teacher_outputs(original, batch, config.forward)
+                    info = distill_model(model, batch, targets, [r.path for r in report.mlps], config,
+                                         jax.random.fold_in(jax.random.key(seed), DISTILL_STREAM))
+                    scores = B.fidelity(reference, B.embed_eval_set(model, passages, pairs))
+                    record = dict(method=method, variant=variant, share=share, seed=seed, rho=rho,
+                                  params=report.params_after, refined=refined_scores, distilled=scores, distill=info,
+                                  distill_windows=int(windows.shape[0]), seconds_compress=seconds_compress,
+                                  seconds_distill=info["seconds"], seconds=timer(), machine=common.machine())
+                    common.save_unit(state_root / name / "unit.json", tag, record)
+                    records.append(record)
+                    log(f"  {name}: cos {refined_scores['mean_cosine']:.4f} refined -> {scores['mean_cosine']:.4f} "
+                        f"distilled, R@10 {refined_scores['recall@10']:.3f} -> {scores['recall@10']:.3f} (held-out "
+                        f"loss {info['loss_before']:.4g} -> {info['loss_after']:.4g}, step {info['steps_kept']}), "
+                        f"{timer():.0f} s")
+    common.write_json(out / f"{stem}.json", {
+        "command": command, "plan": plan, "params": P, "params_mlp": P_mlp, "runs": records,
+        "reference_recall@10": records[0]["distilled"]["reference_recall@10"] if records else None,
+        "wall_seconds": wall(), "machines": sorted({r["machine"] for r in records})})
+    log(f"wrote {out / (stem + '.json')} ({len(records)} units, {wall():.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
