@@ -46,8 +46,8 @@ from flax import nnx
 from jaxbsd.compression.refine import keep_best_evaluated
 from jaxbsd.compression.surgery import mode_flags, parse_path, restore_mode_flags
 
-__all__ = ["Distill", "LOSSES", "TRAINABLE", "SCHEDULES", "learning_rate_at", "teacher_outputs", "distill_model", "split_examples", "trace_count",
-           "DISTILL_STREAM"]
+__all__ = ["Distill", "LOSSES", "TRAINABLE", "SCHEDULES", "learning_rate_at", "teacher_outputs", "distill_model",
+           "split_examples", "trace_count", "DISTILL_STREAM"]
 
 #: The built-in losses (``Distill.loss`` may also be a callable).
 LOSSES = ("relative", "kl", "cosine")
@@ -67,10 +67,6 @@ class Distill:
     Attributes:
       steps: Adam steps; 0 turns the stage off.
       learning_rate: Adam's step size (the peak of a schedule).
-      schedule: ``"constant"``, or ``"cosine"``: ``learning_rate · (1 + cos(π·t/steps)) / 2`` at step
-        ``t`` (0-based), after ``warmup`` steps rising linearly from 0 (:data:`SCHEDULES`;
-        :func:`learning_rate_at`). Long runs take a higher peak and still settle.
-      warmup: steps of linear warm-up before the cosine (``"cosine"`` only; ``< steps``).
       batch_size: training examples per step, drawn at random (with replacement) at every step;
         None, or at least the number of training examples: all of them at every step.
       holdout: share of the calibration examples held out to keep the best step (in ``(0, 1)``).
@@ -83,12 +79,15 @@ class Distill:
       forward: with a calibration batch, what of the model is matched: None, ``model(batch)``; or
         ``forward(model, batch) -> pytree`` (e.g. the logits and every block's output, TinyBERT-style),
         for the targets and the student alike. Ignored with a calibration callable (it returns them).
+      schedule: ``"constant"``, or ``"cosine"``: at (0-based) step ``t`` the step size rises
+        linearly from 0 over the first ``warmup`` steps, then is ``learning_rate · (1 +
+        cos(π·(t − warmup)/(steps − warmup))) / 2`` (:data:`SCHEDULES`, :func:`learning_rate_at`):
+        a long run can take a higher peak and still settle.
+      warmup: steps of linear warm-up before the cosine (``"cosine"`` only; fewer than ``steps``).
     """
 
     steps: int = 300
     learning_rate: float = 3e-4
-    schedule: str = "constant"
-    warmup: int = 0
     batch_size: int | None = 64
     holdout: float = 0.2
     eval_every: int | None = None
@@ -96,6 +95,8 @@ class Distill:
     temperature: float = 1.0
     trainable: str = "replaced"
     forward: Callable[[nnx.Module, Any], Any] | None = None
+    schedule: str = "constant"
+    warmup: int = 0
 
     def __post_init__(self):
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
