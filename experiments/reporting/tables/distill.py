@@ -46,12 +46,13 @@ class Distillation(Study):
         refinement alone's, the paired gain, and whether the gap meets ``target`` (points)."""
         n, gain, gap = len(self.seeds(method, rho, setting=variant)), self.gain(method, rho, variant), \
             self.gap(method, rho, variant)
-        return (f"{prose_name(method)} distilled on {self.images():,} unlabeled training images reaches "
+        name = prose_name(method)
+        return (f"{name[:1].upper() + name[1:]} distilled on {self.images():,} unlabeled training images reaches "
                 f"{pct(self.mean(method, rho, setting=variant))} (mean of {n} seed{'s' * (n != 1)}), "
                 f"{num(gap)} points below the original ({pct(self.json['accuracy_original'])}); refined alone it "
                 f"stops {num(self.gap_refined(method, rho, variant))} points below (paired gain {gain.d}, {gain.pv}). "
                 f"Issue 43's target, within {target:g} point{'s' * (target != 1)}: "
-                + ("**met**" if gap <= target else "**missed**") + ("" if n >= 3 else " on fewer than 3 seeds so far"))
+                + ("**met**" if gap <= target else "**missed**") + ("." if n >= 3 else " (fewer than 3 seeds so far)."))
 
 
 for _name in HEADLINES:

@@ -100,19 +100,24 @@ class MiniLM(Study):
         names = [m + ("-ref" if refined else "") for m in self.json["plan"]["methods"]]
         return max((n for n in names if self._runs(n, share)), key=lambda n: self.mean(n, share, key))
 
-
     def leaders(self, refined: bool, key: str | None = None) -> str:
         """Which method has the highest mean at each share, as prose: "pruning at every share", or
         "pruning at s = 0.5 and 0.6, `auto` at s = 0.7–0.9" (shares in the plan's order)."""
         shares = [s for s in self.json["plan"]["shares"] if any(self._runs(m + ("-ref" if refined else ""), s)
                                                                  for m in self.json["plan"]["methods"])]
-        by: dict[str, list[str]] = {}
-        for share in shares:
-            by.setdefault(self.best(share, key, refined), []).append(f"{share:g}")
+        by: dict[str, list[int]] = {}
+        for i, share in enumerate(shares):
+            by.setdefault(self.best(share, key, refined), []).append(i)
         if len(by) == 1:
             return f"{prose_name(next(iter(by)).removesuffix('-ref'))} at every share"
-        return ", ".join(f"{prose_name(m.removesuffix('-ref'))} at s = {' and '.join(v) if len(v) < 3 else v[0] + '–' + v[-1]}"
-                         for m, v in by.items())
+
+        def span(idx: list[int]) -> str:  # a run of 3 or more neighbouring shares as a range
+            if len(idx) >= 3 and idx[-1] - idx[0] == len(idx) - 1:
+                return f"{shares[idx[0]]:g}–{shares[idx[-1]]:g}"
+            return ", ".join(f"{shares[i]:g}" for i in idx[:-1]) + (" and " if len(idx) > 1 else "") + \
+                f"{shares[idx[-1]]:g}"
+
+        return ", ".join(f"{prose_name(m.removesuffix('-ref'))} at s = {span(v)}" for m, v in by.items())
 
     def top(self, share: float, key: str | None = None, refined: bool = True) -> float:
         """The highest mean of ``key`` at ``share`` over the methods (refined or not)."""
