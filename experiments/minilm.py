@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import os
 import pathlib
 import sys
 import time
@@ -279,6 +280,7 @@ def main(argv=None) -> int:
         ids = B.calibration_windows(original, calibration_texts, plan["seq_len"], plan["windows"], seed=seed)
         mask = np.ones_like(ids)
         encoder = B.from_pretrained(model_dir)
+        load_start = os.getloadavg()[0]  # the times are wall seconds: what else ran beside them
         t = common.Timer()
         try:
             encoder, report = jb.compress_model(
@@ -301,7 +303,7 @@ def main(argv=None) -> int:
                                  {k: r.refine.get(k) for k in ("steps", "steps_kept", "error_before", "error_after",
                                                                 "seconds")})
                             for r in report.mlps],
-                      machine=common.machine())
+                      load_1min=[load_start, os.getloadavg()[0]], machine=common.machine())
         common.save_unit(unit_dir / "unit.json", tag, record)
         records.append(record)
         log(f"  {label}: rho={rho:.3f} cos={scores['mean_cosine']:.4f} nn10={scores['neighbour_overlap']:.3f} "
