@@ -146,10 +146,11 @@ class CompressionConfig:
         (:class:`~jaxbsd.compression.distill.Distill`; 0: none): the compressed model is trained to
         reproduce the original model's logits on ``distill_images`` training images
         (:func:`distill_indices`; their labels are never read), the best step on held-out images kept.
-      distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable,
-        distill_schedule, distill_warmup: its learning rate, images per step, loss (``"kl"`` on the
-        logits by default), temperature, which parameters train, learning-rate schedule and warm-up
-        steps (see :class:`~jaxbsd.compression.distill.Distill`).
+      distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable: its learning
+        rate, images per step, loss (``"kl"`` on the logits by default), temperature and which
+        parameters train (see :class:`~jaxbsd.compression.distill.Distill`).
+      distill_schedule, distill_warmup: its learning-rate schedule (``"constant"`` or ``"cosine"``)
+        and the cosine's warm-up steps.
       distill_images: how many training images (outside the validation hold-out) it uses, fewer
         if the split has fewer.
     """
