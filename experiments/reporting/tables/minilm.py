@@ -8,7 +8,7 @@ import numpy as np
 from .. import committed
 from ..committed import source_line
 from ..formats import md, pm
-from ..names import display, prose_name
+from ..names import display
 from ..registry import source, table
 from ..stats import Study
 
@@ -58,9 +58,9 @@ def minilm_table() -> str:
         more = sum(r["seconds"] + r.get("eval_seconds", 0) for r in cells) / 3600 * (plan["seeds"] - cut["seeds"])
         head += (f" **The cut:** {' and '.join(display(m) for m in cut['methods'])} at the shares "
                  f"{' and '.join(f'{s:g}' for s in cut['shares'])} (the highest decoupling ranks) run for {seeds} "
-                 "only" + (f": there, one decoupling of the six MLPs took {min(builds):.0f}–{max(builds):.0f} min on "
-                           f"this 2-core CPU, and their further seeds would add about {more:.1f} h to the "
-                           f"{spent:.1f} h the committed units took" if builds else "") + ".")
+                 "only" + (f": there, one decoupling of the six MLPs took {min(builds):.0f}–{max(builds):.0f} min of "
+                           f"wall time on this shared 2-core CPU, and their further seeds would add about {more:.1f} h "
+                           f"to the {spent:.1f} h the committed units took" if builds else "") + ".")
     head += (" Seconds: the compression's wall time per unit, mean over seeds; where `auto` reused the decoupling "
              "of `bsd` at the same share, seed and refinement, that build's seconds are counted in its row as well, "
              "so each row is what the method costs alone.")
@@ -95,21 +95,35 @@ class MiniLM(Study):
         return {r["seed"]: r for r in self.json["runs"] if r["method"] == method and r["share"] == rho
                 and r.get("status", "ok") == "ok"}
 
+    #: The methods as this study's prose names them (its ``bsd`` is ``compress_model``'s, warm-started).
+    NAMES = {"prune": "pruning", "svd": "SVD", "drone": "DRONE", "bsd": "B-splines", "auto": "`auto`"}
+
+    def tied(self, share: float, key: str | None = None, refined: bool = True, within: float = 5e-4) -> str:
+        """The methods whose mean of ``key`` at ``share`` is within ``within`` of the highest, over
+        the seeds all of them have there, as prose (``"pruning"``, ``"pruning and `auto`"``): a
+        lead of less is no lead."""
+        runs = {m: self._runs(m + ("-ref" if refined else ""), share) for m in self.json["plan"]["methods"]}
+        names = [m for m in runs if runs[m]]
+        common = set.intersection(*(set(runs[m]) for m in names))  # the seeds every method has here (the cut)
+        means = {m: float(np.mean([runs[m][s][key or self.key] for s in common])) for m in names}
+        top = max(means.values())
+        return " and ".join(self.NAMES.get(m, m) for m in names if means[m] >= top - within)
+
     def best(self, share: float, key: str | None = None, refined: bool = True) -> str:
         """The method (unit name) with the highest mean of ``key`` at ``share``, refined or not."""
         names = [m + ("-ref" if refined else "") for m in self.json["plan"]["methods"]]
         return max((n for n in names if self._runs(n, share)), key=lambda n: self.mean(n, share, key))
 
     def leaders(self, refined: bool, key: str | None = None) -> str:
-        """Which method has the highest mean at each share, as prose: "pruning at every share", or
-        "pruning at s = 0.5 and 0.6, `auto` at s = 0.7–0.9" (shares in the plan's order)."""
+        """Which methods have the highest mean at each share (:meth:`tied`), as prose: "pruning at
+        every share", or "pruning at s = 0.5 and 0.6, `auto` at s = 0.7–0.9" (the plan's order)."""
         shares = [s for s in self.json["plan"]["shares"] if any(self._runs(m + ("-ref" if refined else ""), s)
                                                                  for m in self.json["plan"]["methods"])]
         by: dict[str, list[int]] = {}
         for i, share in enumerate(shares):
-            by.setdefault(self.best(share, key, refined), []).append(i)
+            by.setdefault(self.tied(share, key, refined), []).append(i)
         if len(by) == 1:
-            return f"{prose_name(next(iter(by)).removesuffix('-ref'))} at every share"
+            return f"{next(iter(by))} at every share"
 
         def span(idx: list[int]) -> str:  # a run of 3 or more neighbouring shares as a range
             if len(idx) >= 3 and idx[-1] - idx[0] == len(idx) - 1:
@@ -117,7 +131,7 @@ class MiniLM(Study):
             return ", ".join(f"{shares[i]:g}" for i in idx[:-1]) + (" and " if len(idx) > 1 else "") + \
                 f"{shares[idx[-1]]:g}"
 
-        return ", ".join(f"{prose_name(m.removesuffix('-ref'))} at s = {span(v)}" for m, v in by.items())
+        return ", ".join(f"{m} at s = {span(v)}" for m, v in by.items())
 
     def top(self, share: float, key: str | None = None, refined: bool = True) -> float:
         """The highest mean of ``key`` at ``share`` over the methods (refined or not)."""
