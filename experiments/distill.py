@@ -92,7 +92,8 @@ def kl_and_blocks(outputs, targets):
 #: The distillation knobs a run may change from the full plan: each non-default one names its
 #: units and its result file (``--lr 1e-3`` -> ``_lr10``), so an ablation never overwrites the headline.
 KNOBS = {"images": lambda v: f"n{v}", "steps": lambda v: f"s{v}", "learning_rate": lambda v: f"lr{round(v / 1e-4)}",
-         "trainable": lambda v: v.replace("replaced+norms", "norms"), "schedule": str, "warmup": lambda v: f"w{v}"}
+         "trainable": lambda v: v.replace("replaced+norms", "norms"), "schedule": str, "warmup": lambda v: f"w{v}",
+         "variants": lambda v: "-".join(v)}
 
 
 def knob_suffix(plan: dict, sep: str, skip: tuple = ()) -> str:
@@ -124,7 +125,7 @@ def run_unit(method, variant, reduction, seed, *, plan, args, model_path, data, 
     config = comparison.unit_config(method, reduction, seed, plan, args)
     distill = distill_config(variant, plan)
     rho = f"rho{int(round(1000 * reduction)):04d}-seed{seed}"
-    name = f"{method}-dist-{variant}-n{plan['images']}{knob_suffix(plan, '-', skip=('images',))}-{rho}"
+    name = f"{method}-dist-{variant}-n{plan['images']}{knob_suffix(plan, '-', skip=('images', 'variants'))}-{rho}"
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order), "distill": distill.to_dict(),
                       "images": plan["images"]}, sort_keys=True)
