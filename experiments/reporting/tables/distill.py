@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 
 from .. import committed
 from ..committed import source_line
 from ..formats import md, num, pct, pm
 from ..names import prose_name
-from ..registry import source, table
+from ..registry import SOURCES, source, table
 from ..stats import Paired, Study
 
 #: The studies' result files: the headline of each model (the script's full plan) first.
@@ -19,6 +21,10 @@ HEADLINES = ("distill_vit_fashion-mnist.json", "distill_deit_usps.json")
 class Distillation(Study):
     """One ``experiments/distill.py`` result: per (method, variant, ρ, seed), the test accuracy
     after refinement alone (``accuracy_refined``, the pairing) and after distillation."""
+
+    def __init__(self, payload: dict, file: str | None = None):
+        super().__init__(payload)
+        self.source_file = file or payload.get("file", "")
 
     def _runs(self, method, rho, setting=None) -> dict:
         return {r["seed"]: r for r in self.json["runs"] if r["method"] == method and r["reduction"] == rho
@@ -36,6 +42,27 @@ class Distillation(Study):
         """Distilled − refined alone, paired over seeds (points)."""
         runs = self._runs(method, rho, variant)
         return Paired([runs[s]["accuracy"] for s in sorted(runs)], [runs[s]["accuracy_refined"] for s in sorted(runs)])
+
+    def ablation(self, suffix: str) -> "Distillation | None":
+        """The committed ablation of this headline whose file ends in ``_<suffix>`` (``"n1024"``),
+        or None."""
+        file = self.source_file or SOURCES[self.source]  # a figure's source: named by the namespace
+        name = pathlib.Path(file).stem + f"_{suffix}.json"
+        d = committed.load(name)
+        return None if d is None else Distillation(d, name)
+
+    def seed_gap(self, method: str, rho: float, variant: str, seed: int = 0) -> float:
+        """The original's accuracy minus one seed's distilled accuracy (points)."""
+        return self.json["accuracy_original"] - self._runs(method, rho, variant)[seed]["accuracy"]
+
+    def knob_gaps(self, suffixes, method: str = "prune-ref300", rho: float = 0.5, variant: str = "kl+blocks",
+                  seed: int = 0) -> str | None:
+        """``"1.14 / 1.06 / 0.66"``: :meth:`seed_gap` of each ablation (``""``: this result), or
+        None while one of them is not committed."""
+        runs = [self if k == "" else self.ablation(k) for k in suffixes]
+        if not all(runs):
+            return None
+        return " / ".join(num(r.seed_gap(method, rho, variant, seed)) for r in runs)
 
     def images(self) -> int:
         """The unlabeled training images the runs distilled on (a split smaller than the plan caps it)."""
