@@ -99,13 +99,12 @@ KNOBS = {"images": lambda v: f"n{v}", "steps": lambda v: f"s{v}", "learning_rate
 def knob_suffix(plan: dict, sep: str, skip: tuple = ()) -> str:
     """``sep``-joined tags of the knobs of ``plan`` that differ from :data:`FULL` (``""`` if none)."""
     return "".join(sep + tag(plan[k]) for k, tag in KNOBS.items()
-                   if k not in skip and plan.get(k, FULL[k]) != FULL[k])
+                   if k not in skip and plan[k] != FULL[k])
 
 
 def distill_config(variant: str, plan: dict) -> jb.Distill:
     common_kw = dict(steps=plan["steps"], learning_rate=plan["learning_rate"], batch_size=plan["batch"],
-                     trainable=plan.get("trainable", "replaced"), schedule=plan.get("schedule", "constant"),
-                     warmup=plan.get("warmup", 0))
+                     trainable=plan["trainable"], schedule=plan["schedule"], warmup=plan["warmup"])
     if variant == "kl":
         return jb.Distill(loss="kl", temperature=2.0, **common_kw)
     return jb.Distill(loss=kl_and_blocks, forward=logits_and_blocks, **common_kw)
@@ -254,9 +253,9 @@ def main(argv=None) -> int:
                      "whole-model reduction rho, 256 calibration images per block and seed, nothing trained with "
                      f"labels), then distillation on {units[0]['images'] if units else plan['images']} unlabeled training images (20 % held out, "
                      f"best step kept), {plan['steps']} Adam steps of {plan['batch']} images at lr "
-                     f"{plan['learning_rate']} ({plan.get('schedule', 'constant')} schedule"
-                     f"{', warm-up ' + str(plan['warmup']) if plan.get('warmup') else ''}), training "
-                     f"{plan.get('trainable', 'replaced')} parameters"),
+                     f"{plan['learning_rate']} ({plan['schedule']} schedule"
+                     f"{', warm-up ' + str(plan['warmup']) if plan['warmup'] else ''}), training "
+                     f"{plan['trainable']} parameters"),
         "protocol_key": key, "model": model_info, "accuracy_original": acc_original,
         "test_images": int(data.test_images.shape[0]), "train_images": int(data.train_images.shape[0]),
         "blocks": order, "rows": rows, "runs": units,

@@ -311,6 +311,23 @@ def models_for(plan: dict, dataset, out: pathlib.Path, log) -> tuple[dict, dict]
 # --------------------------------------------------------------------------- units
 
 
+def samples_for(params_total: int, mlp_params: list[int], config, reduction: float, plan: dict) -> int:
+    """S = max(128, 2r) for the decoupling's rank at ``reduction`` (:func:`bsd_rank`; the same S for
+    every method), at most the calibration's tokens."""
+    try:
+        rank = bsd_rank(params_total, mlp_params, config.dim, config.dim, 4, reduction)
+    except ValueError:
+        rank = 1  # infeasible: compress_model says so in the unit
+    return min(max(128, 2 * rank), plan["calib_windows"] * config.context)
+
+
+def refine_of(method: str) -> tuple[str, jb.Refine | None]:
+    """``(base method, its Refine or None)`` of a study method name (``"bsd-ref300"``)."""
+    base, steps, target, batch, lr = comparison.split_refine(method)
+    return base, (jb.Refine(steps=steps, target=target, batch_size=batch,
+                            learning_rate=lr or jb.Refine.learning_rate) if steps else None)
+
+
 def solver_config(plan: dict) -> jb.CMTFConfig:
     """The decoupling's template: cubic B-splines, ν = 4, λ = 0.25, ``plan["max_iter"]`` sweeps."""
     return DEFAULT_CONFIG.replace(lam=0.25, max_iter=plan["max_iter"])
@@ -330,9 +347,7 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = ctx["protocol_dir"] / name
     finetune = TrainConfig(**plan["finetune"], seed=seed)
-    base, refine_steps, refine_target, refine_batch, refine_lr = comparison.split_refine(method)  # "bsd-ref300"
-    refine = (jb.Refine(steps=refine_steps, target=refine_target, batch_size=refine_batch,
-                        learning_rate=refine_lr or jb.Refine.learning_rate) if refine_steps else None)
+    base, refine = refine_of(method)
     # the settings added with minibatches are left out of the tag at their full-batch values, so the
     # units saved before they existed keep their tags
     refine_tag = refine and {k: v for k, v in refine.to_dict().items()
@@ -501,13 +516,7 @@ def main(argv=None) -> int:
         order = order[: plan["blocks"]]
     mlps = [f"blocks.{i}.mlp" for i in order]
     mlp_params = [count_params(model.blocks[i].mlp) for i in order]
-    num_samples = {}
-    for rho in plan["budgets"]:  # S = max(128, 2r) for the decoupling's rank, the same S for every method
-        try:
-            rank = bsd_rank(params_original, mlp_params, model.config.dim, model.config.dim, 4, rho)
-        except ValueError:
-            rank = 1  # infeasible: compress_model says so in the unit
-        num_samples[rho] = min(max(128, 2 * rank), plan["calib_windows"] * context)
+    num_samples = {rho: samples_for(params_original, mlp_params, model.config, rho, plan) for rho in plan["budgets"]}
     log(f"lm: {params_original} parameters ({sum(mlp_params)} in the compressed MLPs {mlps}), test "
         f"{bpc_original:.4f} bpc on {len(test_ids)} characters (plain-MLP twin: {model_info['plain']['test_bpc']:.4f}); "
         f"S per ρ {num_samples}")

@@ -32,7 +32,6 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402  (first: the checkout's jaxbsd)
-import comparison  # noqa: E402
 import lm_compression as lmc  # noqa: E402
 
 import jax  # noqa: E402
@@ -87,15 +86,9 @@ def main(argv=None) -> int:
 
     records = []
     for rho in plan["budgets"]:
-        try:  # the study's S = max(128, 2r) for the decoupling's rank, for every method
-            rank = lmc.bsd_rank(P, mlp_params, original.config.dim, original.config.dim, 4, rho)
-        except ValueError:
-            rank = 1
-        num_samples = min(max(128, 2 * rank), study["calib_windows"] * context)
+        num_samples = lmc.samples_for(P, mlp_params, original.config, rho, study)
         for method in plan["methods"]:
-            base, steps, target, batch, lr = comparison.split_refine(method)
-            refine = jb.Refine(steps=steps, target=target, batch_size=batch,
-                               learning_rate=lr or jb.Refine.learning_rate) if steps else None
+            base, refine = lmc.refine_of(method)
             for seed in range(plan["seeds"]):
                 name = f"{method}-dist-rho{int(round(1000 * rho)):04d}-seed{seed}"
                 config = jb.Distill(loss="kl", temperature=plan["temperature"], steps=plan["steps"],

@@ -145,6 +145,32 @@ def method_object(name: str, cache: dict, clock: dict, max_iter: int):
     return get_method(name)
 
 
+def evaluation_set(corpus, plan: dict) -> tuple[list, list]:
+    """``(passages, pairs)``: ``plan["eval_passages"]`` passages and ``plan["eval_pairs"]`` title →
+    section pairs of the evaluation files, fixed whatever the seed (a draw with seed 0)."""
+    rng = np.random.default_rng(0)
+    passages, pairs = corpus.passages("evaluation"), corpus.pairs("evaluation")
+    passages = [passages[i] for i in np.sort(rng.choice(len(passages), plan["eval_passages"], replace=False))]
+    pairs = [pairs[i] for i in np.sort(rng.choice(len(pairs), plan["eval_pairs"], replace=False))]
+    return passages, pairs
+
+
+def reference_embeddings(original, passages, pairs, cache: pathlib.Path, log) -> tuple[dict, str]:
+    """``(embeddings, tag)``: the original encoder's :func:`~jaxbsd.models.bert.embed_eval_set` of
+    the evaluation set, read from ``cache`` when it holds this set (its ``tag``), else computed and saved."""
+    tag = hashlib.sha256(repr((passages, pairs)).encode()).hexdigest()[:16]
+    if cache.is_file():
+        with np.load(cache) as f:
+            if str(f["tag"]) == tag:
+                return {k: f[k] for k in ("passages", "titles", "sections")}, tag
+    t = common.Timer()
+    reference = B.embed_eval_set(original, passages, pairs)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, tag=tag, **reference)
+    log(f"reference embeddings: {t():.1f} s")
+    return reference, tag
+
+
 def plot(records: list[dict], plan: dict, path: pathlib.Path) -> None:
     """Mean cosine and recall@10 against the share of MLP parameters removed, per method, refined
     (solid) and not (dashed), mean ± std over the seeds done; the original's recall@10 dotted."""
@@ -212,24 +238,9 @@ def main(argv=None) -> int:
     P = count_params(original)
     P_mlp = sum(count_params(original.bert.layers[i].mlp) for i in range(6))
     corpus = load_docs_corpus()
-    rng = np.random.default_rng(0)  # the evaluation set is fixed, whatever the seed
-    passages = corpus.passages("evaluation")
-    pairs = corpus.pairs("evaluation")
-    passages = [passages[i] for i in np.sort(rng.choice(len(passages), plan["eval_passages"], replace=False))]
-    pairs = [pairs[i] for i in np.sort(rng.choice(len(pairs), plan["eval_pairs"], replace=False))]
+    passages, pairs = evaluation_set(corpus, plan)
     calibration_texts = corpus.passages("calibration")
-    ref_file = state_root / "reference.npz"
-    tag_eval = hashlib.sha256(repr((passages, pairs)).encode()).hexdigest()[:16]
-    reference = None
-    if ref_file.is_file():
-        with np.load(ref_file) as f:
-            if str(f["tag"]) == tag_eval:
-                reference = {k: f[k] for k in ("passages", "titles", "sections")}
-    if reference is None:
-        t = common.Timer()
-        reference = B.embed_eval_set(original, passages, pairs)
-        np.savez(ref_file, tag=tag_eval, **reference)
-        log(f"reference embeddings: {t():.1f} s")
+    reference, tag_eval = reference_embeddings(original, passages, pairs, state_root / "reference.npz", log)
     describe = (f"all-MiniLM-L6-v2 (P = {P} parameters, {P_mlp} in the 6 MLPs); every method compresses the 6 MLPs "
                 "back to front to a share s of the MLP parameters removed (whole-model reduction rho = s * P_mlp / P), "
                 f"uniform allocation; calibration: {plan['windows']} windows of {plan['seq_len']} tokens from the "

@@ -29,7 +29,6 @@ Writes ``<out>/minilm_distill.json`` (``minilm_distill_quick.json``), resuming u
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pathlib
 import sys
@@ -69,10 +68,7 @@ def embedding_and_layers(encoder: B.Encoder, batch: dict):
     for layer in encoder.bert.layers:
         x = layer(x, mask)
         layers.append(x)
-    emb = B.pool(x, mask, encoder.pooling)
-    if encoder.normalize:
-        emb = emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
-    return emb, tuple(layers)
+    return encoder.sentence_embedding(x, mask), tuple(layers)
 
 
 def embedding_only(encoder: B.Encoder, batch: dict):
@@ -124,14 +120,10 @@ def main(argv=None) -> int:
     P = count_params(original)
     P_mlp = sum(count_params(original.bert.layers[i].mlp) for i in range(6))
     corpus = load_docs_corpus()
-    rng = np.random.default_rng(0)  # the study's evaluation set
-    passages = corpus.passages("evaluation")
-    pairs = corpus.pairs("evaluation")
-    passages = [passages[i] for i in np.sort(rng.choice(len(passages), plan["eval_passages"], replace=False))]
-    pairs = [pairs[i] for i in np.sort(rng.choice(len(pairs), plan["eval_pairs"], replace=False))]
+    passages, pairs = study.evaluation_set(corpus, plan)
     calibration_texts = corpus.passages("calibration")
-    reference = B.embed_eval_set(original, passages, pairs)
-    tag_eval = hashlib.sha256(repr((passages, pairs)).encode()).hexdigest()[:16]
+    reference, tag_eval = study.reference_embeddings(original, passages, pairs,
+                                                     out / "state" / study_stem / "reference.npz", log)
 
     records = []
     for share in plan["shares"]:

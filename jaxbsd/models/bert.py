@@ -295,7 +295,12 @@ class Encoder(nnx.Module):
     def __call__(self, ids: jax.Array, mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
         mask = jnp.ones(ids.shape, jnp.int32) if mask is None else mask
-        emb = pool(self.bert(ids, mask, token_type_ids), mask, self.pooling)
+        return self.sentence_embedding(self.bert(ids, mask, token_type_ids), mask)
+
+    def sentence_embedding(self, hidden: jax.Array, mask: jax.Array) -> jax.Array:
+        """The pooling pipeline alone: the last layer's tokens ``hidden (B, T, d)`` and ``mask (B, T)``
+        to the embeddings ``(B, d)`` (pooled, then normalized if :attr:`normalize`)."""
+        emb = pool(hidden, mask, self.pooling)
         if self.normalize:  # torch.nn.functional.normalize: x / max(‖x‖, 1e-12)
             emb = emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
         return emb
