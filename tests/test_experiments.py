@@ -571,3 +571,25 @@ def test_full_compression_vit_cifar10_smoke_with_the_papers_table(tmp_path):
     assert d["paper"]["original"] == 75.47 and d["paper"]["BF"]["FT (3)"]["R-CMTF-BSD nu=4 d=3"] == [73.6, 0.091]
     assert len(d["runs"]) == 2 and all(len(r["steps"]) == 3 for r in d["runs"])
     assert "paper (vit + cifar10" in d["table"]
+
+
+def test_a_distillation_ablation_names_its_own_units_and_result_file():
+    """Every knob that differs from the headline plan tags the result file (an ablation never
+    overwrites the headline) and, but for the images and the variant, which the unit names already
+    carry, the unit names; the headline plan tags nothing."""
+    import distill
+
+    assert distill.knob_suffix(dict(distill.FULL), "_") == ""
+    plan = dict(distill.FULL, images=1024, learning_rate=3e-4, schedule="constant", trainable="all",
+                variants=("kl",))
+    assert distill.knob_suffix(plan, "_") == "_n1024_lr3_all_constant_kl"
+    assert distill.knob_suffix(plan, "-", skip=("images", "variants")) == "-lr3-all-constant"
+
+
+def test_the_minilm_study_cuts_the_slow_cells_beyond_their_seeds():
+    import minilm
+
+    plan = minilm.FULL
+    assert minilm._cut(plan, "bsd", 0.5, 1) and minilm._cut(plan, "auto", 0.6, 2)
+    assert not minilm._cut(plan, "bsd", 0.5, 0) and not minilm._cut(plan, "bsd", 0.7, 2)
+    assert not minilm._cut(plan, "prune", 0.5, 2) and not minilm._cut(minilm.QUICK, "bsd", 0.9, 1)
