@@ -142,11 +142,17 @@ def test_every_public_name_is_in_the_api_reference(site):
     assert names and not [n for n in names if f"jaxbsd.{n}" not in ids]
 
 
-def test_results_page_shows_every_plot(site):
-    dom = _open(site, "results/", "results")
-    shown = {pathlib.PurePosixPath(src).name for src in re.findall(r'<img[^>]+src="([^"]+\.png)"', dom)}
+#: The pages that show committed results: every plot of experiments/results/ is on one of them.
+RESULT_PAGES = ("results/", "real-models/")
+
+
+def test_results_pages_show_every_plot(site):
+    shown = set()
+    for page in RESULT_PAGES:
+        dom = _open(site, page, page.strip("/"))
+        shown |= {pathlib.PurePosixPath(src).name for src in re.findall(r'<img[^>]+src="([^"]+\.png)"', dom)}
     plots = {p.name for p in (ROOT / "experiments" / "results").glob("*.png")}
-    assert plots and plots <= shown, f"plots not on the results page: {sorted(plots - shown)}"
+    assert plots and plots <= shown, f"plots on none of the results pages {RESULT_PAGES}: {sorted(plots - shown)}"
     _, server = site
     served = {pathlib.PurePosixPath(path).name for path, code in server.requests if code == 200}
     assert plots <= served, f"plots not served: {sorted(plots - served)}"
