@@ -55,6 +55,7 @@ __all__ = [
     "checkpoint_key",
     "solve_lambdas",
     "finished_steps",
+    "resumed_seconds",
     "mean_std",
     "paired_verdict",
     "unit_done",
@@ -348,6 +349,19 @@ def finished_steps(state_dir: str | os.PathLike) -> int:
         return len(read_json(path).get("steps", []))
     except (OSError, ValueError):
         return 0
+
+
+def resumed_seconds(state_dir: str | os.PathLike) -> float:
+    """The wall seconds that the steps a ``jaxbsd.compress(state_dir=...)`` run already finished took
+    when they ran (each step's own and its after-step seconds, from ``steps.json``; 0 if none): what a
+    resumed unit adds to the seconds of the process that finishes it, so that its time is the whole
+    compression's, not the last stretch's."""
+    path = pathlib.Path(state_dir) / "steps.json"
+    try:
+        steps = read_json(path).get("steps", [])
+    except (OSError, ValueError):
+        return 0.0
+    return float(sum(s.get("seconds", 0.0) + (s.get("seconds_finetune") or 0.0) for s in steps))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

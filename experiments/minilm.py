@@ -40,7 +40,8 @@ rank, fast) to the lightest, each share as ``bsd``, ``auto``, ``bsd-ref``, ``aut
 one resumable piece of work (``<out>/state/minilm/<unit>/unit.json``; an unfinished one resumes after
 its last finished MLP); the results JSON is rewritten after every unit, so a long run can be
 stopped and resumed. Times per method: the compression's wall seconds per unit (an ``auto`` unit that reuses
-``bsd``'s build does not pay for it again: ``build_seconds`` says what a unit's own builds cost).
+``bsd``'s build does not pay for it again: ``build_seconds`` says what a unit's own builds cost); a unit
+resumed after an interruption counts the seconds its finished steps took then (``resumed_seconds``).
 
 Usage::
 
@@ -292,6 +293,7 @@ def main(argv=None) -> int:
         mask = np.ones_like(ids)
         encoder = B.from_pretrained(model_dir)
         load_start = os.getloadavg()[0]  # the times are wall seconds: what else ran beside them
+        resumed = common.resumed_seconds(unit_dir / "run")  # steps an interrupted process finished
         t = common.Timer()
         try:
             encoder, report = jb.compress_model(
@@ -302,11 +304,11 @@ def main(argv=None) -> int:
             record = dict(method=name, share=share, seed=seed, rho=rho)
             records.append(common.save_infeasible(err, record, unit_dir / "unit.json", tag, label, t(), log))
             continue
-        seconds = t()
+        seconds = t() + resumed
         t_eval = common.Timer()
         scores = B.fidelity(reference, B.embed_eval_set(encoder, passages, pairs))
         record = dict(method=name, base=method, refined=refined, share=share, seed=seed, rho=rho,
-                      reduction=report.reduction, params=report.params_after, seconds=seconds,
+                      reduction=report.reduction, params=report.params_after, seconds=seconds, resumed_seconds=resumed,
                       build_seconds=clock.get("build"), builds_reused=clock.get("reused", 0),
                       eval_seconds=t_eval(), **scores,
                       mlps=[dict(path=r.path, method=r.method, rank=r.rank, output_error=r.output_error,

@@ -593,3 +593,16 @@ def test_the_minilm_study_cuts_the_slow_cells_beyond_their_seeds():
     assert minilm._cut(plan, "bsd", 0.5, 1) and minilm._cut(plan, "auto", 0.6, 2)
     assert not minilm._cut(plan, "bsd", 0.5, 0) and not minilm._cut(plan, "bsd", 0.7, 2)
     assert not minilm._cut(plan, "prune", 0.5, 2) and not minilm._cut(minilm.QUICK, "bsd", 0.9, 1)
+
+
+def test_a_resumed_unit_counts_the_seconds_its_finished_steps_took(tmp_path):
+    """``common.resumed_seconds`` reads back what the compression's own report says its steps took
+    (the MiniLM study adds it to a resumed unit's seconds, which were once the last process's alone)."""
+    import common
+    import grouped_toy
+
+    assert common.resumed_seconds(tmp_path / "none") == 0.0
+    _, report = grouped_toy.run("prune", refine=True, state_dir=tmp_path / "run")
+    expected = sum(r.seconds + r.seconds_finetune for r in report.mlps)
+    assert len(report.mlps) == 3 and expected > 0
+    assert common.resumed_seconds(tmp_path / "run") == pytest.approx(expected, rel=1e-9)
