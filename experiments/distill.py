@@ -189,14 +189,14 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None)
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--images", type=int, default=None, help="unlabeled training images (default 4096)")
-    parser.add_argument("--steps", type=int, default=None, help="distillation steps (default 3000)")
+    parser.add_argument("--images", type=int, default=None, help=f"unlabeled training images (default {FULL['images']:,})")
+    parser.add_argument("--steps", type=int, default=None, help=f"distillation steps (default {FULL['steps']:,})")
     parser.add_argument("--lr", type=float, default=None, dest="learning_rate",
-                        help="distillation learning rate (default 3e-4)")
+                        help=f"distillation learning rate (default {FULL['learning_rate']:g})")
     parser.add_argument("--trainable", choices=("replaced", "replaced+norms", "all"), default=None,
                         help="what distillation trains (default: the replaced MLPs)")
     parser.add_argument("--schedule", choices=("constant", "cosine"), default=None,
-                        help="the learning-rate schedule (default constant)")
+                        help=f"the learning-rate schedule (default {FULL['schedule']})")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps of the cosine schedule")
     parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
     args = parser.parse_args(argv)
