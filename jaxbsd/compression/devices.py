@@ -88,8 +88,10 @@ _TRACES: dict[str, int] = {}
 
 def trace_count(what: str = "solver") -> int:
     """How many times a group program has been traced in this process: ``"solver"``
-    (:func:`decouple_group`, once per group signature) or ``"refine"``."""
-    return _TRACES.get({"solver": "_solve_block", "refine": "_refine_block"}.get(what, what), 0)
+    (:func:`decouple_group`, once per group signature, or the decoupling and refinement of
+    ``method="bsd"`` in one program) or ``"refine"`` (a refinement program of its own)."""
+    names = {"solver": ("_solve_block", "_solve_and_refine_block"), "refine": ("_refine_block",)}.get(what, (what,))
+    return sum(_TRACES.get(name, 0) for name in names)
 
 
 def _stack_on_host(members: list) -> Any:

@@ -33,15 +33,25 @@ so step ``k + 1``'s problem exists only once step ``k`` is done.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from jaxbsd.compression.devices import Devices
+from jaxbsd.compression import refine as refine_mod
+from jaxbsd.compression.devices import Devices, _solve_block, run_blocks
+from jaxbsd.compression.methods.bsd import BSD
 from jaxbsd.compression.refine import refine_group, site_refiner
-from jaxbsd.compression.sites import Site, output_error, refined_error_tokens, same_site
+from jaxbsd.compression.sites import Site, output_error, param_dtype, refined_error_tokens, same_site, \
+    selection_tokens
 from jaxbsd.compression.surgery import output_judge
+from jaxbsd.driver import _check_init, _restart_batching, problem
+from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.warm_start import _error
 
 __all__ = ["group_key", "groups", "solve_groups", "SEQUENTIAL_REASONS", "INDEPENDENT"]
 
@@ -78,10 +88,95 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
     return [members[i:i + sizes[key]] for key, members in out.items() for i in range(0, len(members), sizes[key])]
 
 
+def _solve_and_refine_block(block, shared, *, restarts: int, batch: str, selection: str, dtype: str,
+                            steps: int, refine_batch: int | None, eval_every: int):
+    """One block's decoupling and refinement in one program: the solve (restarts, warm start,
+    :func:`jaxbsd.compression.devices._solve_block`), every restart's output error on the
+    selection tokens and the restart kept (as :func:`jaxbsd.warm_start.choose_restart`: the
+    lowest finite error, the lower index on ties, by objective if none is finite), its
+    :class:`DecoupledMLP` in ``dtype``, and the refinement loop on it
+    (:func:`jaxbsd.compression.refine._refine_loop`)."""
+    key_data, prob, init, X_sel, Y_sel, X_train, Y_train, X_held, Y_held, refine_key = block
+    config, learning_rate = shared
+    res = _solve_block((key_data, prob, init), config, restarts=restarts, batch=batch)
+    count = res.restarts.objective.shape[0]
+    errors = jax.vmap(lambda i: _error(res.restart_model(i), X_sel, Y_sel))(jnp.arange(count))
+    finite = jnp.isfinite(errors)
+    errors = jnp.where(finite, errors, jnp.inf)
+    chosen = res.best_restart if selection == "objective" else jnp.where(finite.any(), jnp.argmin(errors),
+                                                                         res.best_restart)
+    module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=jnp.dtype(dtype))
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    best, refine_errors, best_step = refine_mod._refine_loop(
+        graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate,
+        jax.random.wrap_key_data(refine_key), steps=steps, batch=refine_batch, eval_every=eval_every)
+    return res, errors, chosen, rest, best, refine_errors, best_step
+
+
+def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, refiners: list,
+                       devices: Devices) -> list[tuple] | None:
+    """The decouplings of ``sites`` and the engine's refinement of each, as **one** program
+    (:func:`_solve_and_refine_block` over a leading block axis): what :meth:`BSD.build_group`
+    then :func:`refine_group` return, up to rounding, with one compile for the group instead of
+    two. None where the blocks cannot share it (a block without a warm start, problems or tokens
+    of different shapes): the caller then takes the two-program path."""
+    start = time.perf_counter()
+    preps = [method.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
+    problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
+    if any(p[3] is None for p in preps):  # the refinement's template is the warm start's module
+        return None
+    inits = [_check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
+    dtype = param_dtype(sites[0].module, sites[0].X.dtype)
+    # The refinement's operands as refine_module prepares them; the parameters (and the knots, in
+    # ``rest``) come from the program's chosen restart, the template only fixes their structure.
+    staged = [refine_mod._prepare(DecoupledMLP.from_decoupled(init, dtype=dtype), r.X, r.Y, r.config, r.key, r.held)
+              for init, r in zip(inits, refiners)]
+    chosen_tokens = [selection_tokens(site) for site in sites]
+    blocks = [(jax.random.key_data(key), prob, init, jnp.asarray(X), jnp.asarray(Y), *prep.operands[2:6],
+               jax.random.key_data(prep.operands[7]))
+              for key, prob, init, (X, Y, _), prep in zip(keys, problems, inits, chosen_tokens, staged)]
+
+    def signature(i):
+        leaves = jax.tree_util.tree_leaves(blocks[i])
+        return (jax.tree_util.tree_structure(blocks[i]), tuple((jnp.shape(a), jnp.result_type(a)) for a in leaves),
+                preps[i][2], staged[i].graphdef, staged[i].batch, staged[i].every, refiners[i].config)
+
+    if any(signature(i) != signature(0) for i in range(1, len(sites))):
+        return None
+    first = staged[0]
+    out = run_blocks(_solve_and_refine_block, blocks, (preps[0][2], first.operands[6]), devices,
+                     restarts=method.restarts, batch=_restart_batching(None, method.restarts),
+                     selection=method.selection, dtype=jnp.dtype(dtype).name, steps=refiners[0].config.steps,
+                     refine_batch=first.batch, eval_every=first.every)
+    share = (time.perf_counter() - start) / len(sites)
+    builds = []
+    for site, prep, init, stage, refiner, (res, errors, _, rest, best, refine_errors, best_step) in zip(
+            sites, preps, inits, staged, refiners, out):
+        jac, kind, _, _, info = prep
+        built, info = method.finish(site, res, True, kind, info, time.perf_counter(),
+                                    output_errors=np.asarray(errors, np.float64))
+        stage = dataclasses.replace(stage, operands=(best, rest, *stage.operands[2:]))
+        module, refine_info = refine_mod._finish(stage, refiner.config, best, refine_errors, best_step,
+                                                 time.perf_counter())
+        info["seconds"] += share  # the group's one program, shared evenly: the solve and the refinement
+        refine_info["seconds"] = 0.0
+        refine_info["program"] = "the decoupling's (one program for the solve and the refinement)"
+        builds.append((module, dict(info, refine=refine_info)))
+    return builds
+
+
 def _refine_all(modules, refiners, devices):
     if len(modules) == 1:
         return [refiners[0](modules[0])]
     return refine_group(modules, refiners, devices)
+
+
+def _fused(method, pending, sites, rank_of, build_key, refiners, devices) -> list[tuple] | None:
+    """The builds of :func:`_bsd_refined_group` for ``method="bsd"`` refined by the engine, else None."""
+    if type(method) is not BSD or any(refiners[s] is None for s, _ in pending):
+        return None
+    return _bsd_refined_group(method, [sites[p] for _, p in pending], [rank_of[p] for _, p in pending],
+                              [build_key(p, s) for s, p in pending], [refiners[s] for s, _ in pending], devices)
 
 
 def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of: dict[str, Any],
@@ -123,6 +218,8 @@ def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of:
             judge = output_judge(model, path, *judges[step]) if step in judges else None
             builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
                                         refine=refiners[step] if method.refines_candidates else None)
+        elif pending and (fused := _fused(method, pending, sites, rank_of, build_key, refiners, devices)):
+            builds.update(zip([s for s, _ in pending], fused))
         elif pending:
             refs = [refiners[s] for s, _ in pending]
             results = method.build_group(
@@ -132,7 +229,8 @@ def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of:
                 refine_group=lambda modules, rs: refine_group(modules, rs, devices), devices=devices)
             builds.update(zip([s for s, _ in pending], results))
         # The engine's refinement stage, for the methods that do not refine their candidates.
-        staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates]
+        staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
+                  and "refine" not in builds[s][1]]
         if staged:
             refined = _refine_all([builds[s][0] for s in staged], [refiners[s] for s in staged], devices)
             for s, (module, refine_info) in zip(staged, refined):

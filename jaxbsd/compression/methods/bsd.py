@@ -139,10 +139,12 @@ class BSD(Method):
         init = self._init(site, int(rank), config, info)
         return jac, kind, config, init, info
 
-    def finish(self, site: Site, res, warm: bool, kind: str, info: dict, start: float) -> Build:
+    def finish(self, site: Site, res, warm: bool, kind: str, info: dict, start: float,
+               output_errors: np.ndarray | None = None) -> Build:
         """The replacement from the solver's result ``res``: the restart kept by ``selection``,
-        as a :class:`DecoupledMLP`, with its report fields."""
-        chosen = _choose_restart(res, site, self.selection, warm=warm, info=info)
+        as a :class:`DecoupledMLP`, with its report fields (``output_errors``: the restarts'
+        errors on the selection tokens where a program computed them already)."""
+        chosen = _choose_restart(res, site, self.selection, warm=warm, info=info, errors=output_errors)
         module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=param_dtype(site.module, site.X.dtype))
         pick = lambda a: a[chosen]  # noqa: E731
         info.update(error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
@@ -216,10 +218,11 @@ def sampling_notes(site: Site, rank: int) -> str | None:
     return "; ".join(notes) or None
 
 
-def _choose_restart(res, site: Site, selection: str, *, warm: bool, info: dict) -> int:
-    """The restart kept (by ``selection``), with what to report about the choice (into ``info``)."""
+def _choose_restart(res, site: Site, selection: str, *, warm: bool, info: dict, errors=None) -> int:
+    """The restart kept (by ``selection``), with what to report about the choice (into ``info``);
+    ``errors``: the restarts' output errors on the selection tokens, if computed already."""
     X, Y, kind = selection_tokens(site)
-    errors = restart_output_errors(res, X, Y)
+    errors = restart_output_errors(res, X, Y) if errors is None else np.where(np.isfinite(errors), errors, np.inf)
     chosen = choose_restart(res, selection, errors)
     by_output = choose_restart(res, "output", errors)
     count = errors.shape[0]
