@@ -10,8 +10,9 @@ each compiles from cold, and its peak memory is its own), the two modes alternat
 ``rounds`` rounds: a first run (compiles included), then ``repeats`` timed runs. Reported per
 mode (medians over the rounds): the first run's and the steady wall time, the XLA backend
 compiles of the first run (``jax.monitoring``), those of the solver's and the refinement's
-programs by name, and the process's peak resident memory. Ratios are one block at a time /
-grouped.
+programs by name, where the first run's compile time goes (tracing, lowering, XLA's compile, and
+XLA's compile of those programs alone), and the process's peak resident memory. Ratios are one
+block at a time / grouped.
 
 Also: the exported CUDA program of a group of 6 blocks × 4 restarts (``jax.export``, lowered on
 this CPU): its count of device-side loops; and the sweep as a multiple of this machine's GEMM
@@ -49,6 +50,10 @@ MODELS = {"vit": dict(blocks=6, m=64, H=256, rank=40, tokens=(32, 64)),
 #: The programs of the solve and the refinement: one block at a time's (jaxbsd.driver, refine) and
 #: a group's (jaxbsd.compression.devices._program).
 SOLVER_PROGRAMS = ("jit(_decouple_compiled)", "jit(_refine_loop)", "jit(program)")
+#: jax.monitoring's compile events, by the stage a first run's profile names them.
+COMPILE_STAGES = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+                  "/jax/core/compile/backend_compile_duration": "XLA compile"}
 #: A MiniLM MLP (all-MiniLM-L6-v2: 384 → 1536 → 384) and the real-model study's ranks (s = 0.9, 0.7, 0.5).
 MINILM = dict(S=256, m=384, H=1536)
 MINILM_RANKS = (153, 459, 765)
@@ -170,12 +175,19 @@ def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
 
     compiles = [0]
     by_name: dict[str, int] = {}
+    # Where a first run's compile time goes: tracing to a jaxpr, lowering it, XLA's compile (all
+    # programs, and the solver's and refinement's alone).
+    seconds = {stage: 0.0 for stage in (*COMPILE_STAGES.values(), "solver programs (XLA)")}
 
-    def on_event(event, _secs, **kw):
+    def on_event(event, secs, **kw):
+        name = str(kw.get("fun_name", "?"))
+        if event in COMPILE_STAGES:
+            seconds[COMPILE_STAGES[event]] += secs
         if event == "/jax/core/compile/backend_compile_duration":
             compiles[0] += 1
-            name = str(kw.get("fun_name", "?"))
             by_name[name] = by_name.get(name, 0) + 1
+            if name in SOLVER_PROGRAMS:
+                seconds["solver programs (XLA)"] += secs
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
 
@@ -221,7 +233,7 @@ def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
 
     t0 = time.perf_counter()
     once()
-    first, first_compiles = time.perf_counter() - t0, compiles[0]
+    first, first_compiles, first_seconds = time.perf_counter() - t0, compiles[0], dict(seconds)
     programs = {name: k for name, k in by_name.items() if name in SOLVER_PROGRAMS}
     steady = []
     for _ in range(repeats):
@@ -229,7 +241,7 @@ def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
         once()
         steady.append(time.perf_counter() - t0)
     return {"mode": mode, "first": first, "steady": steady, "compiles": first_compiles, "solver_programs": programs,
-            "compiles_steady": compiles[0] - first_compiles,
+            "compiles_steady": compiles[0] - first_compiles, "compile_seconds": first_seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -259,6 +271,7 @@ def main(argv=None) -> int:
     summary = {mode: {"first": med(r["first"] for r in rs), "steady": med(t for r in rs for t in r["steady"]),
                       "compiles": med(r["compiles"] for r in rs), "solver_programs": rs[0]["solver_programs"],
                       "peak_rss_mib": med(r["peak_rss_mib"] for r in rs),
+                      "compile_seconds": {k: med(r["compile_seconds"][k] for r in rs) for k in rs[0]["compile_seconds"]},
                       "first_runs": [r["first"] for r in rs]} for mode, rs in runs.items()}
     seq, grp = summary["sequential"], summary["grouped"]
     ratios = {"first_run": seq["first"] / grp["first"], "steady_median": seq["steady"] / grp["steady"],
@@ -271,6 +284,9 @@ def main(argv=None) -> int:
     print(f"{'XLA compiles, first run':34s}{seq['compiles']:16.0f}{grp['compiles']:12.0f}{ratios['compiles']:9.2f}")
     print(f"{'  solver + refinement programs':34s}{sum(seq['solver_programs'].values()):16d}"
           f"{sum(grp['solver_programs'].values()):12d}   {seq['solver_programs']} | {grp['solver_programs']}")
+    for stage in seq["compile_seconds"]:
+        a, b = seq["compile_seconds"][stage], grp["compile_seconds"][stage]
+        print(f"{'  first run: ' + stage + ', s':34s}{a:16.2f}{b:12.2f}{a / max(b, 1e-9):9.2f}")
     print(f"{'peak RSS, MiB':34s}{seq['peak_rss_mib']:16.0f}{grp['peak_rss_mib']:12.0f}{ratios['peak_rss']:9.2f}")
     from jaxbsd.io import provenance, write_json_atomic
     import jax

@@ -41,7 +41,7 @@ def compressed(method, refine, group, dtype=jnp.float64):
     """``(outputs (3, 64, 12), report, solver traces, refinement traces)`` of one run of the toy model
     (the group programs built afresh, so that a program another case traced first is traced again;
     the compiled code comes from the compilation cache)."""
-    dv._program.cache_clear()
+    dv._program.cache_clear(), dv._one_block_program.cache_clear()
     solver, refining = dv.trace_count("solver"), dv.trace_count("refine")
     model, report = toy.run(method, refine=refine, group=group, dtype=dtype)
     return (toy.outputs(model, dtype), report, dv.trace_count("solver") - solver,

@@ -110,11 +110,13 @@ def _to_global(x, sharding: NamedSharding):
 
 def vectorized(devices: "Devices") -> bool:
     """Whether a group's blocks are vmapped (accelerators: one batched program step for all
-    blocks, as the restarts) or run one after the other inside the program (the CPU: ``lax.map``,
-    the same arithmetic as one block at a time, one compile and one dispatch for the group; the
-    CPU has no idle lanes for a batch to fill, and its batched LAPACK kernels are what
-    :func:`jaxbsd.cmtf._batch_polymorphic` avoids). Decided in Python from the devices the
-    program runs on, so only the chosen form is traced and compiled."""
+    blocks, as the restarts) or run one after the other (the CPU: the same arithmetic as one
+    block at a time, one compile for the group; the CPU has no idle lanes for a batch to fill,
+    and its batched LAPACK kernels are what :func:`jaxbsd.cmtf._batch_polymorphic` avoids).
+    On the CPU without a mesh, :func:`run_blocks` runs the one-block program on each block in
+    turn; with a mesh, each device's share is a ``lax.map`` inside the sharded program. Decided
+    in Python from the devices the program runs on, so only the chosen form is traced and
+    compiled."""
     platform = jax.default_backend() if devices.mesh is None else devices.mesh.devices.flat[0].platform
     return platform != "cpu"
 
@@ -140,11 +142,26 @@ def _program(fn: Callable, statics: tuple, mesh: Mesh | None, axis: str | None, 
     return jax.jit(mapped, out_shardings=NamedSharding(mesh, P()))
 
 
+@functools.lru_cache(maxsize=None)
+def _one_block_program(fn: Callable, statics: tuple) -> Callable:
+    """The jitted program ``(block, shared) -> output`` of ``fn(block, shared, **statics)`` for one
+    block; cached, so a group signature is traced and compiled once."""
+    one = functools.partial(fn, **dict(statics))
+
+    def program(block, shared):
+        _TRACES[fn.__name__] = _TRACES.get(fn.__name__, 0) + 1  # Python runs once per trace
+        return one(block, shared)
+
+    return jax.jit(program)
+
+
 def run_blocks(fn: Callable, members: list, shared: Any, devices: Devices = Devices(), **statics) -> list:
     """``fn(block, shared, **statics)`` for every block of ``members`` (pytrees of one structure
     and shapes), as one program; one output per block.
 
-    The blocks are stacked on a leading block axis on the host and the outputs split there
+    On the CPU without a mesh (:func:`vectorized`), the one-block program is compiled once and
+    run on each block in turn. Otherwise the blocks are stacked on a leading block axis on the
+    host and the outputs split there
     (numpy: no device program, so nothing to compile per group structure; stacking inside the
     group's program measured 2–3 s more compile on this CPU). With a mesh, the block axis is
     padded to a multiple of the devices on ``devices.axis`` (by repeating the last block; the
@@ -152,6 +169,12 @@ def run_blocks(fn: Callable, members: list, shared: Any, devices: Devices = Devi
     every process (they are: every process of an SPMD run captured the same tokens), and the
     outputs are gathered onto every device.
     """
+    if devices.mesh is None and not vectorized(devices):
+        # The CPU without a mesh: the one-block program, compiled once for the group and run on
+        # each block in turn (a lax.map over the blocks in one program did the same arithmetic but
+        # took XLA ~1.7x longer to compile than the one-block programs: benchmarks/grouped.py).
+        one = _one_block_program(fn, tuple(sorted(statics.items())))
+        return [one(jax.device_put(member), shared) for member in members]
     program = _program(fn, tuple(sorted(statics.items())), devices.mesh, devices.axis_name, vectorized(devices))
     G = len(members)
     blocks = _stack_on_host(members)

@@ -8,10 +8,13 @@ problems stacked on a leading block axis and solved by one program, vmapped like
 (:func:`jaxbsd.compression.devices.run_blocks`), its block axis sharded over a mesh when one is
 given. A group holds
 
-* the decoupling, its random restarts, its warm start and the selection by the objective (the
-  held-out selection evaluates each block's restarts after the program);
+* the decoupling, its random restarts, its warm start and the selection of a restart (by the
+  objective; the held-out selection inside the program where the engine refines, after it
+  otherwise);
 * ``auto``'s two candidates, and the refinement of each (one program per candidate kind);
-* the engine's refinement stage (one program for the group's replacements).
+* the engine's refinement stage (one program for the group's replacements; for ``method="bsd"``
+  the decoupling's own program, which solves, keeps a restart and refines it: one compile for the
+  group, :func:`_bsd_refined_group`).
 
 Host computations stay per block: the pruning's float64 least squares (and the warm start built
 from it), the low-rank baselines' SVDs (each a jitted program compiled once per shape, not per

@@ -133,6 +133,10 @@ def _grouped_comparison(d: dict) -> list[str]:
         ["steady run (compiled)", f"{seq['steady']:.2f} s", f"{grp['steady']:.2f} s", f"{ratio['steady_median']:.2f}×"],
         ["XLA compiles, first run", f"{seq['compiles']:.0f}", f"{grp['compiles']:.0f}", f"{ratio['compiles']:.2f}×"],
         ["of which the solve's and refinement's programs", programs(seq), programs(grp), "—"],
+        # where the first run's compile time goes (benchmarks run before this profile have none)
+        *([[f"first run: {stage}", f"{seq['compile_seconds'][stage]:.1f} s", f"{grp['compile_seconds'][stage]:.1f} s",
+            f"{seq['compile_seconds'][stage] / max(grp['compile_seconds'][stage], 1e-9):.2f}×"]
+           for stage in seq["compile_seconds"]] if "compile_seconds" in seq else []),
         ["peak resident memory", f"{seq['peak_rss_mib']:.0f} MiB", f"{grp['peak_rss_mib']:.0f} MiB",
          f"{ratio['peak_rss']:.2f}×"],
     ]
