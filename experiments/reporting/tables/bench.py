@@ -106,6 +106,27 @@ def refine_benchmark_table() -> str:
 
 
 class GroupedBenchmark(Result):
+    def says(self) -> str:
+        """The comparison as prose: the first run against one block at a time (not slower when the
+        grouped median is within the spread of one block at a time's own rounds), the compiled run,
+        the solver programs compiled, and where the first run's time goes."""
+        seq, grp, ratio = self.json["results"]["sequential"], self.json["results"]["grouped"], self.json["ratios"]
+        same = grp["first"] <= max(seq["first_runs"])
+        n_seq, n_grp = sum(seq["solver_programs"].values()), sum(grp["solver_programs"].values())
+        text = (f"The first run, compiles included, takes {seq['first']:.1f} s one block at a time and "
+                f"{grp['first']:.1f} s grouped ({ratio['first_run']:.2f}×): "
+                + ("**not slower**, within the spread of one block at a time's own rounds "
+                   f"({', '.join(f'{x:.1f}' for x in seq['first_runs'])} s)" if same else "**slower**")
+                + f"; the compiled run takes {seq['steady']:.2f} s and {grp['steady']:.2f} s "
+                f"({ratio['steady_median']:.2f}×). The solve's and refinement's programs compiled: {n_seq} one block "
+                f"at a time (one per method step, reused by every block of the shape), {n_grp} grouped")
+        if "compile_seconds" in seq:
+            cs, cg = seq["compile_seconds"], grp["compile_seconds"]
+            text += (f". XLA's compile is most of a first run: {cs['XLA compile']:.1f} s of {seq['first']:.1f} s one "
+                     f"block at a time, {cg['XLA compile']:.1f} s of {grp['first']:.1f} s grouped, of which the solver "
+                     f"programs' {cs['solver programs (XLA)']:.1f} s and {cg['solver programs (XLA)']:.1f} s")
+        return text + "."
+
     def sweep_part(self, rank: str, part: str) -> float:
         """Seconds of ``part`` in the profile of the MiniLM-size sweep row at ``rank`` (``"r=765"``)."""
         rows = [r for r in self.json["sweep_vs_bound"] if f"MiniLM MLP, {rank}]" in r["name"]]
