@@ -187,3 +187,22 @@ def grouped_benchmark_table() -> str:
                            f"{r['ratio']:.2f}×"])
     notes = "\n".join(f"- {r['name']}: {r['note']}" for r in d["sweep_vs_bound"])
     return "\n".join([*out, "", export, "", md(["sweep", "per sweep", "GEMM bound", "multiple"], sweep_rows), "", notes])
+
+
+@table("minilm-benchmark")
+def minilm_benchmark_table() -> str:
+    """``benchmarks/minilm.json``: one MiniLM MLP decoupled at each rank of the real-model study, in
+    seconds and as a multiple of its matmul bound, beside pruning it to the same budget."""
+    path = committed.BENCHMARKS / "minilm.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/minilm.py`)."
+    d = json.loads(path.read_text())
+    rows = [[f"{r['details']['share']:g}", str(r["details"]["rank"]), bench_value(r["ours"], "s"),
+             bench_value(r["reference"], "s"), f"{r['ratio']:.2f}×", bench_value(r["details"]["seconds_prune"], "s"),
+             f"{r['details']['output_error_decouple']:.4f}", f"{r['details']['output_error_prune']:.4f}"]
+            for r in d["rows"]]
+    head = (source_line(d) + f" Device: {d.get('device', '?')}. `bert.layers.3.mlp` of all-MiniLM-L6-v2, "
+            "`jb.BSD()` (300 sweeps, warm start, held-out selection) and `jb.Prune()` at the same budget, compiled, "
+            "float32; bound = the GEMM work of the sweeps through the structured Jacobian at this run's GEMM rate.")
+    return "\n".join([head, "", md(["MLP share removed", "rank", "decoupling", "matmul bound", "multiple", "pruning",
+                                    "output error (B-splines)", "output error (pruning)"], rows)])
