@@ -52,7 +52,7 @@ from jaxbsd.compression.refine import refine_group, site_refiner
 from jaxbsd.compression.sites import Site, output_error, param_dtype, refined_error_tokens, same_site, \
     selection_tokens
 from jaxbsd.compression.surgery import output_judge
-from jaxbsd.driver import _check_init, _restart_batching, problem
+from jaxbsd.driver import _restart_batching
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import _error
 
@@ -124,11 +124,9 @@ def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, 
     two. None where the blocks cannot share it (a block without a warm start, problems or tokens
     of different shapes): the caller then takes the two-program path."""
     start = time.perf_counter()
-    preps = [method.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
-    problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
-    if any(p[3] is None for p in preps):  # the refinement's template is the warm start's module
+    preps, problems, inits = method.group_inputs(sites, ranks)
+    if any(init is None for init in inits):  # the refinement's template is the warm start's module
         return None
-    inits = [_check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
     dtype = param_dtype(sites[0].module, sites[0].X.dtype)
     # The refinement's operands as refine_module prepares them; the parameters (and the knots, in
     # ``rest``) come from the program's chosen restart, the template only fixes their structure.

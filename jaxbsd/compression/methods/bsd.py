@@ -164,6 +164,14 @@ class BSD(Method):
         res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init)
         return self.finish(site, res, init is not None, kind, info, start)
 
+    def group_inputs(self, sites, ranks) -> tuple[list, list, list]:
+        """``(preps, problems, inits)`` of several sites: :meth:`prepare` of each, its validated
+        :class:`~jaxbsd.cmtf.Problem`, and its validated warm start (None where it has none)."""
+        preps = [self.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
+        problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
+        inits = [None if p[3] is None else _check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
+        return preps, problems, inits
+
     def build_group(self, sites, ranks, keys, *, judges=None, refiners=None, refine_group=None,
                     devices=None) -> list[Build]:
         """The decouplings of several sites of one shape and rank, solved as one program with a
@@ -172,9 +180,7 @@ class BSD(Method):
         block after it, as :meth:`build` does. Sites whose problems differ in structure (a warm
         start for some only, say) are solved in one program per structure."""
         start = time.perf_counter()
-        preps = [self.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
-        problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
-        inits = [None if p[3] is None else _check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
+        preps, problems, inits = self.group_inputs(sites, ranks)
         buckets: dict = {}
         for i, (prep, prob, init) in enumerate(zip(preps, problems, inits)):
             signature = (jax.tree_util.tree_structure((prob, init)), prep[2],
