@@ -127,10 +127,9 @@ def _program(fn: Callable, statics: tuple, mesh: Mesh | None, axis: str | None, 
     over the leading axis of ``blocks``, vmapped or ``lax.map``-ped (:func:`vectorized`), and
     shard-mapped over ``axis`` of ``mesh`` when there is one; cached, so a group signature is
     traced and compiled once."""
-    one = functools.partial(fn, **dict(statics))
+    one = _counted(fn, statics)
 
     def program(blocks, shared):
-        _TRACES[fn.__name__] = _TRACES.get(fn.__name__, 0) + 1  # Python runs once per trace
         if vectorize:
             return jax.vmap(one, in_axes=(0, None))(blocks, shared)
         return jax.lax.map(lambda block: one(block, shared), blocks)
@@ -146,13 +145,18 @@ def _program(fn: Callable, statics: tuple, mesh: Mesh | None, axis: str | None, 
 def _one_block_program(fn: Callable, statics: tuple) -> Callable:
     """The jitted program ``(block, shared) -> output`` of ``fn(block, shared, **statics)`` for one
     block; cached, so a group signature is traced and compiled once."""
+    return jax.jit(_counted(fn, statics))
+
+
+def _counted(fn: Callable, statics: tuple) -> Callable:
+    """``fn(block, shared, **statics)`` that counts its traces (:func:`trace_count`)."""
     one = functools.partial(fn, **dict(statics))
 
-    def program(block, shared):
+    def traced(block, shared):
         _TRACES[fn.__name__] = _TRACES.get(fn.__name__, 0) + 1  # Python runs once per trace
         return one(block, shared)
 
-    return jax.jit(program)
+    return traced
 
 
 def run_blocks(fn: Callable, members: list, shared: Any, devices: Devices = Devices(), **statics) -> list:
