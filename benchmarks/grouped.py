@@ -48,8 +48,10 @@ if str(HERE.parent) not in sys.path:
 MODELS = {"vit": dict(blocks=6, m=64, H=256, rank=40, tokens=(32, 64)),
           "minilm": dict(blocks=6, m=384, H=1536, rank=153, tokens=(32, 128))}
 #: The programs of the solve and the refinement: one block at a time's (jaxbsd.driver, refine) and
-#: a group's (jaxbsd.compression.devices._program).
-SOLVER_PROGRAMS = ("jit(_decouple_compiled)", "jit(_refine_loop)", "jit(program)")
+#: a group's (on the CPU without a mesh the one-block program of jaxbsd.compression.devices.run_blocks,
+#: named after the function it runs; otherwise jaxbsd.compression.devices._program).
+SOLVER_PROGRAMS = ("jit(_decouple_compiled)", "jit(_refine_loop)", "jit(_solve_and_refine_block)", "jit(_solve_block)",
+                   "jit(program)")
 #: jax.monitoring's compile events, by the stage a first run's profile names them.
 COMPILE_STAGES = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
@@ -278,8 +280,8 @@ def main(argv=None) -> int:
               "compiles": seq["compiles"] / max(grp["compiles"], 1), "peak_rss": seq["peak_rss_mib"] / grp["peak_rss_mib"]}
     print(f"{'':34s}{'one at a time':>16s}{'grouped':>12s}{'ratio':>9s}")
     print(f"{'first run (compiles), s':34s}{seq['first']:16.2f}{grp['first']:12.2f}{ratios['first_run']:9.2f}")
-    print(f"{'  (each round)':34s}{' '.join(f'{x:.1f}' for x in seq['first_runs']):>16s}"
-          f"{' '.join(f'{x:.1f}' for x in grp['first_runs']):>12s}")
+    print(f"{'  (each round)':34s}{' '.join(f'{x:.1f}' for x in seq['first_runs'])}   |   "
+          f"{' '.join(f'{x:.1f}' for x in grp['first_runs'])}")
     print(f"{'steady run (median), s':34s}{seq['steady']:16.2f}{grp['steady']:12.2f}{ratios['steady_median']:9.2f}")
     print(f"{'XLA compiles, first run':34s}{seq['compiles']:16.0f}{grp['compiles']:12.0f}{ratios['compiles']:9.2f}")
     print(f"{'  solver + refinement programs':34s}{sum(seq['solver_programs'].values()):16d}"

@@ -156,6 +156,7 @@ def _counted(fn: Callable, statics: tuple) -> Callable:
         _TRACES[fn.__name__] = _TRACES.get(fn.__name__, 0) + 1  # Python runs once per trace
         return one(block, shared)
 
+    traced.__name__ = traced.__qualname__ = fn.__name__  # the program's name in profiles: jit(<fn>)
     return traced
 
 
