@@ -349,3 +349,37 @@ def test_the_refinement_tables_and_figures_render_from_refined_results(tmp_path,
     assert d50 == pytest.approx(-report.AUTO_MARGIN, abs=1e-9)
     within = re.search(r"0\.5 \((−?\d+\.\d+) against the refined warm-started B-spline decoupling", holds)
     assert within is not None and _signed(within[1]) == pytest.approx(d50, abs=0.006), holds
+
+
+def _distill_payload(acc: dict) -> dict:
+    """A distillation study's payload: ``acc[method] = (distilled per seed, refined per seed)``."""
+    runs = [{"method": m, "variant": "kl+blocks", "reduction": 0.5, "seed": s, "status": "ok", "accuracy": a,
+             "accuracy_refined": r, "images": 16384}
+            for m, (dist, ref) in acc.items() for s, (a, r) in enumerate(zip(dist, ref))]
+    return {"plan": {"methods": list(acc), "budgets": [0.5]}, "accuracy_original": 88.0, "runs": runs, "rows": []}
+
+
+@pytest.mark.parametrize("auto, holds", [
+    ((87.0, 87.15, 86.85), False),  # about 0.5 below pruning on every seed: significant
+    ((87.45, 87.55, 87.35), True),  # 0.05 below: inside the margin
+    ((86.9, 88.1, 87.0), True),     # 0.33 below on the mean, but not significantly (p >= 0.05)
+    ((87.0, 87.5, 86.8), True),     # 0.4 below on every seed, p about 0.12: still not significant
+])
+def test_the_distilled_auto_rule_is_a_paired_test_against_the_best_single_method(auto, holds):
+    from scipy import stats
+
+    from reporting.tables.distill import Distillation
+
+    prune, svd = (87.5, 87.6, 87.4), (80.0, 80.0, 80.0)
+    d = Distillation(_distill_payload({"prune-ref300": (prune, (86.0,) * 3), "svd-ref300": (svd, (79.0,) * 3),
+                                       "auto-ref300": (auto, (86.0,) * 3)}))
+    rule = d.auto_rule(0.5)
+    assert rule.against == "prune-ref300"  # the best single method by mean, not svd
+    p = stats.ttest_rel(auto, prune).pvalue
+    assert rule.diff == pytest.approx(np.mean(auto) - np.mean(prune))
+    assert rule.holds is holds and holds == bool(np.mean(auto) - np.mean(prune) >= -0.1 or p >= 0.05)
+    assert d.auto_says().startswith("**holds**" if holds else "**fails**")
+    assert "refined pruning" in d.auto_says() and "SVD" in d.auto_says()
+    # Without auto, or without another method, there is no rule to state.
+    assert Distillation(_distill_payload({"prune-ref300": (prune, prune)})).auto_rule(0.5) is None
+    assert "not measured" in Distillation(_distill_payload({"auto-ref300": (auto, auto)})).auto_says()

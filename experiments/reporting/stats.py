@@ -203,14 +203,18 @@ AUTO_MARGIN = 0.1
 class AutoRule:
     """Issue 37's rule for ``auto`` at one ρ: ``auto`` (refined) against the better (by mean) of
     the refined B-spline decoupling and refined pruning, paired over seeds; ``holds`` when auto ≥
-    that − :data:`AUTO_MARGIN` or the paired difference is not significant (p ≥ 0.05)."""
+    that − :data:`AUTO_MARGIN` or the paired difference is not significant (p ≥ 0.05).
+    ``auto``, ``candidates`` and ``setting`` name other units (issue 43: distilled ``auto``
+    against every single method distilled, in one variant)."""
 
-    def __init__(self, study: "Study", rho: float, steps: int = REFINE_STEPS):
-        auto, candidates = refined("auto", steps), [refined(m, steps) for m in ("bsd-warm", "prune")]
+    def __init__(self, study: "Study", rho: float, steps: int = REFINE_STEPS, *, auto: str | None = None,
+                 candidates: Iterable[str] | None = None, setting=None):
+        auto = auto or refined("auto", steps)
+        candidates = list(candidates) if candidates is not None else [refined(m, steps) for m in ("bsd-warm", "prune")]
         self.rho = rho
-        self.against = max(candidates, key=lambda m: study.mean(m, rho))
-        self.paired = study.vs(auto, self.against, rho)
-        self.diff = study.mean(auto, rho) - study.mean(self.against, rho)
+        self.against = max(candidates, key=lambda m: study.mean(m, rho, setting=setting))
+        self.paired = study.vs(auto, self.against, rho, setting=setting)
+        self.diff = study.mean(auto, rho, setting=setting) - study.mean(self.against, rho, setting=setting)
         # Means of accuracies with two decimals: compare at the precision they carry.
         self.holds = bool(round(self.diff, 6) >= -AUTO_MARGIN or not self.paired.p < 0.05)
 

@@ -12,7 +12,7 @@ from ..committed import source_line
 from ..formats import md, num, pct, pm
 from ..names import prose_name
 from ..registry import SOURCES, source, table
-from ..stats import Paired, Study
+from ..stats import AutoRule, Paired, Study
 
 #: The studies' result files: the headline of each model (the script's full plan) first.
 HEADLINES = ("distill_vit_fashion-mnist.json", "distill_deit_usps.json")
@@ -80,6 +80,44 @@ class Distillation(Study):
                 f"stops {num(self.gap_refined(method, rho, variant))} points below (paired gain {gain.d}, {gain.pv}). "
                 f"Issue 43's target, within {target:g} point{'s' * (target != 1)}: "
                 + ("**met**" if gap <= target else "**missed**") + ("." if n >= 3 else " (fewer than 3 seeds so far)."))
+
+
+    def methods(self, rho: float, variant: str) -> list[str]:
+        """The methods with distilled runs at ρ in ``variant``, in the plan's order."""
+        return [m for m in self.json["plan"]["methods"] if self._runs(m, rho, variant)]
+
+    def methods_say(self, rho: float, variant: str = "kl+blocks") -> str:
+        """Every method at ρ as prose, best distilled first: "refined pruning 86.67 → 87.70 % (gap
+        0.72 points, gain +1.03, p = 0.0016; 3 seeds), ..."."""
+        items = []
+        for m in sorted(self.methods(rho, variant), key=lambda m: -self.mean(m, rho, setting=variant)):
+            n, gain = len(self.seeds(m, rho, setting=variant)), self.gain(m, rho, variant)
+            items.append(f"{prose_name(m)} {num(self.mean(m, rho, 'accuracy_refined', setting=variant))} → "
+                         f"{pct(self.mean(m, rho, setting=variant))} (gap {num(self.gap(m, rho, variant))} points, "
+                         f"gain {gain.dp}; {n} seed{'s' * (n != 1)})")
+        return "; ".join(items)
+
+    def auto_rule(self, rho: float, variant: str = "kl+blocks", auto: str = "auto-ref300") -> AutoRule | None:
+        """Issue 43's rule for ``auto`` with distillation at ρ: distilled ``auto`` against the best
+        single method distilled (by mean; every other method of the study at ρ), paired over seeds
+        (:class:`~experiments.reporting.stats.AutoRule`); None unless ``auto`` and another method ran."""
+        others = [m for m in self.methods(rho, variant) if m != auto]
+        if not self._runs(auto, rho, variant) or not others:
+            return None
+        return AutoRule(self, rho, auto=auto, candidates=others, setting=variant)
+
+    def auto_says(self, variant: str = "kl+blocks") -> str:
+        """The rule at every ρ measured, as prose: "holds at ρ = 0.5 (−0.05 against refined
+        pruning, p = 0.40)" or "fails at ...", with the methods it was measured against."""
+        rules = [r for r in (self.auto_rule(rho, variant) for rho in self.json["plan"]["budgets"]) if r is not None]
+        if not rules:
+            return "not measured yet (no distilled `auto` beside another distilled method)"
+        others = sorted({m for r in rules for m in self.methods(r.rho, variant) if m != "auto-ref300"})
+        parts = [f"**{'holds' if ok else 'fails'}** at ρ = " + ", ".join(f"{r.rho:g} ({r})" for r in rules if r.holds == ok)
+                 for ok in (True, False) if any(r.holds == ok for r in rules)]
+        n = min(len(self.seeds("auto-ref300", r.rho, setting=variant)) for r in rules)
+        return ("; it ".join(parts) + f", against the best of {', '.join(prose_name(m) for m in others)} distilled"
+                + (" (fewer than 3 seeds so far)" if n < 3 else ""))
 
 
 for _name in HEADLINES:
