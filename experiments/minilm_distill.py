@@ -15,12 +15,16 @@ files (another draw than the calibration's; the evaluation files are never read)
 
 The evaluation is the study's (256 held-out passages, 300 title → section pairs of the evaluation
 files; mean cosine to the original's embeddings, top-10 neighbour overlap, recall@1/@10), for the
-refined model and the distilled one: the pairing.
+refined model and the distilled one: the pairing. Where the error remains: every layer's relative
+output error against the original's, and the embedding's ``1 − cos``, on 64 windows of the
+evaluation files, before and after distillation.
 
 Usage::
 
     python experiments/minilm_distill.py            # s = 0.8, refined pruning and auto, seed 0
     python experiments/minilm_distill.py --quick    # CI: s = 0.9, pruning, tiny data, 10 steps
+    python experiments/minilm_distill.py --methods prune --trainable all --steps 2000
+                                                    # an ablation: minilm_distill_s2000_all.json
 
 Writes ``<out>/minilm_distill.json`` (``minilm_distill_quick.json``), resuming unit by unit
 (``<out>/state/minilm_distill/<unit>/unit.json``).
@@ -54,9 +58,19 @@ from jaxbsd.models import count_params  # noqa: E402
 VARIANTS = ("emb", "emb+layers")
 FULL = dict(shares=(0.8,), methods=("prune", "auto"), variants=("emb+layers",), seeds=1, windows=32, seq_len=128,
             max_iter=300, eval_passages=256, eval_pairs=300, distill_windows=1024, steps=1000, batch=16,
-            learning_rate=3e-4, schedule="cosine")
+            learning_rate=3e-4, schedule="cosine", trainable="replaced", error_windows=64)
 QUICK = dict(FULL, shares=(0.9,), methods=("prune",), windows=4, seq_len=32, max_iter=5, eval_passages=16,
-             eval_pairs=16, distill_windows=24, steps=10, batch=8)
+             eval_pairs=16, distill_windows=24, steps=10, batch=8, error_windows=4)
+#: The distillation knobs a run may change from FULL: each non-default one names its units and its
+#: result file (``--trainable all --steps 2000`` -> ``minilm_distill_s2000_all.json``), so an
+#: ablation never overwrites the headline.
+KNOBS = {"distill_windows": lambda v: f"n{v}", "steps": lambda v: f"s{v}",
+         "learning_rate": lambda v: f"lr{round(v / 1e-4)}", "trainable": lambda v: v.replace("replaced+norms", "norms")}
+
+
+def knob_suffix(plan: dict, sep: str, base: dict = FULL) -> str:
+    """``sep``-joined tags of the knobs of ``plan`` that differ from ``base`` (``""`` if none)."""
+    return "".join(sep + tag(plan[k]) for k, tag in KNOBS.items() if plan[k] != base[k])
 
 
 def embedding_and_layers(encoder: B.Encoder, batch: dict):
@@ -71,6 +85,17 @@ def embedding_and_layers(encoder: B.Encoder, batch: dict):
     return encoder.sentence_embedding(x, mask), tuple(layers)
 
 
+def layer_errors(model: B.Encoder, original: B.Encoder, ids: np.ndarray) -> list[float]:
+    """Every layer's relative squared output error against the original's (``‖y − y₀‖² / ‖y₀‖²``
+    over the tokens of ``ids (N, T)``, unpadded windows), then the sentence embedding's ``1 − cos``
+    (mean over the windows): where the compressed encoder's error remains."""
+    batch = {"ids": jnp.asarray(ids), "mask": jnp.ones(ids.shape, jnp.int32)}
+    (emb, layers), (emb0, layers0) = embedding_and_layers(model, batch), embedding_and_layers(original, batch)
+    errs = [float(jnp.sum((a - b) ** 2) / jnp.sum(b ** 2)) for a, b in zip(layers, layers0)]
+    cos = jnp.sum(emb * emb0, -1) / (jnp.linalg.norm(emb, axis=-1) * jnp.linalg.norm(emb0, axis=-1))
+    return errs + [float(jnp.mean(1 - cos))]
+
+
 def embedding_only(encoder: B.Encoder, batch: dict):
     return encoder(batch["ids"], batch["mask"])
 
@@ -83,7 +108,7 @@ def loss_emb_and_layers(outputs, targets):
 
 def distill_config(variant: str, plan: dict) -> jb.Distill:
     kw = dict(steps=plan["steps"], learning_rate=plan["learning_rate"], batch_size=plan["batch"],
-              schedule=plan["schedule"])
+              schedule=plan["schedule"], trainable=plan["trainable"])
     if variant == "emb":
         return jb.Distill(loss="cosine", forward=embedding_only, **kw)
     return jb.Distill(loss=loss_emb_and_layers, forward=embedding_and_layers, **kw)
@@ -98,15 +123,20 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS)
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--windows", type=int, dest="distill_windows", help="unlabeled windows distilled on")
+    parser.add_argument("--lr", type=float, dest="learning_rate")
+    parser.add_argument("--trainable", choices=("replaced", "replaced+norms", "all"))
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
-    for name in ("shares", "methods", "variants", "seeds", "steps"):
+    for name in ("shares", "methods", "variants", "seeds", "steps", "distill_windows", "learning_rate", "trainable"):
         if (value := getattr(args, name)) is not None:
             plan[name] = tuple(value) if isinstance(value, list) else value
     command = common.command_line("minilm_distill.py", argv)
     common.enable_compilation_cache()
     out = pathlib.Path(args.out)
     stem = "minilm_distill_quick" if args.quick else "minilm_distill"
+    base = QUICK if args.quick else FULL
+    result_stem = stem + knob_suffix(plan, "_", base)  # an ablation: its own result file
     study_stem = "minilm_quick" if args.quick else "minilm"
     state_root = out / "state" / stem
     state_root.mkdir(parents=True, exist_ok=True)
@@ -122,6 +152,9 @@ def main(argv=None) -> int:
     corpus = load_docs_corpus()
     passages, pairs = study.evaluation_set(corpus, plan)
     calibration_texts = corpus.passages("calibration")
+    # Where the error remains: unpadded windows of the evaluation files (never distilled on).
+    error_ids = B.calibration_windows(original, corpus.passages("evaluation"), plan["seq_len"], plan["error_windows"],
+                                      seed=0)
     reference, tag_eval = study.reference_embeddings(original, passages, pairs,
                                                      out / "state" / study_stem / "reference.npz", log)
 
@@ -136,7 +169,7 @@ def main(argv=None) -> int:
                 run_dir = out / "state" / study_stem / f"{method}-ref_s{share}_seed{seed}" / "run"
                 compressed, report = None, None
                 for variant in plan["variants"]:
-                    name = f"{method}-ref-dist-{variant}_s{share}_seed{seed}"
+                    name = f"{method}-ref-dist-{variant}{knob_suffix(plan, '-', base)}_s{share}_seed{seed}"
                     config = distill_config(variant, plan)
                     tag = json.dumps({"method": method, "share": share, "seed": seed, "study": [
                         plan["windows"], plan["seq_len"], plan["max_iter"], tag_eval],
@@ -151,6 +184,7 @@ def main(argv=None) -> int:
                             method=study.method_object(method, {}, {}, plan["max_iter"]), key=jax.random.key(seed),
                             refine=jb.Refine(), state_dir=run_dir)
                         refined_scores = B.fidelity(reference, B.embed_eval_set(compressed, passages, pairs))
+                        refined_errors = layer_errors(compressed, original, error_ids)
                     seconds_compress = timer()
                     model = nnx.clone(compressed)  # each variant from the same refined model
                     windows = B.calibration_windows(original, calibration_texts, plan["seq_len"],
@@ -162,6 +196,10 @@ def main(argv=None) -> int:
                     scores = B.fidelity(reference, B.embed_eval_set(model, passages, pairs))
                     record = dict(method=method, variant=variant, share=share, seed=seed, rho=rho,
                                   params=report.params_after, refined=refined_scores, distilled=scores, distill=info,
+                                  # per layer (6), then the embedding's 1 - cos, on the error windows
+                                  layer_errors_refined=refined_errors,
+                                  layer_errors_distilled=layer_errors(model, original, error_ids),
+                                  trainable=plan["trainable"], learning_rate=plan["learning_rate"],
                                   distill_windows=int(windows.shape[0]), seconds_compress=seconds_compress,
                                   seconds_distill=info["seconds"], seconds=timer(), machine=common.machine())
                     common.save_unit(state_root / name / "unit.json", tag, record)
@@ -170,11 +208,11 @@ def main(argv=None) -> int:
                         f"distilled, R@10 {refined_scores['recall@10']:.3f} -> {scores['recall@10']:.3f} (held-out "
                         f"loss {info['loss_before']:.4g} -> {info['loss_after']:.4g}, step {info['steps_kept']}), "
                         f"{timer():.0f} s")
-    common.write_json(out / f"{stem}.json", {
+    common.write_json(out / f"{result_stem}.json", {
         "command": command, "plan": plan, "params": P, "params_mlp": P_mlp, "runs": records,
         "reference_recall@10": records[0]["distilled"]["reference_recall@10"] if records else None,
         "wall_seconds": wall(), "machines": sorted({r["machine"] for r in records})})
-    log(f"wrote {out / (stem + '.json')} ({len(records)} units, {wall():.0f} s)")
+    log(f"wrote {out / (result_stem + '.json')} ({len(records)} units, {wall():.0f} s)")
     return 0
 
 

@@ -606,3 +606,33 @@ def test_a_resumed_unit_counts_the_seconds_its_finished_steps_took(tmp_path):
     expected = sum(r.seconds + r.seconds_finetune for r in report.mlps)
     assert len(report.mlps) == 3 and expected > 0
     assert common.resumed_seconds(tmp_path / "run") == pytest.approx(expected, rel=1e-9)
+
+
+def test_minilm_distill_layer_errors_locate_a_perturbed_layer():
+    """``minilm_distill.layer_errors``: zero for the original itself; with one layer's MLP output
+    weights scaled, zero before that layer and positive from it on (the error's location), and the
+    embedding's 1 − cos recomputed in numpy from the two encoders' embeddings."""
+    import numpy as np
+    from flax import nnx
+
+    from jaxbsd.data import minilm_dir
+
+    try:
+        path = minilm_dir()
+    except FileNotFoundError as err:
+        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
+    import minilm_distill
+    from jaxbsd.models import bert as B
+
+    original = B.from_pretrained(path)
+    ids = B.calibration_windows(original, ["The weather is lovely today. " * 40], 16, 3, seed=0)
+    assert minilm_distill.layer_errors(original, original, ids) == pytest.approx([0.0] * 7, abs=1e-6)  # float32
+    model = nnx.clone(original)
+    fc = model.bert.layers[3].mlp
+    out = next(v for k, v in vars(fc).items() if isinstance(v, nnx.Linear) and v.kernel[...].shape[0] > v.kernel[...].shape[1])
+    out.kernel[...] = out.kernel[...] * 1.5
+    errs = minilm_distill.layer_errors(model, original, ids)
+    assert errs[:3] == pytest.approx([0.0] * 3, abs=1e-10) and min(errs[3:6]) > 1e-4
+    e, e0 = (np.asarray(m(ids, np.ones_like(ids)), np.float64) for m in (model, original))
+    cos = np.sum(e * e0, -1) / (np.linalg.norm(e, axis=-1) * np.linalg.norm(e0, axis=-1))
+    assert errs[6] == pytest.approx(float(np.mean(1 - cos)), rel=1e-3, abs=1e-6)

@@ -287,36 +287,61 @@ def lm_distill_table() -> str:
     return "\n".join([head, "", source_line(d), "", table_md])
 
 
+def _minilm_files() -> list[str]:
+    """The committed results of ``experiments/minilm_distill.py``: the headline, then its ablations by name."""
+    found = sorted(p.name for p in committed.RESULTS.glob("minilm_distill*.json") if "_quick" not in p.name)
+    return [f for f in found if f == "minilm_distill.json"] + [f for f in found if f != "minilm_distill.json"]
+
+
+def _minilm_settings(plan: dict) -> str:
+    return (f"{plan['distill_windows']:,} windows, {plan['steps']:,} steps of {plan['batch']}, "
+            f"lr {plan['learning_rate']:g} {plan['schedule']}, {plan.get('trainable', 'replaced')}")
+
+
 @table("distill_minilm")
 def minilm_distill_table() -> str:
     """all-MiniLM-L6-v2 distilled after refinement: the study's label-free measures, refined alone
-    and distilled (mean ± std over seeds), per method and share."""
-    d = committed.load("minilm_distill.json")
-    if d is None:
+    and distilled (mean ± std over seeds), per result file (the headline and its ablations), method
+    and share; then where the error remains, per layer, where the runs measured it."""
+    files = _minilm_files()
+    if not files:
         return "No current result committed (`python experiments/minilm_distill.py`)."
-    study, rows = MiniLMDistillation(d), []
-    keys = dict.fromkeys((r["method"], r["variant"], r["share"]) for r in d["runs"])
     measures = (("mean_cosine", "cosine"), ("neighbour_overlap", "top-10 overlap"), ("recall@10", "recall@10"))
-    for method, variant, share in keys:
-        runs = study._runs(method, share, variant)
-        seeds = sorted(runs)
-        cells = []
-        for key, _ in measures:
-            for stage in ("refined", "distilled"):
-                v = study.seeds(method, share, key, variant, stage)
-                cells.append(pm(float(np.mean(v)), float(np.std(v)), 3))
-        rows.append([prose_name(method), variant, f"{share:g}", str(len(seeds)), *cells,
-                     f"{np.mean([runs[s]['distill']['steps_kept'] for s in seeds]):.0f}",
-                     f"{np.mean([runs[s]['seconds_distill'] for s in seeds]):.0f}"])
-    plan = d["plan"]
-    head = (f"all-MiniLM-L6-v2 refined as in the real-model study, then distilled from the original on "
-            f"{plan['distill_windows']:,} unlabeled windows of {plan['seq_len']} tokens from the calibration files "
-            f"({plan['steps']:,} steps of {plan['batch']}, lr {plan['learning_rate']:g} {plan['schedule']}; 20 % held "
-            "out, the best step kept); `emb+layers`: the sentence embedding (cosine) plus every layer's output "
-            "tokens. Measured on the study's held-out passages against the original's embeddings (recall@10 of the "
-            f"original: {num(d['reference_recall@10'], 3)}), mean ± std over seeds.")
-    header = ["method", "variant", "MLP share removed", "seeds"]
-    for _, name in measures:
-        header += [f"{name} refined", f"{name} distilled"]
-    table_md = md(header + ["step kept", "seconds"], rows)
-    return "\n".join([head, "", source_line(d), "", table_md])
+    rows, layer_rows, sources = [], [], []
+    for name in files:
+        d = committed.load(name)
+        study = MiniLMDistillation(d)
+        tag = "headline" if name == "minilm_distill.json" else "ablation"
+        for method, variant, share in dict.fromkeys((r["method"], r["variant"], r["share"]) for r in d["runs"]):
+            runs = study._runs(method, share, variant)
+            seeds = sorted(runs)
+            cells = []
+            for key, _ in measures:
+                for stage in ("refined", "distilled"):
+                    v = study.seeds(method, share, key, variant, stage)
+                    cells.append(pm(float(np.mean(v)), float(np.std(v)), 3))
+            rows.append([tag, prose_name(method), variant, f"{share:g}", _minilm_settings(d["plan"]), str(len(seeds)),
+                         *cells, f"{np.mean([runs[s]['distill']['steps_kept'] for s in seeds]):.0f}",
+                         f"{np.mean([runs[s]['seconds_distill'] for s in seeds]):.0f}"])
+            if all("layer_errors_refined" in runs[s] for s in seeds):
+                for stage in ("refined", "distilled"):
+                    errs = np.mean([runs[s][f"layer_errors_{stage}"] for s in seeds], axis=0)
+                    layer_rows.append([tag, prose_name(method), f"{share:g}", _minilm_settings(d["plan"]), stage,
+                                       *(num(e, 3) for e in errs)])
+        sources.append(f"`{name}`: {source_line(d)}")
+    head = ("all-MiniLM-L6-v2 refined as in the real-model study, then distilled from the original on unlabeled "
+            "windows of 128 tokens from the calibration files (20 % held out, the best step kept); `emb+layers`: "
+            "the sentence embedding (cosine) plus every layer's output tokens; trained: the replaced MLPs "
+            "(`replaced`) or every parameter (`all`). Measured on the study's held-out passages against the "
+            f"original's embeddings (recall@10 of the original: {num(committed.load(files[0])['reference_recall@10'], 3)}"
+            "), mean ± std over seeds.")
+    header = ["run", "method", "variant", "MLP share removed", "settings", "seeds"]
+    for _, label in measures:
+        header += [f"{label} refined", f"{label} distilled"]
+    parts = [head, "", *(f"- {x}" for x in sources), "", md(header + ["step kept", "seconds"], rows)]
+    if layer_rows:
+        parts += ["", "Where the error remains: each layer's relative squared output error against the original's, "
+                  "and the sentence embedding's 1 − cos, on 64 windows of the evaluation files (mean over seeds).", "",
+                  md(["run", "method", "MLP share removed", "settings", "model", *(f"layer {i}" for i in range(1, 7)),
+                      "embedding 1 − cos"], layer_rows)]
+    return "\n".join(parts)
