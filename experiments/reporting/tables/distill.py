@@ -130,7 +130,8 @@ class Distillation(Study):
         parts = [f"**{'holds' if ok else 'fails'}** at ρ = " + ", ".join(f"{r.rho:g} ({r})" for r in rules if r.holds == ok)
                  for ok in (True, False) if any(r.holds == ok for r in rules)]
         n = min(len(self.seeds("auto-ref300", r.rho, setting=variant)) for r in rules)
-        return ("; it ".join(parts) + f", against the best of {', '.join(prose_name(m) for m in others)} distilled"
+        against = ", ".join(prose_name(m) for m in others)
+        return ("; it ".join(parts) + f"; the single methods, each distilled: {against}"
                 + (" (fewer than 3 seeds so far)" if n < 3 else ""))
 
 
