@@ -168,7 +168,7 @@ def test_each_loss_is_its_formula(kind):
     (dict(holdout=1.0), "holdout"), (dict(holdout=0), "holdout"), (dict(batch_size=0), "batch_size"),
     (dict(eval_every=0), "eval_every"), (dict(loss="mse"), "loss"), (dict(temperature=0.0), "temperature"),
     (dict(trainable="norms"), "trainable"), (dict(batch_size=True), "batch_size"),
-    (dict(schedule="linear"), "schedule"), (dict(warmup=-1), "warmup"), (dict(warmup=5), "warmup"),
+    (dict(schedule="linear"), "schedule"), (dict(warmup=-1), "warmup"), (dict(schedule="constant", warmup=5), "warmup"),
     (dict(schedule="cosine", steps=10, warmup=10), "warmup"),
 ])
 def test_bad_settings_name_the_field(bad, field):
@@ -314,11 +314,14 @@ def test_compression_config_and_cli_take_distillation_and_old_run_ids_stay_valid
     config = validate_compress_args(args)
     assert config.distill == jb.Distill(steps=40, loss="kl", temperature=2.0, schedule="cosine", warmup=5)
     assert config.to_dict()["distill_schedule"] == "cosine"
-    assert "distill_schedule" not in blockwise.CompressionConfig(distill_steps=40).to_dict()
-    assert "schedule" not in jb.Distill().to_dict() and jb.Distill(schedule="cosine").to_dict()["schedule"] == "cosine"
+    # the default is now the cosine (the study's evidence): in the identity; a constant one is not,
+    # so the runs saved before the schedule existed keep their identity
+    assert blockwise.CompressionConfig(distill_steps=40).to_dict()["distill_schedule"] == "cosine"
+    assert "distill_schedule" not in blockwise.CompressionConfig(distill_steps=40, distill_schedule="constant").to_dict()
+    assert jb.Distill().to_dict()["schedule"] == "cosine" and "schedule" not in jb.Distill(schedule="constant").to_dict()
     for bad, field in ((dict(distill_steps=-1), "distill_steps"), (dict(distill_images=1), "distill_images"),
                        (dict(distill_steps=5, distill_loss="mse"), "distill: loss"),
-                       (dict(distill_steps=5, distill_warmup=2), "distill: warmup")):
+                       (dict(distill_steps=5, distill_schedule="constant", distill_warmup=2), "distill: warmup")):
         with pytest.raises(ValueError, match=field):
             blockwise.CompressionConfig(**bad)
 

@@ -290,10 +290,10 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distill-steps", type=nonnegative_int, default=0,
                    help="steps of label-free distillation of the whole model from the original after the last "
                         "step (0: none)")
-    p.add_argument("--distill-lr", type=positive_float, default=3e-4, help="distillation learning rate")
+    p.add_argument("--distill-lr", type=positive_float, default=1e-3, help="distillation learning rate (the peak)")
     p.add_argument("--distill-batch", type=nonnegative_int, default=64,
                    help="distillation images per step, drawn at random (0: all of them)")
-    p.add_argument("--distill-images", type=positive_int, default=1024,
+    p.add_argument("--distill-images", type=positive_int, default=16384,
                    help="unlabeled training images distillation uses (20 %% held out to keep the best step)")
     p.add_argument("--distill-loss", default="kl", choices=("kl", "relative", "cosine"),
                    help="what distillation minimises on the logits: KL with a temperature, relative squared "
@@ -301,7 +301,7 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distill-temperature", type=positive_float, default=2.0, help="the KL loss's temperature")
     p.add_argument("--distill-trainable", default="replaced", choices=("replaced", "replaced+norms", "all"),
                    help="which parameters distillation trains")
-    p.add_argument("--distill-schedule", default="constant", choices=("constant", "cosine"),
+    p.add_argument("--distill-schedule", default="cosine", choices=("constant", "cosine"),
                    help="distillation learning-rate schedule (cosine: from --distill-lr down to 0)")
     p.add_argument("--distill-warmup", type=nonnegative_int, default=0,
                    help="steps of linear warm-up before the cosine schedule")

@@ -149,8 +149,8 @@ class CompressionConfig:
       distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable: its learning
         rate, images per step, loss (``"kl"`` on the logits by default), temperature and which
         parameters train (see :class:`~jaxbsd.compression.distill.Distill`).
-      distill_schedule, distill_warmup: its learning-rate schedule (``"constant"`` or ``"cosine"``)
-        and the cosine's warm-up steps.
+      distill_schedule, distill_warmup: its learning-rate schedule (``"cosine"``, the default, or
+        ``"constant"``) and the cosine's warm-up steps.
       distill_images: how many training images (outside the validation hold-out) it uses, fewer
         if the split has fewer.
     """
@@ -187,11 +187,11 @@ class CompressionConfig:
     distill_steps: int = 0
     distill_lr: float = Distill.learning_rate
     distill_batch: int | None = Distill.batch_size
-    distill_images: int = 1024
+    distill_images: int = 16384
     distill_loss: str = "kl"
     distill_temperature: float = 2.0
     distill_trainable: str = "replaced"
-    distill_schedule: str = "constant"
+    distill_schedule: str = Distill.schedule
     distill_warmup: int = 0
 
     def __post_init__(self):

@@ -360,3 +360,44 @@ def minilm_distill_table() -> str:
                   md(["run", "method", "MLP share removed", "settings", "model", *(f"layer {i}" for i in range(1, 7)),
                       "embedding 1 − cos"], layer_rows)]
     return "\n".join(parts)
+
+
+class DistillBenchmark(Study):
+    """``benchmarks/distill.py``: per model and setting, the distillation stage's seconds against
+    the compression's (each a cold run, compilation included)."""
+
+    def _row(self, model: str, setting: str) -> dict:
+        rows = [r for r in self.json["rows"] if setting in r["name"] and r["name"].endswith(f"{model} (rho = 0.5, every MLP)")]
+        if len(rows) != 1:
+            raise KeyError(f"{len(rows)} rows for {model!r}, {setting!r}")
+        return rows[0]
+
+    def ratio(self, model: str, setting: str = "the headline") -> float:
+        """Distillation's cold seconds over the compression's (``model``: ``"ViT/Fashion-MNIST"``)."""
+        return float(self._row(model, setting)["ratio"])
+
+
+source("bench_distill", "distill.json", DistillBenchmark, folder="benchmarks")
+
+
+@table("distill-benchmark")
+def distill_benchmark_table() -> str:
+    """``benchmarks/distill.py``: what the distillation stage costs beside the compression it follows."""
+    path = committed.BENCHMARKS / "distill.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/distill.py`)."
+    d, rows = committed.read_json(path), []
+    for r in d["rows"]:
+        det = r["details"]
+        model = r["name"].split(" / compression, ")[1].split(" (rho")[0]
+        setting = r["name"].removeprefix("distillation (").split(") / compression")[0]
+        rows.append([model, setting, f"{det['images']:,}", f"{r['ours']:.1f} s", f"{det['report']['seconds_targets']:.1f} s",
+                     f"{det['compress_seconds']['cold']:.1f} s / {det['compress_seconds']['warm']:.1f} s",
+                     f"{r['ratio']:.2f}×", f"{det['accuracy_compressed']:.2f} → {det['accuracy_distilled']:.2f} %"])
+    head = (source_line(d) + " Distillation after `jb.compress_model` at ρ = 0.5 (every MLP, `jb.BSD()` and "
+            "`jb.Refine()` defaults, 256 calibration images), float32, each timed once cold (compilation included); "
+            "the compression also compiled. Ratio = distillation / compression, cold. The accuracies are one seed's, a "
+            "preview: the study's units are the evidence.")
+    return "\n".join([head, "", md(["model / data", "setting", "images", "distillation", "of which targets",
+                                    "compression cold / compiled", "ratio", "test accuracy compressed → distilled"],
+                                   rows)])
