@@ -269,6 +269,27 @@ class MiniLMDistillation(Study):
                 f"target (cosine ≥ {cosine:g}, recall@10 within {recall:g}): " + ("**met**." if met else "**missed**."))
 
 
+    def ablation(self, suffix: str) -> "MiniLMDistillation | None":
+        """The committed ablation ``minilm_distill_<suffix>.json`` (``"s2000_all"``), or None."""
+        d = committed.load(f"minilm_distill_{suffix}.json")
+        return None if d is None else MiniLMDistillation(d)
+
+    def kept(self, method: str, share: float) -> str:
+        """The step kept of the steps run, per seed: ``"2,000 of 2,000"``."""
+        runs = self._runs(method, share)
+        return ", ".join(f"{runs[s]['distill']['steps_kept']:,} of {runs[s]['distill']['steps']:,}" for s in sorted(runs))
+
+    def layers_say(self, method: str, share: float) -> str:
+        """Where the error remains, refined → distilled (means over seeds): "layers 1–6 0.047 / ... /
+        0.489 → 0.034 / ... / 0.243, the embedding's 1 − cos 0.182 → 0.073"."""
+        runs = list(self._runs(method, share).values())
+        before, after = (np.mean([r[f"layer_errors_{stage}"] for r in runs], axis=0) for stage in ("refined", "distilled"))
+        grows = all(np.diff(before[:-1]) > 0) and all(np.diff(after[:-1]) > 0)
+        return (f"layers 1–{len(before) - 1} {' / '.join(num(x, 3) for x in before[:-1])} → "
+                f"{' / '.join(num(x, 3) for x in after[:-1])}, the embedding's 1 − cos {num(before[-1], 3)} → "
+                f"{num(after[-1], 3)}" + ("; before and after, it grows with every layer" if grows else ""))
+
+
 source("dst_lm", "lm_distill.json", LMDistillation)
 source("dst_minilm", "minilm_distill.json", MiniLMDistillation)
 
@@ -375,6 +396,12 @@ class DistillBenchmark(Study):
     def ratio(self, model: str, setting: str = "the headline") -> float:
         """Distillation's cold seconds over the compression's (``model``: ``"ViT/Fashion-MNIST"``)."""
         return float(self._row(model, setting)["ratio"])
+
+
+    def preview(self, model: str, setting: str) -> str:
+        """The run's test accuracy before and after the stage (one seed): ``86.73 → 87.39 %``."""
+        det = self._row(model, setting)["details"]
+        return f"{num(det['accuracy_compressed'])} → {pct(det['accuracy_distilled'])}"
 
 
 source("bench_distill", "distill.json", DistillBenchmark, folder="benchmarks")
