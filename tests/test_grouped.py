@@ -261,3 +261,11 @@ def test_on_the_cpu_a_group_runs_its_blocks_one_after_the_other_in_one_program()
     # Values batched over blocks × restarts: only the stacked outputs (16 here), not every step of
     # the solver's loop (the vmapped form has over a thousand).
     assert text.count("[5,2,") < 50
+
+
+def test_the_cpu_one_block_program_is_named_after_its_function():
+    """Profiles (benchmarks/grouped.py) find the group's program by name: jit(<the function it runs>)."""
+    from jaxbsd.compression import devices as dv
+
+    program = dv._one_block_program(dv._solve_block, (("batch", "map"), ("restarts", 1)))
+    assert program.__name__ == "_solve_block"
