@@ -139,10 +139,11 @@ for _name in HEADLINES:
     source("dst_" + _name.split("_")[1], _name, Distillation)  # dst_vit, dst_deit
 
 
-def _files() -> list[str]:
-    """The committed results of ``experiments/distill.py``: the headlines, then the ablations by name."""
-    found = sorted(p.name for p in committed.RESULTS.glob("distill_*.json") if "_quick" not in p.name)
-    return [f for f in HEADLINES if f in found] + [f for f in found if f not in HEADLINES]
+def _files(pattern: str = "distill_*.json", headlines: tuple = HEADLINES) -> list[str]:
+    """The committed results matching ``pattern`` (quick runs left out): the headlines, then the
+    ablations by name (``experiments/distill.py``'s by default)."""
+    found = sorted(p.name for p in committed.RESULTS.glob(pattern) if "_quick" not in p.name)
+    return [f for f in headlines if f in found] + [f for f in found if f not in headlines]
 
 
 def _model_data(name: str) -> str:
@@ -323,12 +324,6 @@ def lm_distill_table() -> str:
     return "\n".join([head, "", source_line(d), "", table_md])
 
 
-def _minilm_files() -> list[str]:
-    """The committed results of ``experiments/minilm_distill.py``: the headline, then its ablations by name."""
-    found = sorted(p.name for p in committed.RESULTS.glob("minilm_distill*.json") if "_quick" not in p.name)
-    return [f for f in found if f == "minilm_distill.json"] + [f for f in found if f != "minilm_distill.json"]
-
-
 def _minilm_settings(plan: dict) -> str:
     return (f"{plan['distill_windows']:,} windows, {plan['steps']:,} steps of {plan['batch']}, "
             f"lr {plan['learning_rate']:g} {plan['schedule']}, {plan.get('trainable', 'replaced')}")
@@ -339,7 +334,7 @@ def minilm_distill_table() -> str:
     """all-MiniLM-L6-v2 distilled after refinement: the study's label-free measures, refined alone
     and distilled (mean ± std over seeds), per result file (the headline and its ablations), method
     and share; then where the error remains, per layer, where the runs measured it."""
-    files = _minilm_files()
+    files = _files("minilm_distill*.json", ("minilm_distill.json",))
     if not files:
         return "No current result committed (`python experiments/minilm_distill.py`)."
     measures = (("mean_cosine", "cosine"), ("neighbour_overlap", "top-10 overlap"), ("recall@10", "recall@10"))
