@@ -364,6 +364,21 @@ def resumed_seconds(state_dir: str | os.PathLike) -> float:
     return float(sum(s.get("seconds", 0.0) + (s.get("seconds_finetune") or 0.0) for s in steps))
 
 
+#: How a distillation knob that differs from a study's headline plan tags its units and result file
+#: (``learning_rate=3e-4`` -> ``lr3``); the studies name which of these knobs they have, in order.
+KNOB_TAGS: dict[str, Callable[[Any], str]] = {
+    "images": lambda v: f"n{v}", "distill_windows": lambda v: f"n{v}", "steps": lambda v: f"s{v}",
+    "learning_rate": lambda v: f"lr{round(v / 1e-4)}", "trainable": lambda v: v.replace("replaced+norms", "norms"),
+    "schedule": str, "warmup": lambda v: f"w{v}", "variants": lambda v: "-".join(v)}
+
+
+def knob_suffix(plan: dict, base: dict, knobs: Sequence[str], sep: str, skip: Sequence[str] = ()) -> str:
+    """``sep``-joined tags (:data:`KNOB_TAGS`) of the ``knobs`` of ``plan`` that differ from ``base``,
+    in the order of ``knobs``, but those in ``skip``; ``""`` if none. A study's ablation names its own
+    result file with it, so it never overwrites the headline."""
+    return "".join(sep + KNOB_TAGS[k](plan[k]) for k in knobs if k not in skip and plan[k] != base[k])
+
+
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and (population, ddof=0) standard deviation; ``(nan, nan)`` when empty."""
     v = np.asarray([x for x in values if x is not None], dtype=float)

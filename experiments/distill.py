@@ -91,15 +91,12 @@ def kl_and_blocks(outputs, targets):
 
 #: The distillation knobs a run may change from the full plan: each non-default one names its
 #: units and its result file (``--lr 1e-3`` -> ``_lr10``), so an ablation never overwrites the headline.
-KNOBS = {"images": lambda v: f"n{v}", "steps": lambda v: f"s{v}", "learning_rate": lambda v: f"lr{round(v / 1e-4)}",
-         "trainable": lambda v: v.replace("replaced+norms", "norms"), "schedule": str, "warmup": lambda v: f"w{v}",
-         "variants": lambda v: "-".join(v)}
+KNOBS = ("images", "steps", "learning_rate", "trainable", "schedule", "warmup", "variants")
 
 
 def knob_suffix(plan: dict, sep: str, skip: tuple = ()) -> str:
     """``sep``-joined tags of the knobs of ``plan`` that differ from :data:`FULL` (``""`` if none)."""
-    return "".join(sep + tag(plan[k]) for k, tag in KNOBS.items()
-                   if k not in skip and plan[k] != FULL[k])
+    return common.knob_suffix(plan, FULL, KNOBS, sep, skip)
 
 
 def distill_config(variant: str, plan: dict) -> jb.Distill:

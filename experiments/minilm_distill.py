@@ -64,13 +64,12 @@ QUICK = dict(FULL, shares=(0.9,), methods=("prune",), windows=4, seq_len=32, max
 #: The distillation knobs a run may change from FULL: each non-default one names its units and its
 #: result file (``--trainable all --steps 2000`` -> ``minilm_distill_s2000_all.json``), so an
 #: ablation never overwrites the headline.
-KNOBS = {"distill_windows": lambda v: f"n{v}", "steps": lambda v: f"s{v}",
-         "learning_rate": lambda v: f"lr{round(v / 1e-4)}", "trainable": lambda v: v.replace("replaced+norms", "norms")}
+KNOBS = ("distill_windows", "steps", "learning_rate", "trainable")
 
 
 def knob_suffix(plan: dict, sep: str, base: dict = FULL) -> str:
     """``sep``-joined tags of the knobs of ``plan`` that differ from ``base`` (``""`` if none)."""
-    return "".join(sep + tag(plan[k]) for k, tag in KNOBS.items() if plan[k] != base[k])
+    return common.knob_suffix(plan, base, KNOBS, sep)
 
 
 def embedding_and_layers(encoder: B.Encoder, batch: dict):

@@ -586,6 +586,19 @@ def test_a_distillation_ablation_names_its_own_units_and_result_file():
     assert distill.knob_suffix(plan, "-", skip=("images", "variants")) == "-lr3-all-constant"
 
 
+def test_a_minilm_distillation_ablation_names_its_own_result_file():
+    """The MiniLM script's knobs, in its order: the committed ablation's file name
+    (``minilm_distill_s2000_all.json``) is what its command makes, and the headline plan tags nothing."""
+    import minilm_distill
+
+    assert minilm_distill.knob_suffix(dict(minilm_distill.FULL), "_") == ""
+    plan = dict(minilm_distill.FULL, steps=2000, trainable="all")
+    assert minilm_distill.knob_suffix(plan, "_") == "_s2000_all"
+    plan = dict(plan, distill_windows=4096, learning_rate=1e-3, trainable="replaced+norms")
+    assert minilm_distill.knob_suffix(plan, "-") == "-n4096-s2000-lr10-norms"
+    assert minilm_distill.knob_suffix(dict(minilm_distill.QUICK), "_", minilm_distill.QUICK) == ""
+
+
 def test_the_minilm_study_cuts_the_slow_cells_beyond_their_seeds():
     import minilm
 
