@@ -383,3 +383,16 @@ def test_the_distilled_auto_rule_is_a_paired_test_against_the_best_single_method
     # Without auto, or without another method, there is no rule to state.
     assert Distillation(_distill_payload({"prune-ref300": (prune, prune)})).auto_rule(0.5) is None
     assert "not measured" in Distillation(_distill_payload({"auto-ref300": (auto, auto)})).auto_says()
+
+
+def test_every_method_distilled_is_stated_best_first_where_more_than_one_ran():
+    from reporting.tables.distill import Distillation
+
+    payload = _distill_payload({"prune-ref300": ((87.5, 87.7, 87.6), (86.0, 86.2, 86.1)),
+                                "svd-ref300": ((86.0, 86.4, 86.2), (79.0, 79.0, 79.3))})
+    payload["plan"]["budgets"] = [0.35, 0.5]
+    payload["runs"].append(dict(payload["runs"][0], reduction=0.35))  # one method alone at 0.35: left out
+    text = Distillation(payload).every_method_says()
+    assert text.startswith("ρ = 0.5: refined pruning 86.10 → 87.60 % (gap 0.40 points") and "0.35" not in text
+    assert text.index("refined pruning") < text.index("refined SVD 79.10 → 86.20 %") and not text.endswith(".")
+    assert Distillation(_distill_payload({"svd-ref300": ((86.0,), (79.0,))})).every_method_says() == ""

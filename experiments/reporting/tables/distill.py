@@ -98,6 +98,12 @@ class Distillation(Study):
                          f"gain {gain.dp}; {n} seed{'s' * (n != 1)})")
         return "; ".join(items)
 
+    def every_method_says(self, variant: str = "kl+blocks") -> str:
+        """:meth:`methods_say` at every ρ of the plan where more than one method ran ("ρ = 0.2: ...;
+        ... ρ = 0.5: ..."), "" where none did."""
+        return " ".join(f"ρ = {rho:g}: {self.methods_say(rho, variant)}." for rho in self.json["plan"]["budgets"]
+                        if len(self.methods(rho, variant)) > 1)[:-1]
+
     def against_labels(self, finetuned: Study, rho: float, variant: str = "kl+blocks") -> str:
         """Each distilled method beside the same method fine-tuned with labels in ``finetuned`` (a
         comparison study: the whole model fine-tuned after every block), means over seeds: "refined
@@ -125,7 +131,7 @@ class Distillation(Study):
         pruning, p = 0.40)" or "fails at ...", with the methods it was measured against."""
         rules = [r for r in (self.auto_rule(rho, variant) for rho in self.json["plan"]["budgets"]) if r is not None]
         if not rules:
-            return "not measured yet (no distilled `auto` beside another distilled method)"
+            return "is not measured yet (no distilled `auto` beside another distilled method)"
         others = sorted({m for r in rules for m in self.methods(r.rho, variant) if m != "auto-ref300"})
         parts = [f"**{'holds' if ok else 'fails'}** at ρ = " + ", ".join(f"{r.rho:g} ({r})" for r in rules if r.holds == ok)
                  for ok in (True, False) if any(r.holds == ok for r in rules)]
