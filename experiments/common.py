@@ -369,7 +369,7 @@ def resumed_seconds(state_dir: str | os.PathLike) -> float:
 KNOB_TAGS: dict[str, Callable[[Any], str]] = {
     "images": lambda v: f"n{v}", "distill_windows": lambda v: f"n{v}", "steps": lambda v: f"s{v}",
     "learning_rate": lambda v: f"lr{round(v / 1e-4)}", "trainable": lambda v: v.replace("replaced+norms", "norms"),
-    "schedule": str, "warmup": lambda v: f"w{v}", "variants": lambda v: "-".join(v)}
+    "schedule": str, "warmup": lambda v: f"w{v}", "variants": lambda v: "-".join(v), "lengths": str}
 
 
 def knob_suffix(plan: dict, base: dict, knobs: Sequence[str], sep: str, skip: Sequence[str] = ()) -> str:

@@ -13,6 +13,10 @@ files (another draw than the calibration's; the evaluation files are never read)
 * ``emb+layers``: that, plus every layer's output tokens (relative squared error per layer,
   averaged over the layers; TinyBERT-style intermediate targets).
 
+With ``--lengths mixed`` half the distillation windows are cut short (a length drawn log-uniformly
+from 4 tokens up, closed by ``[SEP]``, padded and masked; the layers' targets are zero on padding),
+as the evaluation embeds titles of a few tokens and passages of every length.
+
 The evaluation is the study's (256 held-out passages, 300 title → section pairs of the evaluation
 files; mean cosine to the original's embeddings, top-10 neighbour overlap, recall@1/@10), for the
 refined model and the distilled one: the pairing. Where the error remains: every layer's relative
@@ -25,6 +29,8 @@ Usage::
     python experiments/minilm_distill.py --quick    # CI: s = 0.9, pruning, tiny data, 10 steps
     python experiments/minilm_distill.py --methods prune --trainable all --steps 2000
                                                     # an ablation: minilm_distill_s2000_all.json
+    python experiments/minilm_distill.py --methods prune --trainable all --steps 2000 --lr 1e-3 --lengths mixed
+                                                    # minilm_distill_s2000_lr10_all_mixed.json
 
 Writes ``<out>/minilm_distill.json`` (``minilm_distill_quick.json``), resuming unit by unit
 (``<out>/state/minilm_distill/<unit>/unit.json``).
@@ -58,13 +64,14 @@ from jaxbsd.models import count_params  # noqa: E402
 VARIANTS = ("emb", "emb+layers")
 FULL = dict(shares=(0.8,), methods=("prune", "auto"), variants=("emb+layers",), seeds=1, windows=32, seq_len=128,
             max_iter=300, eval_passages=256, eval_pairs=300, distill_windows=1024, steps=1000, batch=16,
-            learning_rate=3e-4, schedule="cosine", trainable="replaced", error_windows=64)
+            learning_rate=3e-4, schedule="cosine", trainable="replaced", error_windows=64, lengths="full")
 QUICK = dict(FULL, shares=(0.9,), methods=("prune",), windows=4, seq_len=32, max_iter=5, eval_passages=16,
              eval_pairs=16, distill_windows=24, steps=10, batch=8, error_windows=4)
 #: The distillation knobs a run may change from FULL: each non-default one names its units and its
 #: result file (``--trainable all --steps 2000`` -> ``minilm_distill_s2000_all.json``), so an
 #: ablation never overwrites the headline.
-KNOBS = ("distill_windows", "steps", "learning_rate", "trainable")
+KNOBS = ("distill_windows", "steps", "learning_rate", "trainable", "lengths")
+LENGTHS = ("full", "mixed")
 
 
 def knob_suffix(plan: dict, sep: str, base: dict = FULL) -> str:
@@ -77,11 +84,25 @@ def embedding_and_layers(encoder: B.Encoder, batch: dict):
     ``__call__`` unrolled)."""
     ids, mask = batch["ids"], batch["mask"]
     x = encoder.bert.embeddings(ids, jnp.zeros_like(ids))
-    layers = []
+    layers, keep = [], mask[..., None].astype(x.dtype)
     for layer in encoder.bert.layers:
         x = layer(x, mask)
-        layers.append(x)
+        layers.append(x * keep)  # a padding token's output is no target (exact for unpadded windows)
     return encoder.sentence_embedding(x, mask), tuple(layers)
+
+
+def mixed_lengths(windows: np.ndarray, sep_id: int, pad_id: int, seed: int, share: float = 0.5,
+                  shortest: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, mask)``, both ``(N, T)``: ``windows`` (unpadded ``[CLS] … [SEP]``) with a ``share`` of
+    them cut to a length drawn log-uniformly in ``[shortest, T)``, closed by ``[SEP]`` and padded.
+    The evaluation embeds titles of a few tokens and passages of every length, where full windows
+    alone never show the encoder a padded or short input."""
+    ids, mask = windows.copy(), np.ones_like(windows)
+    rng = np.random.default_rng(seed)
+    for i in np.flatnonzero(rng.random(len(ids)) < share):
+        n = int(np.exp(rng.uniform(np.log(shortest), np.log(ids.shape[1]))))
+        ids[i, n - 1], ids[i, n:], mask[i, n:] = sep_id, pad_id, 0
+    return ids, mask
 
 
 def layer_errors(model: B.Encoder, original: B.Encoder, ids: np.ndarray) -> list[float]:
@@ -125,9 +146,11 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, dest="distill_windows", help="unlabeled windows distilled on")
     parser.add_argument("--lr", type=float, dest="learning_rate")
     parser.add_argument("--trainable", choices=("replaced", "replaced+norms", "all"))
+    parser.add_argument("--lengths", choices=LENGTHS, help="distill on full windows (default) or half cut short")
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
-    for name in ("shares", "methods", "variants", "seeds", "steps", "distill_windows", "learning_rate", "trainable"):
+    for name in ("shares", "methods", "variants", "seeds", "steps", "distill_windows", "learning_rate", "trainable",
+                 "lengths"):
         if (value := getattr(args, name)) is not None:
             plan[name] = tuple(value) if isinstance(value, list) else value
     command = common.command_line("minilm_distill.py", argv)
@@ -172,7 +195,9 @@ def main(argv=None) -> int:
                     config = distill_config(variant, plan)
                     tag = json.dumps({"method": method, "share": share, "seed": seed, "study": [
                         plan["windows"], plan["seq_len"], plan["max_iter"], tag_eval],
-                        "distill": config.to_dict(), "distill_windows": plan["distill_windows"]}, sort_keys=True)
+                        "distill": config.to_dict(), "distill_windows": plan["distill_windows"],
+                        # a knob later than the first runs: in the tag only where it is not the default
+                        **({"lengths": plan["lengths"]} if plan["lengths"] != "full" else {})}, sort_keys=True)
                     if (kept := common.resume_unit(state_root / name, tag, name, log)) is not None:
                         records.append(kept)
                         continue
@@ -188,7 +213,12 @@ def main(argv=None) -> int:
                     model = nnx.clone(compressed)  # each variant from the same refined model
                     windows = B.calibration_windows(original, calibration_texts, plan["seq_len"],
                                                     plan["distill_windows"], seed=10_000 + seed)
-                    batch = {"ids": jnp.asarray(windows), "mask": jnp.ones(windows.shape, jnp.int32)}
+                    mask = np.ones_like(windows)
+                    if plan["lengths"] == "mixed":
+                        tok = original.tokenizer
+                        windows, mask = mixed_lengths(windows, tok.token_to_id("[SEP]"), tok.token_to_id("[PAD]"),
+                                                      seed=20_000 + seed)
+                    batch = {"ids": jnp.asarray(windows), "mask": jnp.asarray(mask, jnp.int32)}
                     targets = teacher_outputs(original, batch, config.forward)
                     info = distill_model(model, batch, targets, [r.path for r in report.mlps], config,
                                          jax.random.fold_in(jax.random.key(seed), DISTILL_STREAM))
@@ -199,6 +229,7 @@ def main(argv=None) -> int:
                                   layer_errors_refined=refined_errors,
                                   layer_errors_distilled=layer_errors(model, original, error_ids),
                                   trainable=plan["trainable"], learning_rate=plan["learning_rate"],
+                                  lengths=plan["lengths"],
                                   distill_windows=int(windows.shape[0]), seconds_compress=seconds_compress,
                                   seconds_distill=info["seconds"], seconds=timer(), machine=common.machine())
                     common.save_unit(state_root / name / "unit.json", tag, record)

@@ -649,3 +649,44 @@ def test_minilm_distill_layer_errors_locate_a_perturbed_layer():
     e, e0 = (np.asarray(m(ids, np.ones_like(ids)), np.float64) for m in (model, original))
     cos = np.sum(e * e0, -1) / (np.linalg.norm(e, axis=-1) * np.linalg.norm(e0, axis=-1))
     assert errs[6] == pytest.approx(float(np.mean(1 - cos)), rel=1e-3, abs=1e-6)
+
+
+def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_them():
+    """``minilm_distill.mixed_lengths``: the cut windows end in [SEP] at a length in [4, T), padded
+    after it and masked; the others unchanged; about half cut; the layer targets zero on padding
+    and the embedding the encoder's own on the padded batch."""
+    import numpy as np
+
+    import minilm_distill
+
+    T, sep, pad = 32, 102, 0
+    windows = np.random.default_rng(0).integers(1000, 2000, (400, T)).astype(np.int32)
+    windows[:, 0], windows[:, -1] = 101, sep
+    ids, mask = minilm_distill.mixed_lengths(windows, sep, pad, seed=3)
+    lengths = mask.sum(1)
+    cut = lengths < T
+    assert 0.4 < cut.mean() < 0.6 and lengths.min() >= 4
+    assert np.array_equal(ids[~cut], windows[~cut]) and np.all(mask[~cut] == 1)
+    for i in np.flatnonzero(cut):
+        n = lengths[i]
+        assert np.all(mask[i, :n] == 1) and np.all(mask[i, n:] == 0) and ids[i, n - 1] == sep
+        assert np.all(ids[i, n:] == pad) and np.array_equal(ids[i, : n - 1], windows[i, : n - 1])
+    again = minilm_distill.mixed_lengths(windows, sep, pad, seed=3)
+    assert np.array_equal(again[0], ids) and not np.array_equal(minilm_distill.mixed_lengths(windows, sep, pad, 4)[0], ids)
+
+    from jaxbsd.data import minilm_dir
+
+    try:
+        path = minilm_dir()
+    except FileNotFoundError as err:
+        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
+    import jax.numpy as jnp
+
+    from jaxbsd.models import bert as B
+
+    encoder = B.from_pretrained(path)
+    batch = {"ids": jnp.asarray(ids[:8]), "mask": jnp.asarray(mask[:8])}
+    emb, layers = minilm_distill.embedding_and_layers(encoder, batch)
+    assert len(layers) == 6 and all(float(jnp.abs(x[mask[:8] == 0]).max(initial=0.0)) == 0.0 for x in layers)
+    assert all(float(jnp.abs(x[mask[:8] == 1]).max()) > 0 for x in layers)
+    np.testing.assert_allclose(np.asarray(emb), np.asarray(encoder(batch["ids"], batch["mask"])), rtol=1e-5, atol=1e-6)

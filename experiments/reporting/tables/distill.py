@@ -332,7 +332,8 @@ def lm_distill_table() -> str:
 
 def _minilm_settings(plan: dict) -> str:
     return (f"{plan['distill_windows']:,} windows, {plan['steps']:,} steps of {plan['batch']}, "
-            f"lr {plan['learning_rate']:g} {plan['schedule']}, {plan.get('trainable', 'replaced')}")
+            f"lr {plan['learning_rate']:g} {plan['schedule']}, {plan.get('trainable', 'replaced')}"
+            + (f", {plan['lengths']} lengths" if plan.get("lengths", "full") != "full" else ""))
 
 
 @table("distill_minilm")
@@ -369,7 +370,9 @@ def minilm_distill_table() -> str:
     head = ("all-MiniLM-L6-v2 refined as in the real-model study, then distilled from the original on unlabeled "
             "windows of 128 tokens from the calibration files (20 % held out, the best step kept); `emb+layers`: "
             "the sentence embedding (cosine) plus every layer's output tokens; trained: the replaced MLPs "
-            "(`replaced`) or every parameter (`all`). Measured on the study's held-out passages against the "
+            "(`replaced`) or every parameter (`all`)" + ("; `mixed lengths`: half the windows cut short (log-uniform, 4 "
+            "tokens up) and padded, as the evaluation's titles and passages are" if any(
+                committed.load(n)["plan"].get("lengths", "full") != "full" for n in files) else "") + ". Measured on the study's held-out passages against the "
             f"original's embeddings (recall@10 of the original: {num(committed.load(files[0])['reference_recall@10'], 3)}"
             "), mean ± std over seeds.")
     header = ["run", "method", "variant", "MLP share removed", "settings", "seeds"]
