@@ -282,6 +282,50 @@ def test_capture_compiles_the_forward_pass_and_falls_back_to_eager_when_it_canno
         np.testing.assert_allclose(np.asarray(Xc), np.asarray(Xe), rtol=1e-5, atol=1e-6)
 
 
+class Count(nnx.Variable):
+    pass
+
+
+class SpyNet(Net):
+    """The same network, recording whether its forward pass was traced and counting its calls in
+    a variable (state the pass changes)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = Count(jnp.zeros((), jnp.int32))
+        self.traced = []
+
+    def __call__(self, x):
+        self.traced.append(isinstance(x, jax.core.Tracer))
+        self.calls[...] = self.calls[...] + 1
+        return super().__call__(x)
+
+
+def test_capture_runs_one_compiled_program_that_keeps_nothing_alive():
+    """The capture's forward pass is traced (not the eager fallback), the state it changes is put
+    back as an eager pass would, and once the tokens and the model are dropped no array of theirs
+    stays alive (a fresh ``nnx.jit`` per capture kept every recorded activation: ~45 MB per
+    compression of a small ViT in a long study)."""
+    import gc
+
+    x = calibration()
+    model = SpyNet()
+    gc.collect()
+    before = {id(a) for a in jax.live_arrays()}
+    for _ in range(2):
+        tokens, _ = capture_calls(model, x, PATHS)
+        assert model.traced[-1] is True and len(tokens[PATHS[0]][0]) == 64
+    assert int(model.calls[...]) == 2
+    eager = ValueBranchNet()
+    eager_tokens, _ = capture_calls(eager, x, PATHS)
+    np.testing.assert_allclose(np.asarray(eager_tokens[PATHS[1]][1]), np.asarray(tokens[PATHS[1]][1]), rtol=1e-5,
+                               atol=1e-6)
+    del tokens, eager_tokens, model, eager
+    gc.collect()
+    left = [a for a in jax.live_arrays() if id(a) not in before]
+    assert not left, [a.shape for a in left]
+
+
 def _site(model, path, spec, S=None):
     tokens, _ = capture_calls(model, calibration(), [path])
     return make_site(path, get_submodule(model, path), spec, *tokens[path], S, jax.random.key(1))
