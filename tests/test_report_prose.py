@@ -396,3 +396,18 @@ def test_every_method_distilled_is_stated_best_first_where_more_than_one_ran():
     assert text.startswith("ρ = 0.5: refined pruning 86.10 → 87.60 % (gap 0.40 points") and "0.35" not in text
     assert text.index("refined pruning") < text.index("refined SVD 79.10 → 86.20 %") and not text.endswith(".")
     assert Distillation(_distill_payload({"svd-ref300": ((86.0,), (79.0,))})).every_method_says() == ""
+
+
+@pytest.mark.parametrize("cos, r10, says", [
+    (0.907, 0.837, ("**met** (0.837 against 0.830)", "**missed** (0.907)")),  # above the original's recall
+    (0.951, 0.819, ("**missed** (0.819 against 0.830)", "**met** (0.951)")),  # 0.011 below: outside 0.01
+    (0.95, 0.821, ("**met** (0.821 against 0.830)", "**met** (0.950)")),  # both on their bounds' right side
+])
+def test_the_minilm_targets_are_judged_apart(cos, r10, says):
+    from reporting.tables.distill import MiniLMDistillation
+
+    run = {"method": "prune", "variant": "emb+layers", "share": 0.8, "seed": 0,
+           "refined": {"mean_cosine": 0.81, "recall@10": 0.817}, "distilled": {"mean_cosine": cos, "recall@10": r10}}
+    text = MiniLMDistillation({"runs": [run], "reference_recall@10": 0.83}).target_parts("prune", 0.8)
+    recall, cosine = text.split("; mean cosine ≥ 0.95: ")
+    assert recall == "recall@10 within 0.01 of the original's: " + says[0] and cosine == says[1]
