@@ -123,9 +123,9 @@ def _recording_forward(model: nnx.Module, calibration, sinks: dict[str, _Sink], 
 
     graphdef, state = nnx.split(model)
 
-    def program(state, batch):
-        # A pure function of the state, not ``nnx.jit(forward)``: NNX keeps every fresh closure it
-        # jits (and its compiled program) alive, ~45 MB per compression of a small ViT in a long study.
+    def recording_forward(state, batch):
+        # A pure function of the state, not ``nnx.jit(forward)``: NNX's jit of a fresh closure kept
+        # it alive with its outputs, the recorded activations (~45 MB per compression of a small ViT).
         model = nnx.merge(graphdef, state)
         out = forward(model, batch)
         return out, nnx.state(model)  # what the pass changed (RNG counts), put back as nnx.jit would
@@ -134,7 +134,7 @@ def _recording_forward(model: nnx.Module, calibration, sinks: dict[str, _Sink], 
     for sink in sinks.values():
         sink.tracing = True
     try:
-        recorded, after = jax.jit(program)(state, batch)
+        recorded, after = jax.jit(recording_forward)(state, batch)
     except Exception:  # noqa: BLE001 — not traceable: the eager pass below reports real errors
         recorded = None
     finally:
