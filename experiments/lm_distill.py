@@ -12,7 +12,7 @@ original at most half of refinement's.
 
 Usage::
 
-    python experiments/lm_distill.py            # rho = 0.2, refined pruning, 3 seeds
+    python experiments/lm_distill.py            # rho = 0.1 / 0.2 / 0.35, refined pruning, 3 seeds
     python experiments/lm_distill.py --quick    # CI: the study's tiny LM, 10 steps
 
 Writes ``<out>/lm_distill.json`` (``lm_distill_quick.json``), resuming unit by unit
@@ -44,7 +44,7 @@ from jaxbsd.data import load_text_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.train import evaluate_lm, load_checkpoint  # noqa: E402
 
-FULL = dict(study=lmc.FULL, budgets=(0.2,), methods=("prune-ref300",), seeds=3, distill_windows=4096, steps=3000,
+FULL = dict(study=lmc.FULL, budgets=(0.1, 0.2, 0.35), methods=("prune-ref300",), seeds=3, distill_windows=4096, steps=3000,
             batch=16, learning_rate=1e-3, schedule="cosine", temperature=2.0)
 QUICK = dict(FULL, study=lmc.QUICK, seeds=1, distill_windows=64, steps=10, batch=8)
 

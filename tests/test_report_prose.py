@@ -411,3 +411,26 @@ def test_the_minilm_targets_are_judged_apart(cos, r10, says):
     text = MiniLMDistillation({"runs": [run], "reference_recall@10": 0.83}).target_parts("prune", 0.8)
     recall, cosine = text.split("; mean cosine ≥ 0.95: ")
     assert recall == "recall@10 within 0.01 of the original's: " + says[0] and cosine == says[1]
+
+
+def test_the_lm_is_stated_at_every_budget_and_judged_at_its_target_alone():
+    from reporting.tables.distill import LMDistillation
+
+    original = 2.0
+    bpc = {0.1: ((2.0010, 2.0012, 2.0014), (2.0036, 2.0034, 2.0038)),   # a third of refinement's gap
+           0.2: ((2.0050, 2.0040, 2.0060), (2.0090, 2.0100, 2.0110)),   # exactly half: met
+           0.35: ((2.0290, 2.0300, 2.0310), (2.0390, 2.0400, 2.0410))}  # three quarters
+    runs = [{"method": "prune-ref300", "reduction": rho, "seed": s, "bpc": b, "bpc_refined": r, "gap": b - original,
+             "gap_refined": r - original, "distill_windows": 4096}
+            for rho, (dist, ref) in bpc.items() for s, (b, r) in enumerate(zip(dist, ref))]
+    study = LMDistillation({"plan": {"budgets": [0.1, 0.2, 0.35]}, "bpc_original": original, "runs": runs})
+    text = study.every_budget_says("prune-ref300")
+    parts = text.split("Refined pruning at ρ = ")[1:]
+    assert [p.split(" ")[0] for p in parts] == ["0.1", "0.2", "0.35"]
+    assert text.count("Issue 43's target") == 1 and "target, at most half of refinement's gap: **met**" in parts[1]
+    assert "The distilled gap is 0.33 of refinement's." in parts[0]
+    assert "The distilled gap is 0.75 of refinement's." in parts[2]
+    assert "2.0300 bits per character" in parts[2] and "0.0300 above the original" in parts[2]
+    # Past half at the target: missed, with the share.
+    worse = dict(study.json, runs=[dict(r, gap=r["gap"] + 0.002) for r in runs])
+    assert "**missed** (0.70 of it)" in LMDistillation(worse).says("prune-ref300", 0.2)
