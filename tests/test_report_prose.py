@@ -434,3 +434,18 @@ def test_the_lm_is_stated_at_every_budget_and_judged_at_its_target_alone():
     # Past half at the target: missed, with the share.
     worse = dict(study.json, runs=[dict(r, gap=r["gap"] + 0.002) for r in runs])
     assert "**missed** (0.70 of it)" in LMDistillation(worse).says("prune-ref300", 0.2)
+
+
+def test_the_methods_distillation_lowered_are_stated_with_where_refinement_stood():
+    from reporting.tables.distill import Distillation
+
+    payload = _distill_payload({"prune-ref300": ((88.1, 88.0, 87.9), (88.3, 88.2, 88.4)),   # above 88.0, lowered
+                                "svd-ref300": ((87.0, 87.2, 87.1), (86.0, 86.2, 86.1)),     # raised: not stated
+                                "drone-ref300": ((86.9, 87.0, 86.8), (87.0, 87.1, 86.9)),   # below 88.0, lowered
+                                "auto-ref300": ((87.9,) * 3, (88.0,) * 3)})                  # at 88.0, lowered
+    text = Distillation(payload).lowered_says()
+    prune, drone, auto = text.split("; ")
+    assert auto == "refined `auto` at ρ = 0.5 88.00 → 87.90 % (refined at the original's 88.00 %)"
+    assert prune == "refined pruning at ρ = 0.5 88.30 → 88.00 % (refined above the original's 88.00 %)"
+    assert drone == "refined DRONE at ρ = 0.5 87.00 → 86.90 % (refined below the original's 88.00 %)"
+    assert Distillation(_distill_payload({"svd-ref300": ((87.0,), (86.0,))})).lowered_says() == ""
