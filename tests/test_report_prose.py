@@ -452,3 +452,14 @@ def test_the_methods_distillation_lowered_are_stated_with_where_refinement_stood
     assert prune == "refined pruning at ρ = 0.5 88.30 → 88.00 % (refined above the original's 88.00 %)"
     assert drone == "refined DRONE at ρ = 0.5 87.00 → 86.90 % (refined below the original's 88.00 %)"
     assert Distillation(_distill_payload({"svd-ref300": ((87.0,), (86.0,))})).lowered_says() == ""
+
+
+def test_the_methods_are_ranked_by_their_held_out_distillation_loss():
+    from reporting.tables.distill import Distillation
+
+    payload = _distill_payload({"svd-ref300": ((87.0, 87.2), (86.0, 86.2)), "prune-ref300": ((86.0, 86.1), (85.0, 85.0))})
+    losses = {("svd-ref300", 0): 0.08, ("svd-ref300", 1): 0.06, ("prune-ref300", 0): 0.03, ("prune-ref300", 1): 0.02}
+    for r in payload["runs"]:
+        r["distill"] = {"loss_after": losses[r["method"], r["seed"]]}
+    # the more accurate method is the less faithful one: ranked by the loss, not the accuracy
+    assert Distillation(payload).fidelity_says() == "ρ = 0.5: refined pruning 0.0250, refined SVD 0.0700"
