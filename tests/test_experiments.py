@@ -690,3 +690,34 @@ def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_t
     assert len(layers) == 6 and all(float(jnp.abs(x[mask[:8] == 0]).max(initial=0.0)) == 0.0 for x in layers)
     assert all(float(jnp.abs(x[mask[:8] == 1]).max()) > 0 for x in layers)
     np.testing.assert_allclose(np.asarray(emb), np.asarray(encoder(batch["ids"], batch["mask"])), rtol=1e-5, atol=1e-6)
+
+
+def test_minilm_distill_teacher_targets_in_chunks_are_the_whole_batch_targets():
+    """``minilm_distill.chunked_teacher_outputs``: runs of at least 2 over 5 windows (3 + 2, never
+    one window alone) give each window the targets one pass over all of them gives, in order."""
+    import numpy as np
+
+    from jaxbsd.data import minilm_dir
+
+    try:
+        path = minilm_dir()
+    except FileNotFoundError as err:
+        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
+    import jax
+    import jax.numpy as jnp
+    import minilm_distill
+    from jaxbsd.compression.distill import teacher_outputs
+    from jaxbsd.models import bert as B
+
+    original = B.from_pretrained(path)
+    ids = B.calibration_windows(original, ["Chunks of windows, one pass each. " * 40], 12, 5, seed=1)
+    tok = original.tokenizer
+    ids, mask = minilm_distill.mixed_lengths(ids, tok.token_to_id("[SEP]"), tok.token_to_id("[PAD]"), seed=3)
+    batch = {"ids": jnp.asarray(ids), "mask": jnp.asarray(mask, jnp.int32)}
+    forward = minilm_distill.embedding_and_layers
+    whole, chunked = teacher_outputs(original, batch, forward), minilm_distill.chunked_teacher_outputs(
+        original, batch, forward, chunk=2)
+    assert jax.tree.structure(whole) == jax.tree.structure(chunked)
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
+        assert a.shape == b.shape and a.shape[0] == 5
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
