@@ -621,23 +621,28 @@ def test_a_resumed_unit_counts_the_seconds_its_finished_steps_took(tmp_path):
     assert common.resumed_seconds(tmp_path / "run") == pytest.approx(expected, rel=1e-9)
 
 
-def test_minilm_distill_layer_errors_locate_a_perturbed_layer():
+@pytest.fixture
+def minilm_path():
+    """The installed all-MiniLM-L6-v2's folder; the test is skipped where the wheel is not installed."""
+    from jaxbsd.data import minilm_dir
+
+    try:
+        return minilm_dir()
+    except FileNotFoundError as err:
+        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
+
+
+def test_minilm_distill_layer_errors_locate_a_perturbed_layer(minilm_path):
     """``minilm_distill.layer_errors``: zero for the original itself; with one layer's MLP output
     weights scaled, zero before that layer and positive from it on (the error's location), and the
     embedding's 1 − cos recomputed in numpy from the two encoders' embeddings."""
     import numpy as np
     from flax import nnx
 
-    from jaxbsd.data import minilm_dir
-
-    try:
-        path = minilm_dir()
-    except FileNotFoundError as err:
-        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
     import minilm_distill
     from jaxbsd.models import bert as B
 
-    original = B.from_pretrained(path)
+    original = B.from_pretrained(minilm_path)
     ids = B.calibration_windows(original, ["The weather is lovely today. " * 40], 16, 3, seed=0)
     assert minilm_distill.layer_errors(original, original, ids) == pytest.approx([0.0] * 7, abs=1e-6)  # float32
     model = nnx.clone(original)
@@ -651,7 +656,7 @@ def test_minilm_distill_layer_errors_locate_a_perturbed_layer():
     assert errs[6] == pytest.approx(float(np.mean(1 - cos)), rel=1e-3, abs=1e-6)
 
 
-def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_them():
+def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_them(minilm_path):
     """``minilm_distill.mixed_lengths``: the cut windows end in [SEP] at a length in [4, T), padded
     after it and masked; the others unchanged; about half cut; the layer targets zero on padding
     and the embedding the encoder's own on the padded batch."""
@@ -674,17 +679,11 @@ def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_t
     again = minilm_distill.mixed_lengths(windows, sep, pad, seed=3)
     assert np.array_equal(again[0], ids) and not np.array_equal(minilm_distill.mixed_lengths(windows, sep, pad, 4)[0], ids)
 
-    from jaxbsd.data import minilm_dir
-
-    try:
-        path = minilm_dir()
-    except FileNotFoundError as err:
-        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
     import jax.numpy as jnp
 
     from jaxbsd.models import bert as B
 
-    encoder = B.from_pretrained(path)
+    encoder = B.from_pretrained(minilm_path)
     batch = {"ids": jnp.asarray(ids[:8]), "mask": jnp.asarray(mask[:8])}
     emb, layers = minilm_distill.embedding_and_layers(encoder, batch)
     assert len(layers) == 6 and all(float(jnp.abs(x[mask[:8] == 0]).max(initial=0.0)) == 0.0 for x in layers)
@@ -692,24 +691,18 @@ def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_t
     np.testing.assert_allclose(np.asarray(emb), np.asarray(encoder(batch["ids"], batch["mask"])), rtol=1e-5, atol=1e-6)
 
 
-def test_minilm_distill_teacher_targets_in_chunks_are_the_whole_batch_targets():
+def test_minilm_distill_teacher_targets_in_chunks_are_the_whole_batch_targets(minilm_path):
     """``minilm_distill.chunked_teacher_outputs``: runs of at least 2 over 5 windows (3 + 2, never
     one window alone) give each window the targets one pass over all of them gives, in order."""
     import numpy as np
 
-    from jaxbsd.data import minilm_dir
-
-    try:
-        path = minilm_dir()
-    except FileNotFoundError as err:
-        pytest.skip(f"all-minilm-l6-v2 not installed: {err}")
     import jax
     import jax.numpy as jnp
     import minilm_distill
     from jaxbsd.compression.distill import teacher_outputs
     from jaxbsd.models import bert as B
 
-    original = B.from_pretrained(path)
+    original = B.from_pretrained(minilm_path)
     ids = B.calibration_windows(original, ["Chunks of windows, one pass each. " * 40], 12, 5, seed=1)
     tok = original.tokenizer
     ids, mask = minilm_distill.mixed_lengths(ids, tok.token_to_id("[SEP]"), tok.token_to_id("[PAD]"), seed=3)
