@@ -211,7 +211,7 @@ class AutoRule:
                  candidates: Iterable[str] | None = None, setting=None):
         auto = auto or refined("auto", steps)
         candidates = list(candidates) if candidates is not None else [refined(m, steps) for m in ("bsd-warm", "prune")]
-        self.rho = rho
+        self.rho, self.auto = rho, auto
         self.against = max(candidates, key=lambda m: study.mean(m, rho, setting=setting))
         self.paired = study.vs(auto, self.against, rho, setting=setting)
         self.diff = study.mean(auto, rho, setting=setting) - study.mean(self.against, rho, setting=setting)

@@ -101,8 +101,11 @@ class Distillation(Study):
     def every_method_says(self, variant: str = "kl+blocks") -> str:
         """:meth:`methods_say` at every ρ of the plan where more than one method ran ("ρ = 0.2: ...;
         ... ρ = 0.5: ..."), "" where none did."""
-        return " ".join(f"ρ = {rho:g}: {self.methods_say(rho, variant)}." for rho in self.json["plan"]["budgets"]
-                        if len(self.methods(rho, variant)) > 1)[:-1]
+        return " ".join(f"ρ = {rho:g}: {self.methods_say(rho, variant)}." for rho in self.compared(variant))[:-1]
+
+    def compared(self, variant: str = "kl+blocks") -> list[float]:
+        """The plan's ρ at which more than one method ran in ``variant``."""
+        return [rho for rho in self.json["plan"]["budgets"] if len(self.methods(rho, variant)) > 1]
 
     def fidelity_says(self, variant: str = "kl+blocks") -> str:
         """Every method at every ρ where more than one ran, by its held-out distillation loss after
@@ -111,8 +114,7 @@ class Distillation(Study):
         def loss(m, rho):
             return float(np.mean([r["distill"]["loss_after"] for r in self._runs(m, rho, variant).values()]))
         return "; ".join(f"ρ = {rho:g}: " + ", ".join(f"{prose_name(m)} {loss(m, rho):.4f}" for m in sorted(
-            self.methods(rho, variant), key=lambda m: loss(m, rho))) for rho in self.json["plan"]["budgets"]
-            if len(self.methods(rho, variant)) > 1)
+            self.methods(rho, variant), key=lambda m: loss(m, rho))) for rho in self.compared(variant))
 
     def lowered_says(self, variant: str = "kl+blocks") -> str:
         """Every (ρ, method) whose mean distilled accuracy is below its refined one, with where the
@@ -152,10 +154,10 @@ class Distillation(Study):
             return None
         return AutoRule(self, rho, auto=auto, candidates=others, setting=variant)
 
-    def images_apart(self, rule: AutoRule, variant: str = "kl+blocks", auto: str = "auto-ref300") -> str:
+    def images_apart(self, rule: AutoRule, variant: str = "kl+blocks") -> str:
         """``rule``'s difference per seed in test images: "2 / 3 / 2 of the 2,007 test images
         fewer" (accuracies are shares of the test set: what a difference of points amounts to)."""
-        a, b = (self._runs(m, rule.rho, variant) for m in (auto, rule.against))
+        a, b = (self._runs(m, rule.rho, variant) for m in (rule.auto, rule.against))
         n = self.json["test_images"]
         counts = [round((b[s]["accuracy"] - a[s]["accuracy"]) * n / 100) for s in sorted(set(a) & set(b))]
         return f"{' / '.join(str(c) for c in counts)} of the {n:,} test images fewer per seed"
