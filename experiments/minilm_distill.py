@@ -116,18 +116,6 @@ def layer_errors(model: B.Encoder, original: B.Encoder, ids: np.ndarray) -> list
     return errs + [float(jnp.mean(1 - cos))]
 
 
-def chunked_teacher_outputs(original: B.Encoder, batch: dict, forward, chunk: int = 512):
-    """:func:`teacher_outputs` of ``batch`` (``{"ids", "mask"}``, each ``(N, T)``) in ``N // chunk``
-    near-equal runs of windows (each at least ``chunk``, so never one window alone, which
-    :func:`teacher_outputs` refuses), concatenated: one eager pass over thousands of windows would
-    hold every layer's attention scores and MLP activations for all of them at once (gigabytes);
-    each window's outputs depend on that window alone."""
-    bounds = np.linspace(0, batch["ids"].shape[0], max(1, batch["ids"].shape[0] // chunk) + 1).astype(int)
-    parts = [teacher_outputs(original, {k: v[a:b] for k, v in batch.items()}, forward)
-             for a, b in zip(bounds[:-1], bounds[1:])]
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-
-
 def embedding_only(encoder: B.Encoder, batch: dict):
     return encoder(batch["ids"], batch["mask"])
 
@@ -231,7 +219,7 @@ def main(argv=None) -> int:
                         windows, mask = mixed_lengths(windows, tok.token_to_id("[SEP]"), tok.token_to_id("[PAD]"),
                                                       seed=20_000 + seed)
                     batch = {"ids": jnp.asarray(windows), "mask": jnp.asarray(mask, jnp.int32)}
-                    targets = chunked_teacher_outputs(original, batch, config.forward)
+                    targets = teacher_outputs(original, batch, config.forward, batch_size=512)  # not one pass: gigabytes
                     info = distill_model(model, batch, targets, [r.path for r in report.mlps], config,
                                          jax.random.fold_in(jax.random.key(seed), DISTILL_STREAM))
                     scores = B.fidelity(reference, B.embed_eval_set(model, passages, pairs))

@@ -692,8 +692,8 @@ def test_minilm_distill_mixed_lengths_cut_a_share_of_the_windows_short_and_pad_t
 
 
 def test_minilm_distill_teacher_targets_in_chunks_are_the_whole_batch_targets(minilm_path):
-    """``minilm_distill.chunked_teacher_outputs``: runs of at least 2 over 5 windows (3 + 2, never
-    one window alone) give each window the targets one pass over all of them gives, in order."""
+    """``teacher_outputs(..., batch_size=2)`` over 5 windows (2 + 2 + 1: a ragged last run of one
+    window) gives each window the targets one pass over all of them gives, in order."""
     import numpy as np
 
     import jax
@@ -708,8 +708,7 @@ def test_minilm_distill_teacher_targets_in_chunks_are_the_whole_batch_targets(mi
     ids, mask = minilm_distill.mixed_lengths(ids, tok.token_to_id("[SEP]"), tok.token_to_id("[PAD]"), seed=3)
     batch = {"ids": jnp.asarray(ids), "mask": jnp.asarray(mask, jnp.int32)}
     forward = minilm_distill.embedding_and_layers
-    whole, chunked = teacher_outputs(original, batch, forward), minilm_distill.chunked_teacher_outputs(
-        original, batch, forward, chunk=2)
+    whole, chunked = teacher_outputs(original, batch, forward), teacher_outputs(original, batch, forward, batch_size=2)
     assert jax.tree.structure(whole) == jax.tree.structure(chunked)
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
         assert a.shape == b.shape and a.shape[0] == 5

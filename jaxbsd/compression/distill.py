@@ -206,10 +206,16 @@ def _examples(tree, what: str) -> int:
     return int(sizes.pop())
 
 
-def teacher_outputs(model: nnx.Module, calibration, forward: Callable | None = None):
+def teacher_outputs(model: nnx.Module, calibration, forward: Callable | None = None,
+                    batch_size: int | None = None):
     """The targets: the original model's eval-mode outputs on the calibration, ``model(calibration)``
     (or ``calibration(model)``, or ``forward(model, calibration)``: :attr:`Distill.forward`), as a
     pytree of floating-point arrays whose leading axis indexes the examples. Call it before any replacement. The model's train/eval flags are restored.
+
+    ``batch_size``: run a batch calibration (not a callable) that many examples at a time and
+    concatenate the outputs (one eager pass over thousands of examples holds every layer's
+    activations for all of them at once); ``None``, one pass. Each example's outputs must depend
+    on that example alone (eval mode).
 
     Raises:
       ValueError: naming ``calibration``: a callable that returns nothing, a leaf that is not a
@@ -219,8 +225,16 @@ def teacher_outputs(model: nnx.Module, calibration, forward: Callable | None = N
     flags = mode_flags(model)
     try:
         model.eval()
-        out = (calibration(model) if callable(calibration) else model(calibration) if forward is None
-               else forward(model, calibration))
+        if callable(calibration):
+            out = calibration(model)
+        else:
+            run = (lambda b: model(b)) if forward is None else (lambda b: forward(model, b))
+            if batch_size is None:
+                out = run(calibration)
+            else:
+                n, step = _examples(calibration, "a batch"), max(1, int(batch_size))
+                out = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(
+                    run(jax.tree.map(lambda x, i=i: x[i:i + step], calibration)) for i in range(0, n, step)))
     finally:
         restore_mode_flags(flags)
     leaves = jax.tree.leaves(out)
