@@ -15,7 +15,9 @@ files (another draw than the calibration's; the evaluation files are never read)
 
 With ``--lengths mixed`` half the distillation windows are cut short (a length drawn log-uniformly
 from 4 tokens up, closed by ``[SEP]``, padded and masked; the layers' targets are zero on padding),
-as the evaluation embeds titles of a few tokens and passages of every length.
+as the evaluation embeds titles of a few tokens and passages of every length. With ``--lengths
+passages`` the inputs are the calibration files' passages themselves (4,294; their own lengths, a
+median near 50 tokens as the evaluation's, cut at 128; ``--windows`` then counts passages).
 
 The evaluation is the study's (256 held-out passages, 300 title → section pairs of the evaluation
 files; mean cosine to the original's embeddings, top-10 neighbour overlap, recall@1/@10), for the
@@ -31,6 +33,8 @@ Usage::
                                                     # an ablation: minilm_distill_s2000_all.json
     python experiments/minilm_distill.py --methods prune --trainable all --steps 2000 --lr 1e-3 --lengths mixed
                                                     # minilm_distill_s2000_lr10_all_mixed.json
+    python experiments/minilm_distill.py --methods prune --trainable all --steps 2000 --lr 1e-3 --lengths passages \
+        --windows 4294                              # minilm_distill_n4294_s2000_lr10_all_passages.json
 
 Writes ``<out>/minilm_distill.json`` (``minilm_distill_quick.json``), resuming unit by unit
 (``<out>/state/minilm_distill/<unit>/unit.json``).
@@ -71,7 +75,7 @@ QUICK = dict(FULL, shares=(0.9,), methods=("prune",), windows=4, seq_len=32, max
 #: result file (``--trainable all --steps 2000`` -> ``minilm_distill_s2000_all.json``), so an
 #: ablation never overwrites the headline.
 KNOBS = ("distill_windows", "steps", "learning_rate", "trainable", "lengths")
-LENGTHS = ("full", "mixed")
+LENGTHS = ("full", "mixed", "passages")
 
 
 def knob_suffix(plan: dict, sep: str, base: dict = FULL) -> str:
@@ -102,6 +106,27 @@ def mixed_lengths(windows: np.ndarray, sep_id: int, pad_id: int, seed: int, shar
     for i in np.flatnonzero(rng.random(len(ids)) < share):
         n = int(np.exp(rng.uniform(np.log(shortest), np.log(ids.shape[1]))))
         ids[i, n - 1], ids[i, n:], mask[i, n:] = sep_id, pad_id, 0
+    return ids, mask
+
+
+def calibration_passages(encoder: B.Encoder, texts, seq_len: int, count: int, *,
+                         seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, mask)``, both ``(count, seq_len)``: ``count`` of ``texts`` drawn at random (``seed``)
+    without replacement, each tokenized as the encoder embeds a text (``[CLS] … [SEP]``), cut to
+    ``seq_len`` tokens (the last one ``[SEP]``, as the tokenizer truncates), padded and masked. The
+    passages of the calibration files have the evaluation's own lengths (a median near 50 tokens),
+    where windows of the concatenated text are all ``seq_len`` long."""
+    if not 1 <= count <= len(texts):
+        raise ValueError(f"count: {len(texts)} passages, {count} requested")
+    pick = np.sort(np.random.default_rng(seed).choice(len(texts), count, replace=False))
+    ids, mask, _ = encoder.tokenize([texts[i] for i in pick])
+    lengths = mask.sum(1)
+    ids, mask = ids[:, :seq_len], mask[:, :seq_len]
+    if ids.shape[1] < seq_len:
+        pad = ((0, 0), (0, seq_len - ids.shape[1]))
+        ids = np.pad(ids, pad, constant_values=encoder.bert.config.pad_token_id)
+        mask = np.pad(mask, pad)
+    ids[lengths > seq_len, -1] = encoder.tokenizer.token_to_id("[SEP]")
     return ids, mask
 
 
@@ -146,7 +171,8 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, dest="distill_windows", help="unlabeled windows distilled on")
     parser.add_argument("--lr", type=float, dest="learning_rate")
     parser.add_argument("--trainable", choices=("replaced", "replaced+norms", "all"))
-    parser.add_argument("--lengths", choices=LENGTHS, help="distill on full windows (default) or half cut short")
+    parser.add_argument("--lengths", choices=LENGTHS, help="distill on full windows (default), half of them cut short, or the calibration files' passages "
+                        "as they are (their own lengths, cut at 128 tokens; --windows then counts passages)")
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
     for name in ("shares", "methods", "variants", "seeds", "steps", "distill_windows", "learning_rate", "trainable",
@@ -211,9 +237,13 @@ def main(argv=None) -> int:
                         refined_errors = layer_errors(compressed, original, error_ids)
                     seconds_compress = timer()
                     model = nnx.clone(compressed)  # each variant from the same refined model
-                    windows = B.calibration_windows(original, calibration_texts, plan["seq_len"],
-                                                    plan["distill_windows"], seed=10_000 + seed)
-                    mask = np.ones_like(windows)
+                    if plan["lengths"] == "passages":
+                        windows, mask = calibration_passages(original, calibration_texts, plan["seq_len"],
+                                                             plan["distill_windows"], seed=10_000 + seed)
+                    else:
+                        windows = B.calibration_windows(original, calibration_texts, plan["seq_len"],
+                                                        plan["distill_windows"], seed=10_000 + seed)
+                        mask = np.ones_like(windows)
                     if plan["lengths"] == "mixed":
                         tok = original.tokenizer
                         windows, mask = mixed_lengths(windows, tok.token_to_id("[SEP]"), tok.token_to_id("[PAD]"),

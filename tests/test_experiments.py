@@ -713,3 +713,37 @@ def test_minilm_distill_teacher_targets_in_chunks_are_the_whole_batch_targets(mi
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
         assert a.shape == b.shape and a.shape[0] == 5
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+
+
+def test_minilm_distill_calibration_passages_are_the_tokenizers_own_truncated_and_padded(minilm_path):
+    """``minilm_distill.calibration_passages``: each row is the tokenizer's own encoding of its text
+    truncated at ``seq_len`` (the Hugging Face tokenizer's truncation is the oracle), padded and
+    masked after it; the drawn texts depend on the seed; a short passage embeds as ``encode`` embeds it
+    alone; more passages than texts are refused."""
+    import numpy as np
+
+    import jax.numpy as jnp
+    import minilm_distill
+    from jaxbsd.models import bert as B
+
+    encoder = B.from_pretrained(minilm_path)
+    texts = ["A short passage.", "Another one, a little longer than the first of them.",
+             "A long passage that runs past the cut. " * 12, "Tiny.", "The fifth text of five."]
+    T = 16
+    ids, mask = minilm_distill.calibration_passages(encoder, texts, T, 5, seed=0)
+    assert ids.shape == mask.shape == (5, T)
+    tok = encoder.tokenizer
+    tok.no_padding()
+    tok.enable_truncation(T)
+    for row, m, text in zip(ids, mask, texts):  # all five drawn: sorted, in the texts' order
+        expected = tok.encode(text).ids
+        n = len(expected)
+        assert m.sum() == n and np.all(m[:n] == 1) and np.all(m[n:] == 0)
+        assert row[:n].tolist() == expected and np.all(row[n:] == encoder.bert.config.pad_token_id)
+    assert mask[2].sum() == T and mask[0].sum() < T
+    two = [minilm_distill.calibration_passages(encoder, texts, T, 2, seed=s)[0] for s in range(6)]
+    assert len({r.tobytes() for r in two}) > 1
+    emb = encoder(jnp.asarray(ids), jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(emb[0]), encoder.encode([texts[0]])[0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="count"):
+        minilm_distill.calibration_passages(encoder, texts, T, 6, seed=0)
