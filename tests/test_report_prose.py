@@ -463,3 +463,25 @@ def test_the_methods_are_ranked_by_their_held_out_distillation_loss():
         r["distill"] = {"loss_after": losses[r["method"], r["seed"]]}
     # the more accurate method is the less faithful one: ranked by the loss, not the accuracy
     assert Distillation(payload).fidelity_says() == "ρ = 0.5: refined pruning 0.0250, refined SVD 0.0700"
+
+
+def test_what_a_minilm_run_reaches_is_its_seeds_mean_and_counts_them():
+    """``MiniLMDistillation.reaches``: the means over the seeds (counted where more than one), each
+    seed's step kept, and the targets judged on the means."""
+    from reporting.tables.distill import MiniLMDistillation
+
+    def run(seed, cos, r10, kept):
+        return {"method": "prune", "variant": "emb+layers", "share": 0.8, "seed": seed,
+                "refined": {"mean_cosine": 0.81, "recall@10": 0.817},
+                "distilled": {"mean_cosine": cos, "recall@10": r10}, "distill": {"steps": 2000, "steps_kept": kept},
+                "layer_errors_refined": [0.1, 0.2, 0.3], "layer_errors_distilled": [0.05, 0.04, 0.1]}
+
+    one = MiniLMDistillation({"runs": [run(0, 0.94, 0.84, 2000)], "reference_recall@10": 0.83})
+    assert one.reaches("prune", 0.8).startswith("the mean cosine is 0.940 and recall@10 0.840 (the step kept: "
+                                                "2,000 of 2,000; layers 1–2 0.100 / 0.200 → 0.050 / 0.040, ")
+    three = MiniLMDistillation({"runs": [run(0, 0.94, 0.84, 2000), run(1, 0.95, 0.80, 1950), run(2, 0.99, 0.80, 2000)],
+                                "reference_recall@10": 0.83})
+    text = three.reaches("prune", 0.8)
+    assert text.startswith("the mean cosine is 0.960 and recall@10 0.813, mean of 3 seeds (the step kept: 2,000 of "
+                           "2,000, 1,950 of 2,000, 2,000 of 2,000; ")
+    assert text.endswith("**missed** (0.813 against 0.830); mean cosine ≥ 0.95: **met** (0.960)")
