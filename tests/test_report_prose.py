@@ -485,3 +485,33 @@ def test_what_a_minilm_run_reaches_is_its_seeds_mean_and_counts_them():
     assert text.startswith("the mean cosine is 0.960 and recall@10 0.813, mean of 3 seeds (the step kept: 2,000 of "
                            "2,000, 1,950 of 2,000, 2,000 of 2,000; ")
     assert text.endswith("**missed** (0.813 against 0.830); mean cosine ≥ 0.95: **met** (0.960)")
+
+
+def test_the_best_minilm_run_is_the_highest_cosine_of_every_committed_file(tmp_path, monkeypatch):
+    """``MiniLMDistillation.best``: the headline and every committed ablation where the method ran
+    at the share, the highest distilled mean cosine wins (quick runs and other methods ignored); its
+    recipe and seed count said in words."""
+    import json
+
+    from reporting import committed
+    from reporting.tables.distill import MiniLMDistillation
+
+    def payload(cos, method="prune", seeds=1, **plan):
+        runs = [{"method": method, "variant": "emb+layers", "share": 0.8, "seed": s,
+                 "refined": {"mean_cosine": 0.81}, "distilled": {"mean_cosine": cos}} for s in range(seeds)]
+        return {"runs": runs, "plan": dict(dict(steps=1000, distill_windows=1024, seq_len=128), **plan)}
+
+    files = {"minilm_distill_s2000_all.json": payload(0.92, steps=2000, trainable="all"),
+             "minilm_distill_n4294_s4000_passages.json": payload(0.94, seeds=3, steps=4000, distill_windows=4294,
+                                                                  lengths="passages", trainable="all"),
+             "minilm_distill_quick.json": payload(0.99), "minilm_distill_s9000.json": payload(0.99, method="svd")}
+    for name, d in files.items():
+        (tmp_path / name).write_text(json.dumps(d))
+    monkeypatch.setattr(committed, "RESULTS", tmp_path)
+    headline = MiniLMDistillation(payload(0.88, trainable="replaced", lengths="mixed"))
+    best = headline.best("prune", 0.8)
+    assert best.mean("prune", 0.8) == pytest.approx(0.94) and best.counted("prune", 0.8) == "mean of 3 seeds"
+    assert best.recipe() == "every parameter, 4,000 steps, on 4,294 passages of the calibration files"
+    assert headline.recipe() == ("the replaced MLPs, 1,000 steps, on 1,024 windows of 128 tokens of the calibration "
+                                 "files, half of them cut short") and headline.counted("prune", 0.8) == "1 seed"
+    assert MiniLMDistillation(payload(0.95)).best("prune", 0.8).mean("prune", 0.8) == pytest.approx(0.95)

@@ -350,6 +350,28 @@ class MiniLMDistillation(Study):
         d = committed.load(f"minilm_distill_{suffix}.json")
         return None if d is None else MiniLMDistillation(d)
 
+    def best(self, method: str, share: float) -> "MiniLMDistillation":
+        """Of this headline and every committed ablation (``minilm_distill_*.json``) where ``method``
+        ran at ``share``, the one whose distilled mean cosine is the highest (the headline on a tie)."""
+        runs = [self] + [MiniLMDistillation(committed.load(name)) for name in _files("minilm_distill_*.json", ())]
+        return max((r for r in runs if r.seeds(method, share)), key=lambda r: r.mean(method, share))
+
+    def recipe(self) -> str:
+        """The run's distillation recipe in words: "every parameter, 4,000 steps, on 4,294 passages of
+        the calibration files"."""
+        plan = self.json["plan"]
+        trained = {"all": "every parameter", "replaced": "the replaced MLPs",
+                   "replaced+norms": "the replaced MLPs and every norm"}[plan.get("trainable", "replaced")]
+        lengths = plan.get("lengths", "full")
+        inputs = ("passages" if lengths == "passages" else f"windows of {plan['seq_len']} tokens") + " of the calibration files"
+        return (f"{trained}, {plan['steps']:,} steps, on {plan['distill_windows']:,} {inputs}"
+                + (", half of them cut short" if lengths == "mixed" else ""))
+
+    def counted(self, method: str, share: float) -> str:
+        """"1 seed" or "mean of 3 seeds"."""
+        n = len(self.seeds(method, share))
+        return "1 seed" if n == 1 else f"mean of {n} seeds"
+
     def kept(self, method: str, share: float) -> str:
         """The step kept of the steps run, per seed: ``"2,000 of 2,000"``."""
         runs = self._runs(method, share)
