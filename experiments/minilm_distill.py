@@ -74,13 +74,14 @@ QUICK = dict(FULL, shares=(0.9,), methods=("prune",), windows=4, seq_len=32, max
 #: The distillation knobs a run may change from FULL: each non-default one names its units and its
 #: result file (``--trainable all --steps 2000`` -> ``minilm_distill_s2000_all.json``), so an
 #: ablation never overwrites the headline.
-KNOBS = ("distill_windows", "steps", "learning_rate", "trainable", "lengths")
+KNOBS = ("distill_windows", "steps", "learning_rate", "trainable", "lengths", "variants")
 LENGTHS = ("full", "mixed", "passages")
 
 
-def knob_suffix(plan: dict, sep: str, base: dict = FULL) -> str:
-    """``sep``-joined tags of the knobs of ``plan`` that differ from ``base`` (``""`` if none)."""
-    return common.knob_suffix(plan, base, KNOBS, sep)
+def knob_suffix(plan: dict, sep: str, base: dict = FULL, skip: tuple = ()) -> str:
+    """``sep``-joined tags of the knobs of ``plan`` that differ from ``base`` (``""`` if none), but
+    those in ``skip``."""
+    return common.knob_suffix(plan, base, KNOBS, sep, skip)
 
 
 def embedding_and_layers(encoder: B.Encoder, batch: dict):
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
                 run_dir = out / "state" / study_stem / f"{method}-ref_s{share}_seed{seed}" / "run"
                 compressed, report = None, None
                 for variant in plan["variants"]:
-                    name = f"{method}-ref-dist-{variant}{knob_suffix(plan, '-', base)}_s{share}_seed{seed}"
+                    name = f"{method}-ref-dist-{variant}{knob_suffix(plan, '-', base, ('variants',))}_s{share}_seed{seed}"
                     config = distill_config(variant, plan)
                     tag = json.dumps({"method": method, "share": share, "seed": seed, "study": [
                         plan["windows"], plan["seq_len"], plan["max_iter"], tag_eval],

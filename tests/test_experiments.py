@@ -596,6 +596,9 @@ def test_a_minilm_distillation_ablation_names_its_own_result_file():
     assert minilm_distill.knob_suffix(plan, "_") == "_s2000_all"
     plan = dict(plan, distill_windows=4096, learning_rate=1e-3, trainable="replaced+norms")
     assert minilm_distill.knob_suffix(plan, "-") == "-n4096-s2000-lr10-norms"
+    plan = dict(plan, lengths="passages", variants=("emb",))  # a run of another loss: its own file too
+    assert minilm_distill.knob_suffix(plan, "_") == "_n4096_s2000_lr10_norms_passages_emb"
+    assert minilm_distill.knob_suffix(plan, "-", skip=("variants",)) == "-n4096-s2000-lr10-norms-passages"
     assert minilm_distill.knob_suffix(dict(minilm_distill.QUICK), "_", minilm_distill.QUICK) == ""
 
 

@@ -515,3 +515,5 @@ def test_the_best_minilm_run_is_the_highest_cosine_of_every_committed_file(tmp_p
     assert headline.recipe() == ("the replaced MLPs, 1,000 steps, on 1,024 windows of 128 tokens of the calibration "
                                  "files, half of them cut short") and headline.counted("prune", 0.8) == "1 seed"
     assert MiniLMDistillation(payload(0.95)).best("prune", 0.8).mean("prune", 0.8) == pytest.approx(0.95)
+    assert MiniLMDistillation(payload(0.9, variants=["emb"])).recipe().endswith("files, towards the sentence embedding alone")
+    assert MiniLMDistillation(payload(0.9, variants=["emb+layers"])).recipe().endswith("calibration files")

@@ -365,7 +365,8 @@ class MiniLMDistillation(Study):
         lengths = plan.get("lengths", "full")
         inputs = ("passages" if lengths == "passages" else f"windows of {plan['seq_len']} tokens") + " of the calibration files"
         return (f"{trained}, {plan['steps']:,} steps, on {plan['distill_windows']:,} {inputs}"
-                + (", half of them cut short" if lengths == "mixed" else ""))
+                + (", half of them cut short" if lengths == "mixed" else "")
+                + (", towards the sentence embedding alone" if tuple(plan.get("variants", ())) == ("emb",) else ""))
 
     def counted(self, method: str, share: float) -> str:
         """"1 seed" or "mean of 3 seeds"."""
