@@ -481,6 +481,12 @@ def test_what_a_minilm_run_reaches_is_its_seeds_mean_and_counts_them():
                                                 "2,000 of 2,000; layers 1–2 0.100 / 0.200 → 0.050 / 0.040, ")
     three = MiniLMDistillation({"runs": [run(0, 0.94, 0.84, 2000), run(1, 0.95, 0.80, 1950), run(2, 0.99, 0.80, 2000)],
                                 "reference_recall@10": 0.83})
+    assert not three.layers_rise("prune", 0.8)
+    for r in three.json["runs"]:
+        r["layer_errors_distilled"] = [0.11, 0.25, 0.01]  # every layer above refinement's; the embedding below
+    assert three.layers_rise("prune", 0.8)
+    three.json["runs"][1]["layer_errors_distilled"] = [0.11, 0.2, 0.01]  # one layer of one seed only equal
+    assert not three.layers_rise("prune", 0.8)
     text = three.reaches("prune", 0.8)
     assert text.startswith("the mean cosine is 0.960 and recall@10 0.813, mean of 3 seeds (the step kept: 2,000 of "
                            "2,000, 1,950 of 2,000, 2,000 of 2,000; ")

@@ -368,6 +368,12 @@ class MiniLMDistillation(Study):
                 + (", half of them cut short" if lengths == "mixed" else "")
                 + (", towards the sentence embedding alone" if tuple(plan.get("variants", ())) == ("emb",) else ""))
 
+    def layers_rise(self, method: str, share: float) -> bool:
+        """Whether every layer's output error (the embedding's left out) ends above where refinement
+        left it, in every seed: distillation traded the layers for the embedding."""
+        return all(a > b for r in self._runs(method, share).values()
+                   for a, b in zip(r["layer_errors_distilled"][:-1], r["layer_errors_refined"][:-1]))
+
     def counted(self, method: str, share: float) -> str:
         """"1 seed" or "mean of 3 seeds"."""
         n = len(self.seeds(method, share))
