@@ -341,7 +341,7 @@ class MiniLMDistillation(Study):
         mean cosine ≥ 0.95: **missed** (0.921)" (means over its seeds, counted where more than one)."""
         n = len(self.seeds(method, share))
         return (f"the mean cosine is {num(self.mean(method, share), 3)} and recall@10 "
-                f"{num(self.mean(method, share, 'recall@10'), 3)}" + (f", mean of {n} seeds" if n > 1 else "")
+                f"{num(self.mean(method, share, 'recall@10'), 3)}" + (f", {self.counted(method, share)}" if n > 1 else "")
                 + f" (the step kept: {self.kept(method, share)}; {self.layers_say(method, share)}): "
                 + self.target_parts(method, share))
 
@@ -353,7 +353,9 @@ class MiniLMDistillation(Study):
     def best(self, method: str, share: float) -> "MiniLMDistillation":
         """Of this headline and every committed ablation (``minilm_distill_*.json``) where ``method``
         ran at ``share``, the one whose distilled mean cosine is the highest (the headline on a tie)."""
-        runs = [self] + [MiniLMDistillation(committed.load(name)) for name in _files("minilm_distill_*.json", ())]
+        # read through the per-version cache: the pages ask for the best run several times
+        runs = [self] + [MiniLMDistillation(committed.read_json(committed.RESULTS / name))
+                         for name in _files("minilm_distill_*.json", ())]
         return max((r for r in runs if r.seeds(method, share)), key=lambda r: r.mean(method, share))
 
     def recipe(self) -> str:
@@ -445,8 +447,8 @@ def minilm_distill_table() -> str:
         return "No current result committed (`python experiments/minilm_distill.py`)."
     measures = (("mean_cosine", "cosine"), ("neighbour_overlap", "top-10 overlap"), ("recall@10", "recall@10"))
     rows, layer_rows, sources = [], [], []
-    for name in files:
-        d = committed.load(name)
+    loaded = {name: committed.load(name) for name in files}
+    for name, d in loaded.items():
         study = MiniLMDistillation(d)
         tag = "headline" if name == "minilm_distill.json" else "ablation"
         for method, variant, share in dict.fromkeys((r["method"], r["variant"], r["share"]) for r in d["runs"]):
@@ -466,7 +468,7 @@ def minilm_distill_table() -> str:
                     layer_rows.append([tag, prose_name(method), f"{share:g}", _minilm_settings(d["plan"]), stage,
                                        *(num(e, 3) for e in errs)])
         sources.append(f"`{name}`: {source_line(d)}")
-    lengths = {committed.load(n)["plan"].get("lengths", "full") for n in files}
+    lengths = {d["plan"].get("lengths", "full") for d in loaded.values()}
     mixed = ("; `mixed lengths`: half the windows cut short (log-uniform, 4 tokens up) and padded, as the "
              "evaluation's titles and passages are" if "mixed" in lengths else "")
     mixed += ("; `passages`: instead of windows, the calibration files' passages as they are (their own lengths, "
@@ -475,7 +477,7 @@ def minilm_distill_table() -> str:
             "windows of 128 tokens from the calibration files (20 % held out, the best step kept); `emb+layers`: "
             "the sentence embedding (cosine) plus every layer's output tokens; trained: the replaced MLPs "
             "(`replaced`) or every parameter (`all`)" + mixed + ". Measured on the study's held-out passages against the "
-            f"original's embeddings (recall@10 of the original: {num(committed.load(files[0])['reference_recall@10'], 3)}"
+            f"original's embeddings (recall@10 of the original: {num(loaded[files[0]]['reference_recall@10'], 3)}"
             "), mean ± std over seeds.")
     header = ["run", "method", "variant", "MLP share removed", "settings", "seeds"]
     for _, label in measures:
