@@ -1,0 +1,107 @@
+"""Bit-identity of a fixed set of compressions across refactorings of the engine.
+
+Every method, one MLP at a time and grouped, refined and not, on a toy ViT, jaxbsd's gated
+character LM and a tiny BERT: each compressed model's every leaf is hashed (its bytes, shape and
+dtype) and compared with ``tests/golden/compressions.json``, written by the code before the engine
+was restructured (issue 56). A change of the engine that moves any bit of any model fails here.
+The hashes are of this suite's compiler settings (``tests/conftest.py``) on the CPU.
+
+Regenerate (only for an intended change of the numbers, said in the commit):
+``JAXBSD_GOLDEN_WRITE=1 python -m pytest -q tests/test_golden_compressions.py -m slow``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxbsd as jb
+from jaxbsd.models import build_model
+from jaxbsd.models.bert import Bert, BertConfig, Encoder
+from jaxbsd.models.lm import LM, LMConfig
+from jaxbsd.models.vit import ViTConfig
+
+GOLDEN = pathlib.Path(__file__).parent / "golden" / "compressions.json"
+WRITE = os.environ.get("JAXBSD_GOLDEN_WRITE") == "1"
+FAST = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=12)
+
+#: (method, grouped, refined): every method one MLP at a time, the decoupling and pruning grouped,
+#: refined and not.
+CASES = [("bsd", False, True), ("bsd", False, False), ("bsd", True, True), ("bsd", True, False),
+         ("prune", False, True), ("prune", True, False), ("svd", False, True), ("drone", False, False),
+         ("auto", False, True), ("auto", True, True)]
+MODELS = ("vit", "lm", "bert")
+
+
+def _model_and_calibration(kind: str):
+    if kind == "vit":
+        model = build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=2, num_heads=2,
+                                             mlp_dim=32), seed=0)
+        return model, jax.random.normal(jax.random.key(1), (16, 8, 8, 1), jnp.float32)
+    if kind == "lm":
+        config = LMConfig.tiny()
+        tokens = jax.random.randint(jax.random.key(1), (6, config.context), 0, config.vocab_size)
+        return LM(config, rngs=nnx.Rngs(0)), tokens
+    config = BertConfig.tiny()
+    encoder = Encoder(Bert(config, rngs=nnx.Rngs(0)))
+    ids = jax.random.randint(jax.random.key(1), (8, 12), 0, config.vocab_size)
+    mask = jnp.ones_like(ids)
+    return encoder, lambda m: m(ids, mask)
+
+
+def compress(kind: str, method: str, grouped: bool, refined: bool):
+    """One compression of the set, through the public API."""
+    model, calibration = _model_and_calibration(kind)
+    chosen = {"bsd": jb.BSD(config=FAST, restarts=2), "auto": jb.Auto(bsd=jb.BSD(config=FAST, restarts=2), judge="block")}.get(
+        method, method)
+    model, report = jb.compress_model(model, calibration, mlps=None, reduction=0.2, method=chosen,
+                                      key=jax.random.key(0), num_samples=48,
+                                      refine=jb.Refine(steps=6, batch_size=32) if refined else None,
+                                      group=grouped)
+    return model, report
+
+
+def leaf_hashes(model) -> dict[str, str]:
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model)):
+        value = var[...]
+        if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        a = np.asarray(value)
+        out[".".join(map(str, path))] = hashlib.sha256(str(a.shape).encode() + str(a.dtype).encode()
+                                                       + a.tobytes()).hexdigest()[:20]
+    return dict(sorted(out.items()))
+
+
+def _name(kind, method, grouped, refined) -> str:
+    return f"{kind}/{method}/{'grouped' if grouped else 'sequential'}/{'refined' if refined else 'built'}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", MODELS)
+def test_compressions_are_bit_identical_to_the_recorded_ones(kind):
+    got = {}
+    for method, grouped, refined in CASES:
+        model, report = compress(kind, method, grouped, refined)
+        got[_name(kind, method, grouped, refined)] = {"leaves": leaf_hashes(model),
+                                                      "methods": [m.method for m in report.mlps],
+                                                      "params_after": report.params_after}
+    if WRITE:
+        recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        recorded.update(got)
+        GOLDEN.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+        return
+    recorded = json.loads(GOLDEN.read_text())
+    for name, entry in got.items():
+        want = recorded[name]
+        assert entry["params_after"] == want["params_after"] and entry["methods"] == want["methods"], name
+        moved = [leaf for leaf in want["leaves"] if entry["leaves"].get(leaf) != want["leaves"][leaf]]
+        assert set(entry["leaves"]) == set(want["leaves"]) and not moved, (name, moved[:5])
