@@ -50,7 +50,7 @@ MODELS = {"vit": dict(blocks=6, m=64, H=256, rank=40, tokens=(32, 64)),
 #: The programs of the solve and the refinement: one block at a time's (jaxbsd.driver, refine) and
 #: a group's (on the CPU without a mesh the one-block program of jaxbsd.compression.devices.run_blocks,
 #: named after the function it runs; otherwise jaxbsd.compression.devices._program).
-SOLVER_PROGRAMS = ("jit(_decouple_compiled)", "jit(_refine_loop)", "jit(_solve_and_refine_block)", "jit(_solve_block)",
+SOLVER_PROGRAMS = ("jit(decouple_compiled)", "jit(refine_loop)", "jit(_solve_and_refine_block)", "jit(solve_block)",
                    "jit(program)")
 #: jax.monitoring's compile events, by the stage a first run's profile names them.
 COMPILE_STAGES = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
@@ -91,7 +91,7 @@ def cuda_export_loops(G: int = 6, restarts: int = 4) -> dict:
 
     m, r = 12, 3
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=20)
-    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, True)
+    program = dv._program(dv.solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, True)
     text = jax.export.export(program, platforms=("cuda",))(planted_group(G, m=m), config).mlir_module()
     return {"blocks": G, "restarts": restarts, "while_loops": len(re.findall(r"stablehlo\.while", text)),
             "carry_holds_all": bool(re.search(rf"tensor<{G}x{restarts}x{m}x{r}x", text))}

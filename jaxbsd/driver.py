@@ -197,7 +197,7 @@ def _place(keys: jax.Array, problem: Problem, shard: str | None) -> tuple[jax.Ar
     return keys, Problem(jac=problem.jac.map_samples(rows), F=rows(problem.F), X=rows(problem.X))
 
 
-def _restart_batching(batch: str | None, restarts: int) -> str:
+def restart_batching(batch: str | None, restarts: int) -> str:
     """``"vmap"`` or ``"map"`` for ``decouple(batch=...)``; ``None`` picks ``"vmap"``.
 
     Measured (``benchmarks/run.py``, row (b)): with jaxlib's LAPACK on one thread, 16 vmapped
@@ -295,7 +295,7 @@ def _run_vmap(keys, problem, config, channel, every, warm=None, report=True) -> 
     return over(cmtf.finish)(loops, problem, config)
 
 
-def _decouple_compiled(keys, problem, config, channel, every, init=None, *, batch: str,
+def decouple_compiled(keys, problem, config, channel, every, init=None, *, batch: str,
                        report: bool = True) -> DecouplingResult:
     """The whole solve of one problem. ``report=False`` leaves the progress hook out of the
     program (a group of blocks vmaps this function: a batched hook would call the host every
@@ -309,7 +309,7 @@ def _decouple_compiled(keys, problem, config, channel, every, init=None, *, batc
 #: is asked for, else without it. A program holding a host callback is never written to JAX's
 #: persistent compilation cache, so the hook-free one is what a later process (a rerun, a test
 #: worker, a study's next unit) loads from the cache instead of compiling the solver again.
-_decouple_jit = jax.jit(_decouple_compiled, static_argnames=("batch", "report"))
+_decouple_jit = jax.jit(decouple_compiled, static_argnames=("batch", "report"))
 
 
 def _reporter(progress: bool | ProgressCallback, restarts: int, config: CMTFConfig, batch: str):
@@ -339,7 +339,7 @@ def _reporter(progress: bool | ProgressCallback, restarts: int, config: CMTFConf
     return report, close
 
 
-def _check_init(init: Any, prob: Problem, config: CMTFConfig) -> Decoupled:
+def check_init(init: Any, prob: Problem, config: CMTFConfig) -> Decoupled:
     """``decouple(init=...)`` validated: a finite :class:`~jaxbsd.Decoupled` of the config's
     basis and rank and the problem's sizes, in the problem's dtype."""
     if not isinstance(init, Decoupled):
@@ -424,8 +424,8 @@ def decouple(
             f"X: the number of samples S = {prob.X.shape[0]} must be >= the basis dof {config.basis.num_coef}"
         )
     if init is not None:
-        init = _check_init(init, prob, config)
-    batch = _restart_batching(batch, restarts)
+        init = check_init(init, prob, config)
+    batch = restart_batching(batch, restarts)
     keys, prob = _place(jax.random.split(key, restarts), prob, shard)
     every = (progress_every or max(1, config.max_iter // 20)) if progress else 0
     if not progress:

@@ -142,12 +142,12 @@ def restart_output_errors(result: DecouplingResult, X: jax.Array, Y: jax.Array) 
     """
     count = int(np.shape(result.restarts.objective)[0])
     X, Y = jnp.asarray(X), jnp.asarray(Y)
-    errors = np.array([float(_error(result.restart_model(i), X, Y)) for i in range(count)], np.float64)
+    errors = np.array([float(relative_output_error(result.restart_model(i), X, Y)) for i in range(count)], np.float64)
     return np.where(np.isfinite(errors), errors, np.inf)
 
 
 @jax.jit
-def _error(model: Decoupled, X: jax.Array, Y: jax.Array) -> jax.Array:
+def relative_output_error(model: Decoupled, X: jax.Array, Y: jax.Array) -> jax.Array:
     X = X.astype(model.W0.dtype)
     return metrics.relative_error(Y.astype(model.W0.dtype), model(X))
 

@@ -228,7 +228,7 @@ def test_the_memory_model_is_within_a_factor_of_the_compiled_program(G, S, m, H,
 
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=50)
     blocks = planted_group(G, S, m, H)
-    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, vectorize)
+    program = dv._program(dv.solve_block, (("batch", "vmap"), ("restarts", restarts)), None, None, vectorize)
     analysis = program.lower(blocks, config).compile().memory_analysis()
     # On the device: the program's arguments, outputs and temporaries, and the blocks' own problems
     # (the stacked argument's size again).
@@ -254,7 +254,7 @@ def test_on_the_cpu_a_group_runs_its_blocks_one_after_the_other_in_one_program()
 
     assert jax.default_backend() == "cpu"
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 4), max_iter=5)
-    program = dv._program(dv._solve_block, (("batch", "vmap"), ("restarts", 2)), None, None,
+    program = dv._program(dv.solve_block, (("batch", "vmap"), ("restarts", 2)), None, None,
                           dv.vectorized(dv.Devices()))
     text = str(jax.make_jaxpr(program)(planted_group(5), config))
     assert "length=5" in text
@@ -267,5 +267,21 @@ def test_the_cpu_one_block_program_is_named_after_its_function():
     """Profiles (benchmarks/grouped.py) find the group's program by name: jit(<the function it runs>)."""
     from jaxbsd.compression import devices as dv
 
-    program = dv._one_block_program(dv._solve_block, (("batch", "map"), ("restarts", 1)))
-    assert program.__name__ == "_solve_block"
+    program = dv._one_block_program(dv.solve_block, (("batch", "map"), ("restarts", 1)))
+    assert program.__name__ == "solve_block"
+
+
+@pytest.mark.parametrize("method, refine", [("prune", True), ("svd", False)])
+def test_group_of_one_is_the_sequential_run_bit_for_bit(method, refine):
+    """One loop runs both (``engine.execute``): ``group=1`` (groups of one MLP, grouped) and
+    ``group=False`` (one MLP at a time, each recaptured on the current model) give the same bits in
+    every leaf, back to front on a model whose MLPs feed none replaced before them."""
+    from flax import nnx
+
+    leaves = {}
+    for group in (1, False):
+        model, report = toy.run(method, refine=refine, group=group)
+        leaves[group] = [np.asarray(v[...]) for _, v in nnx.to_flat_state(nnx.state(model))]
+        assert ("index" in report.mlps[0].group) == (group == 1), report.mlps[0].group
+    assert len(leaves[1]) == len(leaves[False])
+    assert all(np.array_equal(a, b) for a, b in zip(leaves[1], leaves[False]))

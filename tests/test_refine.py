@@ -286,7 +286,7 @@ def test_the_loop_lowers_for_gpus_as_one_device_loop(batch, eval_every):
     graphdef, params, rest = nnx.split(ffn, nnx.Param, ...)
 
     def loop(params, X, Y):
-        return refine_mod._refine_loop(graphdef, params, rest, X[20:], Y[20:], X[:20], Y[:20], jnp.float32(1e-3),
+        return refine_mod.refine_loop(graphdef, params, rest, X[20:], Y[20:], X[:20], Y[:20], jnp.float32(1e-3),
                                        jax.random.key(0), steps=12, batch=batch, eval_every=eval_every)
 
     text = jax.export.export(jax.jit(loop), platforms=("cuda",))(params, X, ffn(X)).mlir_module()
@@ -301,14 +301,14 @@ def _spy_on_refinement(monkeypatch):
     """Record the tokens, targets and key each refinement of the engine is given (the real
     refinement still runs): the tests below recompute what it must have done from these."""
     calls = []
-    real = refine_mod._prepare  # what one refinement and a group of them (the grouped engine) both call
+    real = refine_mod.prepare_refinement  # what one refinement and a group of them (the grouped engine) both call
 
     def spy(module, X, Y, config, key, given=None):
         calls.append(dict(X=np.asarray(X, np.float64), Y=np.asarray(Y, np.float64), key=key, config=config,
                           held=None if given is None else tuple(np.asarray(a, np.float64) for a in given)))
         return real(module, X, Y, config, key, given)
 
-    monkeypatch.setattr(refine_mod, "_prepare", spy)
+    monkeypatch.setattr(refine_mod, "prepare_refinement", spy)
     return calls
 
 
@@ -394,7 +394,7 @@ def test_the_step_kept_is_the_best_evaluated_one(batch, eval_every, steps):
     Y = ffn(X) + 0.05 * jax.random.normal(jax.random.key(6), (80, d), jnp.float32)
     start = FFN(d, h, nnx.Rngs(2))  # another MLP: far from Y, so the first steps help
     graphdef, params, rest = nnx.split(start, nnx.Param, ...)
-    best, errs, best_i = refine_mod._refine_loop(graphdef, params, rest, X[20:], Y[20:], X[:20], Y[:20],
+    best, errs, best_i = refine_mod.refine_loop(graphdef, params, rest, X[20:], Y[20:], X[:20], Y[:20],
                                                  jnp.float32(0.3), jax.random.key(0), steps=steps, batch=batch,
                                                  eval_every=eval_every)
     errs, best_i = np.asarray(errs, np.float64), int(best_i)
@@ -525,7 +525,7 @@ def test_no_build_sees_the_refinements_heldout_tokens(monkeypatch, N):
     d, h = 12, 32
     x = jax.random.normal(jax.random.key(8), (N // 4, 4, d), jnp.float32)
     seen, given = [], []
-    real_build, real_prepare = jb.Prune.build, refine_mod._prepare
+    real_build, real_prepare = jb.Prune.build, refine_mod.prepare_refinement
 
     def build(self, site, rank, key, **kw):
         seen.append(site)
@@ -536,7 +536,7 @@ def test_no_build_sees_the_refinements_heldout_tokens(monkeypatch, N):
         return real_prepare(module, X, Y, config, key, given_held)
 
     monkeypatch.setattr(jb.Prune, "build", build)
-    monkeypatch.setattr(refine_mod, "_prepare", prepare)
+    monkeypatch.setattr(refine_mod, "prepare_refinement", prepare)
     _, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method="prune",
                                   num_samples=min(N, 20), key=jax.random.key(0), refine=jb.Refine(steps=5))
     (site,), (held,) = seen, given

@@ -90,7 +90,7 @@ def trace_count(what: str = "solver") -> int:
     """How many times a group program has been traced in this process: ``"solver"``
     (:func:`decouple_group`, once per group signature, or the decoupling and refinement of
     ``method="bsd"`` in one program) or ``"refine"`` (a refinement program of its own)."""
-    names = {"solver": ("_solve_block", "_solve_and_refine_block"), "refine": ("_refine_block",)}.get(what, (what,))
+    names = {"solver": ("solve_block", "_solve_and_refine_block"), "refine": ("_refine_block",)}.get(what, (what,))
     return sum(_TRACES.get(name, 0) for name in names)
 
 
@@ -201,13 +201,13 @@ def run_blocks(fn: Callable, members: list, shared: Any, devices: Devices = Devi
     return [jax.tree_util.tree_map(lambda a, i=i: jax.device_put(a[i]), host) for i in range(G)]
 
 
-def _solve_block(block, shared, *, restarts: int, batch: str) -> DecouplingResult:
+def solve_block(block, shared, *, restarts: int, batch: str) -> DecouplingResult:
     """One block's whole solve (restarts, warm start, selection by objective): what
     :func:`jaxbsd.decouple` compiles for one problem, without the progress hook."""
     key_data, problem, init = block
     config = shared
     keys = jax.random.split(jax.random.wrap_key_data(key_data), restarts)
-    return driver._decouple_compiled(keys, problem, config, jnp.int32(0), jnp.int32(0), init, batch=batch,
+    return driver.decouple_compiled(keys, problem, config, jnp.int32(0), jnp.int32(0), init, batch=batch,
                                      report=False)
 
 
@@ -227,10 +227,10 @@ def decouple_group(problems: list[Problem], config: CMTFConfig, keys: list[jax.A
       one :class:`~jaxbsd.DecouplingResult` per problem, what ``decouple(..., key=keys[i],
       restarts=restarts, init=inits[i], shard=None)`` returns up to rounding.
     """
-    batch = driver._restart_batching(None, restarts)
+    batch = driver.restart_batching(None, restarts)
     members = [(jax.random.key_data(k), prob, None if inits is None else inits[i])
                for i, (k, prob) in enumerate(zip(keys, problems))]
-    return run_blocks(_solve_block, members, config, devices, restarts=restarts, batch=batch)
+    return run_blocks(solve_block, members, config, devices, restarts=restarts, batch=batch)
 
 
 def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: int, *, hidden: int | None = None,

@@ -34,7 +34,7 @@ from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, t
 from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices, check_mesh, shard_batch
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
-from jaxbsd.compression.refine import Refine, reserved_tokens, site_refiner
+from jaxbsd.compression.refine import Refine, refine_group, reserved_tokens, site_refiner
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
 from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, choose_spec, discover_mlps
@@ -261,69 +261,128 @@ def run(
         "refine": None if not refining else plan.refine.to_dict(),
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
     records = [] if run_state is None else run_state.load(model)
-    if plan.devices is not None:  # 4'. Independent MLPs: group by group (grouped.py)
-        return _run_grouped(model, plan, source, order, sites, rank_of, cache, judges, references, records,
-                            record=record, run_state=run_state, on_record=on_record)
-    # 4. One MLP at a time.
-    for step, path in enumerate(order, start=1):
-        if step <= len(records):
-            continue
-        start = time.perf_counter()
-        rank = rank_of[path]
-        if step == 1 and source.first_step_reuses_plan and not records:
-            site = sites[path]
-        else:  # earlier replacements and fine-tuning change what this MLP sees
-            site = site_at(model, plan, source, path, step, source.num_samples(path, method.sample_rank(rank), step))
-        build_key = source.keys(path, step)[1]
-        refine = (site_refiner(plan.refine, site, references.get(step), jax.random.fold_in(build_key, 2))
-                  if refining else None)
-        hit = cache.get((path, rank))
-        if hit is not None and same_site(hit[0], site) and not (refine and method.refines_candidates):
-            module, info = hit[1], dict(hit[2])  # the greedy allocation already built exactly this
+    # 4. The replacements, group by group: one MLP a group when they run one at a time.
+    return execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
+                   record=record, after_step=after_step, run_state=run_state, on_record=on_record)
+
+
+def _batches(plan: Plan, todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict) -> list[list]:
+    """The ``(step, path)`` of ``todo`` as the loop runs them: groups of one shape and rank where the
+    MLPs are independent (:func:`jaxbsd.compression.grouped.groups`), one MLP a group otherwise."""
+    if plan.devices is None:
+        return [[member] for member in todo]
+    return grouped.groups(todo, sites, rank_of, plan.devices.chunk)
+
+
+def _refine_skipped(plan: Plan, site: Site) -> dict:
+    """The report of a refinement that could not run: too few tokens to hold one out."""
+    tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
+    return {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
+            "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
+
+
+def _build(model, plan: Plan, members, sites, rank_of, cache, judges, refiners, build_key) -> dict[int, tuple]:
+    """``{step: (module, info)}``: each member's replacement as its method builds it, the greedy
+    allocation's build reused where it is exactly this one; several members of a group built
+    together (:func:`jaxbsd.compression.grouped.build_together`)."""
+    method = plan.method
+    builds: dict[int, tuple] = {}
+    pending = []
+    for step, path in members:
+        hit = cache.get((path, rank_of[path]))
+        if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
+            builds[step] = (hit[1], dict(hit[2]))  # the greedy allocation already built exactly this
         else:
-            judge = output_judge(model, path, *judges[step]) if step in judges else None
-            module, info = method.build(site, rank, build_key, judge=judge,
-                                        refine=refine if method.refines_candidates else None)
-        if refine is not None:
-            if not method.refines_candidates:
-                module, info["refine"] = refine(module)  # the engine's stage, the same for every method
-            # the report describes the module returned: its output error once refined
-            info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
-            info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
-        elif refining:  # too few tokens to hold one out (``site_refiner``): the replacement stays as built
-            tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
-            info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
-                              "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
-        set_submodule(model, path, module)
-        seconds = time.perf_counter() - start
+            pending.append((step, path))
+    if len(pending) == 1:  # one MLP: the program of one block at a time
+        step, path = pending[0]
+        judge = output_judge(model, path, *judges[step]) if step in judges else None
+        builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
+                                    refine=refiners[step] if method.refines_candidates else None)
+    elif pending:
+        builds.update(grouped.build_together(model, plan, pending, sites, rank_of, build_key, judges, refiners))
+    return builds
+
+
+def _refine_stage(plan: Plan, members, builds: dict[int, tuple], refiners) -> dict[int, tuple]:
+    """The engine's refinement stage, the same for every method that does not refine its own
+    candidates (and for builds that came back unrefined): one program for a group's replacements."""
+    method = plan.method
+    staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
+              and "refine" not in builds[s][1]]
+    if not staged:
+        return builds
+    modules, stage_refiners = [builds[s][0] for s in staged], [refiners[s] for s in staged]
+    refined = ([stage_refiners[0](modules[0])] if len(staged) == 1
+               else refine_group(modules, stage_refiners, plan.devices))
+    out = dict(builds)
+    for s, (module, refine_info) in zip(staged, refined):
+        out[s] = (module, dict(builds[s][1], refine=refine_info))
+    return out
+
+
+def _reported(plan: Plan, site: Site, module, info: dict, refined: bool) -> dict:
+    """The build's report as the run returns it: once refined, the output error of the module returned
+    (and the error as built kept beside); a refinement that could not run said so."""
+    if refined:
+        info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
+        info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
+    elif plan.refine is not None and plan.refine.steps > 0:
+        info["refine"] = _refine_skipped(plan, site)
+    return info
+
+
+def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
+            record, after_step=None, run_state=None, on_record=None) -> list[dict]:
+    """The one compression loop: the MLPs of ``order`` not in ``records`` (a resumed state's), group by
+    group (:func:`_batches`); each group's sites, replacements, refinement and report, then each
+    replacement put in place, the caller's ``after_step``, its record, the state saved (by process 0)
+    before the next group's captures and judges look at the model. The records in step order.
+
+    One MLP at a time (``plan.devices`` None), each MLP's tokens are captured again on the current
+    model (earlier replacements and fine-tuning change what it sees), but for step 1 of a source whose
+    first step sees the planning tokens; grouped, every MLP's site is the planning capture's (the
+    MLPs are independent: none is fed by another replaced before it)."""
+    method = plan.method
+    refining = plan.refine is not None and plan.refine.steps > 0
+    build_key = lambda path, step: source.keys(path, step)[1]  # noqa: E731
+    # A resumed state holds the first steps of a run one MLP at a time, and whole groups of a grouped one.
+    done = set(order[:len(records)]) if plan.devices is None else {r["path"] for r in records}
+    todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
+    resumed = bool(records)
+    for index, members in enumerate(_batches(plan, todo, sites, rank_of)):
         start = time.perf_counter()
-        after = (after_step(model, path, step) if after_step is not None else None) or {}
-        records.append(record(Step(step=step, path=path, site=site, module=module, rank=rank, info=info,
-                                   seconds=seconds, after=after, seconds_after=time.perf_counter() - start)))
-        if run_state is not None:
-            run_state.save(model, records)
-        if on_record is not None:
-            on_record(records[-1])
-    return records
-
-
-def _run_grouped(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
-                 record, run_state, on_record) -> list[dict]:
-    """Step 4 when the MLPs are independent: the groups of :func:`jaxbsd.compression.grouped.solve_groups`,
-    each put in place and saved (by process 0 only) before the next; the records in step order."""
-    done = {r["path"] for r in records}
-    for finished in grouped.solve_groups(model, plan, order, sites, rank_of, cache, done=done,
-                                         build_key=lambda path, step: source.keys(path, step)[1], judges=judges,
-                                         references=references, devices=plan.devices):
-        for step, path, site, module, rank, info, seconds in finished:
+        here = dict(sites)
+        if plan.devices is None:
+            (step, path), = members
+            if not (step == 1 and source.first_step_reuses_plan and not resumed):
+                here[path] = site_at(model, plan, source, path, step,
+                                     source.num_samples(path, method.sample_rank(rank_of[path]), step))
+        refiners = {step: site_refiner(plan.refine, here[path], references.get(step),
+                                       jax.random.fold_in(build_key(path, step), 2))
+                    if refining else None for step, path in members}
+        builds = _build(model, plan, members, here, rank_of, cache, judges, refiners, build_key)
+        builds = _refine_stage(plan, members, builds, refiners)
+        seconds = (time.perf_counter() - start) / len(members)
+        paths = [p for _, p in members]
+        for step, path in members:
+            module, info = builds[step]
+            info = _reported(plan, here[path], module, info, refiners[step] is not None)
+            if plan.devices is not None:
+                info["group"] = {"index": index, "paths": paths, "devices": plan.devices.size}
             set_submodule(model, path, module)
-            records.append(record(Step(step=step, path=path, site=site, module=module, rank=rank, info=info,
-                                       seconds=seconds, after={}, seconds_after=0.0)))
+            start_after = time.perf_counter()
+            after = (after_step(model, path, step) if after_step is not None else None) or {}
+            records.append(record(Step(step=step, path=path, site=here[path], module=module, rank=rank_of[path],
+                                       info=info, seconds=seconds, after=after,
+                                       seconds_after=time.perf_counter() - start_after)))
         if run_state is not None and jax.process_index() == 0:
             run_state.save(model, records)
         if on_record is not None:
-            for r in records[-len(finished):]:
+            for r in records[-len(members):]:
                 on_record(r)
+    if plan.devices is None:
+        return records
     position = {p: i for i, p in enumerate(order)}
     return sorted(records, key=lambda r: position[r["path"]])
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -46,17 +46,16 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.compression import refine as refine_mod
-from jaxbsd.compression.devices import Devices, _solve_block, run_blocks
+from jaxbsd.compression.devices import Devices, solve_block, run_blocks
 from jaxbsd.compression.methods.bsd import BSD
-from jaxbsd.compression.refine import refine_group, site_refiner
-from jaxbsd.compression.sites import Site, output_error, param_dtype, refined_error_tokens, same_site, \
-    selection_tokens
+from jaxbsd.compression.refine import refine_group
+from jaxbsd.compression.sites import Site, param_dtype, selection_tokens
 from jaxbsd.compression.surgery import output_judge
-from jaxbsd.driver import _restart_batching
+from jaxbsd.driver import restart_batching
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.warm_start import _error
+from jaxbsd.warm_start import relative_output_error
 
-__all__ = ["group_key", "groups", "solve_groups", "SEQUENTIAL_REASONS", "INDEPENDENT"]
+__all__ = ["group_key", "groups", "build_together", "SEQUENTIAL_REASONS", "INDEPENDENT"]
 
 #: ``order=`` asking for every MLP to be compressed on the original model (grouped, back to front).
 INDEPENDENT = "independent"
@@ -94,23 +93,23 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
 def _solve_and_refine_block(block, shared, *, restarts: int, batch: str, selection: str, dtype: str,
                             steps: int, refine_batch: int | None, eval_every: int):
     """One block's decoupling and refinement in one program: the solve (restarts, warm start,
-    :func:`jaxbsd.compression.devices._solve_block`), every restart's output error on the
+    :func:`jaxbsd.compression.devices.solve_block`), every restart's output error on the
     selection tokens and the restart kept (as :func:`jaxbsd.warm_start.choose_restart`: the
     lowest finite error, the lower index on ties, by objective if none is finite), its
     :class:`DecoupledMLP` in ``dtype``, and the refinement loop on it
-    (:func:`jaxbsd.compression.refine._refine_loop`)."""
+    (:func:`jaxbsd.compression.refine.refine_loop`)."""
     key_data, prob, init, X_sel, Y_sel, X_train, Y_train, X_held, Y_held, refine_key = block
     config, learning_rate = shared
-    res = _solve_block((key_data, prob, init), config, restarts=restarts, batch=batch)
+    res = solve_block((key_data, prob, init), config, restarts=restarts, batch=batch)
     count = res.restarts.objective.shape[0]
-    errors = jax.vmap(lambda i: _error(res.restart_model(i), X_sel, Y_sel))(jnp.arange(count))
+    errors = jax.vmap(lambda i: relative_output_error(res.restart_model(i), X_sel, Y_sel))(jnp.arange(count))
     finite = jnp.isfinite(errors)
     errors = jnp.where(finite, errors, jnp.inf)
     chosen = res.best_restart if selection == "objective" else jnp.where(finite.any(), jnp.argmin(errors),
                                                                          res.best_restart)
     module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=jnp.dtype(dtype))
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-    best, refine_errors, best_step = refine_mod._refine_loop(
+    best, refine_errors, best_step = refine_mod.refine_loop(
         graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate,
         jax.random.wrap_key_data(refine_key), steps=steps, batch=refine_batch, eval_every=eval_every)
     return res, errors, chosen, rest, best, refine_errors, best_step
@@ -130,7 +129,7 @@ def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, 
     dtype = param_dtype(sites[0].module, sites[0].X.dtype)
     # The refinement's operands as refine_module prepares them; the parameters (and the knots, in
     # ``rest``) come from the program's chosen restart, the template only fixes their structure.
-    staged = [refine_mod._prepare(DecoupledMLP.from_decoupled(init, dtype=dtype), r.X, r.Y, r.config, r.key, r.held)
+    staged = [refine_mod.prepare_refinement(DecoupledMLP.from_decoupled(init, dtype=dtype), r.X, r.Y, r.config, r.key, r.held)
               for init, r in zip(inits, refiners)]
     chosen_tokens = [selection_tokens(site) for site in sites]
     blocks = [(jax.random.key_data(key), prob, init, jnp.asarray(X), jnp.asarray(Y), *prep.operands[2:6],
@@ -146,7 +145,7 @@ def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, 
         return None
     first = staged[0]
     out = run_blocks(_solve_and_refine_block, blocks, (preps[0][2], first.operands[6]), devices,
-                     restarts=method.restarts, batch=_restart_batching(None, method.restarts),
+                     restarts=method.restarts, batch=restart_batching(None, method.restarts),
                      selection=method.selection, dtype=jnp.dtype(dtype).name, steps=refiners[0].config.steps,
                      refine_batch=first.batch, eval_every=first.every)
     share = (time.perf_counter() - start) / len(sites)
@@ -157,19 +156,13 @@ def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, 
         built, info = method.finish(site, res, True, kind, info, time.perf_counter(),
                                     output_errors=np.asarray(errors, np.float64))
         stage = dataclasses.replace(stage, operands=(best, rest, *stage.operands[2:]))
-        module, refine_info = refine_mod._finish(stage, refiner.config, best, refine_errors, best_step,
+        module, refine_info = refine_mod.finish_refinement(stage, refiner.config, best, refine_errors, best_step,
                                                  time.perf_counter())
         info["seconds"] += share  # the group's one program, shared evenly: the solve and the refinement
         refine_info["seconds"] = 0.0
         refine_info["program"] = "the decoupling's (one program for the solve and the refinement)"
         builds.append((module, dict(info, refine=refine_info)))
     return builds
-
-
-def _refine_all(modules, refiners, devices):
-    if len(modules) == 1:
-        return [refiners[0](modules[0])]
-    return refine_group(modules, refiners, devices)
 
 
 def _fused(method, pending, sites, rank_of, build_key, refiners, devices) -> list[tuple] | None:
@@ -180,75 +173,31 @@ def _fused(method, pending, sites, rank_of, build_key, refiners, devices) -> lis
                               [build_key(p, s) for s, p in pending], [refiners[s] for s, _ in pending], devices)
 
 
-def solve_groups(model, plan, order: list[str], sites: dict[str, Site], rank_of: dict[str, Any],
-                 cache: dict, *, done: set[str], build_key: Callable[[str, int], jax.Array],
-                 judges: dict[int, tuple], references: dict[int, Any], devices: Devices) -> Iterator[list[tuple]]:
-    """Solve the MLPs of ``order`` not in ``done``, group by group; after each group, yield its
-    ``(step, path, site, module, rank, info, seconds)`` (the caller puts the modules in place and
-    saves, before the next group's judges look at the model).
+def build_together(model, plan, pending: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
+                   build_key: Callable[[str, int], jax.Array], judges: dict[int, tuple],
+                   refiners: dict[int, Any]) -> dict[int, tuple]:
+    """``{step: (module, info)}``: the replacements of several MLPs of one group, built as one program
+    per kind — for ``method="bsd"`` refined by the engine, the solve and the refinement in one
+    (:func:`_bsd_refined_group`, whose builds come back refined); else the method's
+    :meth:`~jaxbsd.compression.methods.Method.build_group`.
 
     Args:
-      model: the model (original, but for the groups already finished and put in place).
-      plan: the engine's :class:`~jaxbsd.compression.engine.Plan`.
-      order: the MLPs in execution order (steps are numbered from 1).
-      sites: every MLP's planning site (the tokens one block at a time would capture).
-      rank_of: the planned ranks; cache: the greedy allocation's builds.
-      done: paths finished by a resumed state.
+      model: the model (original, but for the groups already finished and put in place): what the
+        model judges of ``method="auto"`` see.
+      plan: the engine's :class:`~jaxbsd.compression.engine.Plan` (its ``devices`` run the programs).
+      pending: the ``(step, path)`` to build, in step order.
+      sites: every MLP's planning site; rank_of: the planned ranks.
       build_key: ``(path, step) -> key`` of the method's randomness.
-      judges, references: by step, what the model judge and the ``"consistent"`` target use.
-      devices: where the groups' programs run.
+      judges: by step, what the model judge uses; refiners: by step, the engine's refinement or None.
     """
-    method = plan.method
-    refining = plan.refine is not None and plan.refine.steps > 0
-    todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
-    for index, members in enumerate(groups(todo, sites, rank_of, devices.chunk)):
-        start = time.perf_counter()
-        refiners = {step: site_refiner(plan.refine, sites[path], references.get(step),
-                                       jax.random.fold_in(build_key(path, step), 2))
-                    if refining else None for step, path in members}
-        builds: dict[int, tuple] = {}
-        pending = []
-        for step, path in members:
-            hit = cache.get((path, rank_of[path]))
-            if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
-                builds[step] = (hit[1], dict(hit[2]))  # the greedy allocation already built exactly this
-            else:
-                pending.append((step, path))
-        if len(pending) == 1:  # one block: exactly the program of one block at a time
-            step, path = pending[0]
-            judge = output_judge(model, path, *judges[step]) if step in judges else None
-            builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
-                                        refine=refiners[step] if method.refines_candidates else None)
-        elif pending and (fused := _fused(method, pending, sites, rank_of, build_key, refiners, devices)):
-            builds.update(zip([s for s, _ in pending], fused))
-        elif pending:
-            refs = [refiners[s] for s, _ in pending]
-            results = method.build_group(
-                [sites[p] for _, p in pending], [rank_of[p] for _, p in pending], [build_key(p, s) for s, p in pending],
-                judges=[output_judge(model, p, *judges[s]) if s in judges else None for s, p in pending],
-                refiners=refs if method.refines_candidates and all(r is not None for r in refs) else None,
-                refine_group=lambda modules, rs: refine_group(modules, rs, devices), devices=devices)
-            builds.update(zip([s for s, _ in pending], results))
-        # The engine's refinement stage, for the methods that do not refine their candidates.
-        staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
-                  and "refine" not in builds[s][1]]
-        if staged:
-            refined = _refine_all([builds[s][0] for s in staged], [refiners[s] for s in staged], devices)
-            for s, (module, refine_info) in zip(staged, refined):
-                builds[s] = (module, dict(builds[s][1], refine=refine_info))
-        paths = [p for _, p in members]
-        seconds = (time.perf_counter() - start) / len(members)
-        finished = []
-        for step, path in members:
-            module, info = builds[step]
-            site = sites[path]
-            if refiners[step] is not None:  # the report describes the module returned: its error once refined
-                info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
-                info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
-            elif refining:
-                tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
-                info["refine"] = {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
-                                  "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
-            info["group"] = {"index": index, "paths": paths, "devices": devices.size}
-            finished.append((step, path, site, module, rank_of[path], info, seconds))
-        yield finished
+    method, devices = plan.method, plan.devices
+    fused = _fused(method, pending, sites, rank_of, build_key, refiners, devices)
+    if fused:
+        return dict(zip([s for s, _ in pending], fused))
+    refs = [refiners[s] for s, _ in pending]
+    results = method.build_group(
+        [sites[p] for _, p in pending], [rank_of[p] for _, p in pending], [build_key(p, s) for s, p in pending],
+        judges=[output_judge(model, p, *judges[s]) if s in judges else None for s, p in pending],
+        refiners=refs if method.refines_candidates and all(r is not None for r in refs) else None,
+        refine_group=lambda modules, rs: refine_group(modules, rs, devices), devices=devices)
+    return dict(zip([s for s, _ in pending], results))

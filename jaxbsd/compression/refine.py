@@ -137,7 +137,7 @@ def _relative_error(graphdef, params, rest, X, Y):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "batch", "eval_every"))
-def _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate, key, *, steps: int,
+def refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate, key, *, steps: int,
                  batch: int | None, eval_every: int):
     """``(best params, held-out error per step (steps + 1,), best step)``: ``steps`` Adam steps on the
     training tokens (all of them with ``batch=None``, else ``batch`` drawn at random per step),
@@ -183,14 +183,14 @@ def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine
       ValueError: naming ``calibration`` with fewer than 2 tokens, or shapes that do not match.
     """
     start = time.perf_counter()
-    prep = _prepare(module, X, Y, config, key, held)
-    best, errors, best_step = _refine_loop(prep.graphdef, *prep.operands, steps=config.steps, batch=prep.batch,
+    prep = prepare_refinement(module, X, Y, config, key, held)
+    best, errors, best_step = refine_loop(prep.graphdef, *prep.operands, steps=config.steps, batch=prep.batch,
                                            eval_every=prep.every)
-    return _finish(prep, config, best, errors, best_step, start)
+    return finish_refinement(prep, config, best, errors, best_step, start)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Prepared:
+class PreparedRefinement:
     """One module's refinement, ready to run: its split module, tokens and loop sizes."""
 
     graphdef: Any
@@ -207,7 +207,7 @@ class _Prepared:
                 tuple((jnp.shape(a), jnp.result_type(a)) for a in leaves))
 
 
-def _prepare(module, X, Y, config: Refine, key, given=None) -> _Prepared:
+def prepare_refinement(module, X, Y, config: Refine, key, given=None) -> PreparedRefinement:
     for name, (x, y) in [("", (X, Y))] + ([] if given is None else [(" (held out)", given)]):
         if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0] or x.shape[1] != X.shape[1] or y.shape[1] != Y.shape[1]:
             raise ValueError(f"calibration: refinement needs tokens X (N, m) and targets Y (N, n){name}, "
@@ -232,7 +232,7 @@ def _prepare(module, X, Y, config: Refine, key, given=None) -> _Prepared:
     every = min(config.eval_every or (1 if batch is None else -(-n_train // batch)), max(1, config.steps))
     operands = (params, rest, X_train, Y_train, X_held, Y_held, jnp.asarray(config.learning_rate, dtype),
                 jax.random.fold_in(key, 1))
-    return _Prepared(graphdef, operands, batch, every, n_train, held)
+    return PreparedRefinement(graphdef, operands, batch, every, n_train, held)
 
 
 @jax.jit
@@ -255,7 +255,7 @@ def _draw_training(key, X, Y, take: int, held: int):
     return X[train], Y[train], X[out], Y[out]
 
 
-def _finish(prep: _Prepared, config: Refine, best, errors, best_step, start: float) -> tuple[nnx.Module, dict[str, Any]]:
+def finish_refinement(prep: PreparedRefinement, config: Refine, best, errors, best_step, start: float) -> tuple[nnx.Module, dict[str, Any]]:
     errors = np.asarray(errors, np.float64)
     best_step = int(best_step)
     refined = nnx.merge(prep.graphdef, best, prep.operands[1])
@@ -286,7 +286,7 @@ class Refiner:
 
 def _refine_block(block, shared, *, graphdef, steps: int, batch: int | None, eval_every: int):
     params, rest, X_train, Y_train, X_held, Y_held, key_data = block
-    return _refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, shared,
+    return refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, shared,
                         jax.random.wrap_key_data(key_data), steps=steps, batch=batch, eval_every=eval_every)
 
 
@@ -295,7 +295,7 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
     program with a leading block axis (``jax.vmap`` of the loop, sharded over ``devices``' mesh,
     :func:`jaxbsd.compression.devices.run_blocks`); what each refiner alone returns, up to rounding."""
     start = time.perf_counter()
-    preps = [_prepare(mod, r.X, r.Y, r.config, r.key, r.held) for mod, r in zip(modules, refiners)]
+    preps = [prepare_refinement(mod, r.X, r.Y, r.config, r.key, r.held) for mod, r in zip(modules, refiners)]
     buckets: dict = {}
     for i, prep in enumerate(preps):
         buckets.setdefault(prep.signature(), []).append(i)
@@ -310,7 +310,7 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
     share = (time.perf_counter() - start) / len(modules)
     results = []
     for i, prep in enumerate(preps):
-        module, info = _finish(prep, refiners[i].config, *out[i], time.perf_counter())
+        module, info = finish_refinement(prep, refiners[i].config, *out[i], time.perf_counter())
         info["seconds"] += share
         results.append((module, info))
     return results

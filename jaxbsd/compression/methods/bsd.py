@@ -24,7 +24,7 @@ from jaxbsd.compression.methods.base import Build, Method, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
-from jaxbsd.driver import _check_init, decouple, problem
+from jaxbsd.driver import check_init, decouple, problem
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
 
@@ -169,7 +169,7 @@ class BSD(Method):
         :class:`~jaxbsd.cmtf.Problem`, and its validated warm start (None where it has none)."""
         preps = [self.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
         problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
-        inits = [None if p[3] is None else _check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
+        inits = [None if p[3] is None else check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]
         return preps, problems, inits
 
     def build_group(self, sites, ranks, keys, *, judges=None, refiners=None, refine_group=None,
