@@ -229,8 +229,7 @@ def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
 
     def once():
         model = Net()
-        jb.compress_model(model, x, mlps=paths, ranks={p: RANK for p in paths}, method=method, refine=refine,
-                          key=jax.random.key(0), mlp_specs=spec, group=mode == "grouped")
+        jb.compress_model(model, x, mlps=paths, ranks={p: RANK for p in paths}, method=method, refine=refine, key=jax.random.key(0), mlp_specs=spec, execution=jb.Execution(group=mode == "grouped"))
         jax.block_until_ready(nnx.state(model))
 
     t0 = time.perf_counter()

@@ -363,9 +363,7 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
               "num_samples": ctx["num_samples"][reduction], "machine": common.machine()}
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     try:
-        model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=base,
-                                          config=solver_config(plan) if base in ("bsd", "auto") else None, num_samples=ctx["num_samples"][reduction],
-                                          key=jax.random.key(seed), refine=refine)
+        model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=jb.get_method(base, config=solver_config(plan) if base in ("bsd", "auto") else None, num_samples=ctx["num_samples"][reduction]), key=jax.random.key(seed), refine=refine)
     except ValueError as err:
         return common.save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)
     free_bpc = evaluate_lm(model, ctx["test_ids"])
@@ -403,9 +401,7 @@ def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> 
     model = load_lm(ctx["paths"][kind], kind)
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     params_mlp = count_params(get_submodule(model, ctx["fit_mlp"]))
-    _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method="bsd",
-                                  config=solver_config(plan), num_samples=samples, key=jax.random.key(seed),
-                                  refine=None)  # the fit of the decoupling itself
+    _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method=jb.get_method("bsd", config=solver_config(plan), num_samples=samples), key=jax.random.key(seed), refine=None)  # the fit of the decoupling itself
     r = report.mlps[0]
     record = {"kind": kind, "rank": rank, "seed": seed, "mlp": ctx["fit_mlp"], "num_samples": samples,
               "params_mlp": params_mlp, "params_decoupled": r.params_after, "error_J": r.error_J, "error_F": r.error_F,

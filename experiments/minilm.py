@@ -296,10 +296,8 @@ def main(argv=None) -> int:
         resumed = common.resumed_seconds(unit_dir / "run")  # steps an interrupted process finished
         t = common.Timer()
         try:
-            encoder, report = jb.compress_model(
-                encoder, lambda m: m(ids, mask), mlps=None, reduction=rho, method=method_object(method, cache, clock,
-                                                                                               plan["max_iter"]),
-                key=jax.random.key(seed), refine=jb.Refine() if refined else None, state_dir=unit_dir / "run")
+            encoder, report = jb.compress_model(encoder, lambda m: m(ids, mask), mlps=None, reduction=rho, method=method_object(method, cache, clock,
+                                                                                               plan["max_iter"]), key=jax.random.key(seed), refine=jb.Refine() if refined else None, execution=jb.Execution(state_dir=unit_dir / "run"))
         except ValueError as err:
             record = dict(method=name, share=share, seed=seed, rho=rho)
             records.append(common.save_infeasible(err, record, unit_dir / "unit.json", tag, label, t(), log))

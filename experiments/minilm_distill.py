@@ -230,10 +230,7 @@ def main(argv=None) -> int:
                         continue
                     timer = common.Timer()
                     if compressed is None:
-                        compressed, report = jb.compress_model(
-                            B.from_pretrained(model_dir), lambda m: m(ids, mask), mlps=None, reduction=rho,
-                            method=study.method_object(method, {}, {}, plan["max_iter"]), key=jax.random.key(seed),
-                            refine=jb.Refine(), state_dir=run_dir)
+                        compressed, report = jb.compress_model(B.from_pretrained(model_dir), lambda m: m(ids, mask), mlps=None, reduction=rho, method=study.method_object(method, {}, {}, plan["max_iter"]), key=jax.random.key(seed), refine=jb.Refine(), execution=jb.Execution(state_dir=run_dir))
                         refined_scores = B.fidelity(reference, B.embed_eval_set(compressed, passages, pairs))
                         refined_errors = layer_errors(compressed, original, error_ids)
                     seconds_compress = timer()

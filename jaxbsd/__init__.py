@@ -29,17 +29,14 @@ from jaxbsd.sampling import sample
 from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
 from jaxbsd.gated import GatedJacobian, gated_mlp, gated_mlp_jacobian
 
-# Last: the compression engine imports the models (Flax). The compatibility modules
-# jaxbsd.compress and jaxbsd.compress_model are imported first, so that binding the functions here
-# shadows their attributes: ``jb.compress`` and ``jb.compress_model`` are the functions.
-import jaxbsd.compress  # noqa: E402,F401
-import jaxbsd.compress_model  # noqa: E402,F401
+# Last: the compression engine imports the models (Flax).
 from jaxbsd.compression import (  # noqa: E402
     BSD,
     DRONE,
     SVD,
     Auto,
     CompressionConfig,
+    Execution,
     CompressionReport,
     Distill,
     GatedMLPSpec,
@@ -50,6 +47,7 @@ from jaxbsd.compression import (  # noqa: E402
     Refine,
     compress,
     compress_model,
+    get_method,
 )
 
 __version__ = "0.1.0"
@@ -60,6 +58,8 @@ __all__ = [
     "CompressionConfig",
     "DRONE",
     "Distill",
+    "Execution",
+    "get_method",
     "Method",
     "Prune",
     "Refine",

@@ -57,7 +57,8 @@ def run(method="bsd", *, hidden=(32, 32, 32), dtype=jnp.float64, refine=True, **
         options["auto_judge"] = "block"
     paths = [f"blocks.{i}" for i in range(len(hidden))]
     return jb.compress_model(model, calibration(dtype), mlps=paths, reduction=0.5, key=jax.random.key(0),
-                             method=method, refine=jb.Refine(steps=10) if refine else None, **options, **kwargs)
+                             method=jb.get_method(method, **options), refine=jb.Refine(steps=10) if refine else None,
+                             execution=jb.Execution(**kwargs))
 
 
 def outputs(model, dtype=jnp.float64) -> np.ndarray:

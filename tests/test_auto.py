@@ -58,6 +58,24 @@ def spline_residual(u, knots, target, degree=3):
     return target - B @ coef
 
 
+#: compress_model's options of a method, and of its execution, as the parameters below give them flat.
+METHOD_OPTIONS = ("config", "restarts", "warm_start", "selection", "auto_judge", "num_samples")
+EXECUTION_OPTIONS = ("order", "group", "mesh", "mesh_axis", "state_dir", "resume", "finetune")
+
+
+def call_with(args: dict) -> dict:
+    """``args`` with the method's options given to ``jb.get_method`` and the execution's to ``jb.Execution``
+    (either may raise the ``ValueError`` under test)."""
+    args = dict(args)
+    options = {k: args.pop(k) for k in METHOD_OPTIONS if k in args}
+    execution = {k: args.pop(k) for k in EXECUTION_OPTIONS if k in args}
+    if options:
+        args["method"] = jb.get_method(args.get("method", "bsd"), **options)
+    if execution:
+        args["execution"] = jb.Execution(**execution)
+    return args
+
+
 @pytest.mark.parametrize("act", ["gelu", "tanh"])
 @pytest.mark.parametrize("k, n, extra", [(4, 3, 1), (2, 3, 0), (2, 3, 1)])
 def test_first_iterate_of_the_warm_start_is_the_pruned_mlp_up_to_the_spline_fit(act, k, n, extra):
@@ -163,8 +181,7 @@ def test_warm_start_passes_the_pruned_mlp_as_init(monkeypatch):
     K1, b1, K2, b2 = (np.asarray(a) for a in (ffn.up.kernel[...], ffn.up.bias[...], ffn.down.kernel[...],
                                               ffn.down.bias[...]))
     # refine=None: refinement would set its held-out tokens apart before the build, off the check tokens
-    _, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: r for p in PATHS}, mlp_specs=SPEC,
-                                  key=jax.random.key(0), config=CONFIG, restarts=2, warm_start=True, refine=None)
+    _, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: r for p in PATHS}, mlp_specs=SPEC, key=jax.random.key(0), method=jb.get_method("bsd", config=CONFIG, restarts=2, warm_start=True), refine=None)
     init = seen[-1]
     assert isinstance(init, jb.Decoupled) and init.rank == r
     hidden = NP_ACT["gelu"](X0 @ K1 + b1)
@@ -192,9 +209,7 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
 
     monkeypatch.setattr(bsd_module, "decouple", spy)
     model = Net(nnx.Rngs(0))
-    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs=SPEC,
-                                  key=jax.random.key(0), config=CONFIG, restarts=3, warm_start=False,
-                                  selection="objective", refine=None)  # the replacement as the solver built it
+    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs=SPEC, key=jax.random.key(0), method=jb.get_method("bsd", config=CONFIG, restarts=3, warm_start=False, selection="objective"), refine=None)  # the replacement as the solver built it
     assert all(kw.get("init") is None for _, kw in seen) and len(seen) == 2
     for (args, kwargs), rep in zip(seen, report.mlps):
         res = real(*args, **{**kwargs, "init": None})
@@ -230,8 +245,7 @@ def test_by_default_bsd_warm_starts_every_prunable_mlp_and_says_why_not_elsewher
     monkeypatch.setattr(bsd_module, "decouple", spy)
     model = Net(nnx.Rngs(0))
     model.layers[0] = Opaque()
-    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs={"layers.1": SPEC},
-                                  key=jax.random.key(0), config=CONFIG, restarts=2)
+    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs={"layers.1": SPEC}, key=jax.random.key(0), method=jb.get_method("bsd", config=CONFIG, restarts=2))
     by_path = {r.path: r for r in report.mlps}
     assert [r.path for r in report.mlps] == ["layers.1", "layers.0"] and all(r.selection == "output" for r in report.mlps)
     assert isinstance(seen[0], jb.Decoupled) and seen[0].rank == 3 and by_path["layers.1"].warm_start_skipped is None
@@ -297,8 +311,7 @@ def test_auto_keeps_the_pruned_mlp_when_only_k_units_are_alive():
         ffn.up.bias[...] = ffn.up.bias[...].at[3:].set(0.0)
     x = calib()
     ref = np.asarray(model(x))
-    model, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: 3 for p in PATHS}, method="auto",
-                                      mlp_specs=SPEC, key=jax.random.key(0), config=CONFIG, restarts=2)
+    model, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: 3 for p in PATHS}, method=jb.get_method("auto", config=CONFIG, restarts=2), mlp_specs=SPEC, key=jax.random.key(0))
     assert report.method == "auto"
     for rep in report.mlps:
         assert rep.method == "prune" and rep.auto["kept"] == "prune"
@@ -316,8 +329,7 @@ def test_auto_judged_by_the_model_records_the_end_to_end_error_of_what_it_kept()
     model = Net(nnx.Rngs(0))
     x = calib()
     ref = np.asarray(model(x))
-    model, report = jb.compress_model(model, x, mlps=PATHS, reduction=0.3, method="auto", mlp_specs=SPEC,
-                                      key=jax.random.key(0), config=CONFIG)
+    model, report = jb.compress_model(model, x, mlps=PATHS, reduction=0.3, method=jb.get_method("auto", config=CONFIG), mlp_specs=SPEC, key=jax.random.key(0))
     for rep in report.mlps:
         errs = rep.auto["bsd"]["model_output_error"], rep.auto["prune"]["model_output_error"]
         assert rep.auto["judge"] == "model" and "model output error" in rep.auto["reason"]
@@ -374,8 +386,7 @@ def test_auto_keeps_the_decoupling_when_the_block_is_an_exact_rank_2_decoupling(
     model, x = One(), calib(batch=16)
     spec = jb.MLPSpec("up", "down", cube)
     config = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=300, tol=1e-14)
-    model, report = jb.compress_model(model, x, mlps=["ffn"], ranks={"ffn": 2}, method="auto", mlp_specs=spec,
-                                      key=jax.random.key(0), config=config, restarts=4)
+    model, report = jb.compress_model(model, x, mlps=["ffn"], ranks={"ffn": 2}, method=jb.get_method("auto", config=config, restarts=4), mlp_specs=spec, key=jax.random.key(0))
     rep = report.mlps[0]
     site = make_site("ffn", ffn, spec, x.reshape(-1, 6), ffn(x.reshape(-1, 6)), None, jax.random.key(0))
     assert Auto(bsd=BSD(config)).check_rank(site, 2)[1] == 2  # ν = 4
@@ -389,8 +400,7 @@ def test_auto_meets_the_budget_with_both_candidates_in_one_share():
     model = Net(nnx.Rngs(0))
     P = count_params(model)
     reduction = 0.4
-    model, report = jb.compress_model(model, calib(), mlps=PATHS, reduction=reduction, method="auto",
-                                      mlp_specs=SPEC, key=jax.random.key(0), config=CONFIG)
+    model, report = jb.compress_model(model, calib(), mlps=PATHS, reduction=reduction, method=jb.get_method("auto", config=CONFIG), mlp_specs=SPEC, key=jax.random.key(0))
     assert report.params_after == count_params(model) <= (1 - reduction) * P
     budget = math.floor((1 - reduction) * P) - (P - 2 * count_params(FFN(6, 16, nnx.Rngs(0))))
     costs = [max(r.auto["bsd"]["params"], r.auto["prune"]["params"]) for r in report.mlps]
@@ -417,7 +427,7 @@ def test_auto_meets_the_budget_with_both_candidates_in_one_share():
      (dict(mlp_specs=None, mlps=["layers.0"]), "mlp_specs"), (dict(reduction=0.99), "reduction")],
 )
 def test_auto_bad_arguments_raise(kwargs, match):
-    args = dict(mlps=PATHS, reduction=0.3, method="auto", mlp_specs=SPEC, key=jax.random.key(0), config=CONFIG)
+    args = dict(mlps=PATHS, reduction=0.3, method="auto", config=CONFIG, mlp_specs=SPEC, key=jax.random.key(0))
     args.update(kwargs)
 
     class Opaque(nnx.Module):  # no nnx.Linear children: no spec can be found
@@ -431,7 +441,7 @@ def test_auto_bad_arguments_raise(kwargs, match):
     if args["mlp_specs"] is None:
         model.layers[0] = Opaque()
     with pytest.raises(ValueError, match=match):
-        jb.compress_model(model, calib(), **args)
+        jb.compress_model(model, calib(), **call_with(args))
 
 
 def test_the_cli_and_compress_accept_auto():

@@ -108,8 +108,7 @@ def compressed(request):
     model = Net()
     P = count_params(model)
     model.train()  # capture must run in eval mode and give the mode back
-    model, report = jb.compress_model(model, calibration(), mlps=PATHS, reduction=0.3, method=method,
-                                      config=FAST if method == "bsd" else None, mlp_specs=SPEC, key=jax.random.key(0))
+    model, report = jb.compress_model(model, calibration(), mlps=PATHS, reduction=0.3, method=jb.get_method(method, config=FAST if method == "bsd" else None), mlp_specs=SPEC, key=jax.random.key(0))
     deterministic_after = model.dropout.deterministic
     model.eval()
     return dataclasses.make_dataclass("Compressed", ["method", "P", "model", "report", "deterministic_after"])(
@@ -137,12 +136,29 @@ def test_reduction_meets_the_budget_and_the_model_still_runs(compressed):
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
 
 
+#: compress_model's options of a method, and of its execution, as the parameters below give them flat.
+METHOD_OPTIONS = ("config", "restarts", "warm_start", "selection", "auto_judge", "num_samples")
+EXECUTION_OPTIONS = ("order", "group", "mesh", "mesh_axis", "state_dir", "resume", "finetune")
+
+
+def call_with(args: dict) -> dict:
+    """``args`` with the method's options given to ``jb.get_method`` and the execution's to ``jb.Execution``
+    (either may raise the ``ValueError`` under test)."""
+    args = dict(args)
+    options = {k: args.pop(k) for k in METHOD_OPTIONS if k in args}
+    execution = {k: args.pop(k) for k in EXECUTION_OPTIONS if k in args}
+    if options:
+        args["method"] = jb.get_method(args.get("method", "bsd"), **options)
+    if execution:
+        args["execution"] = jb.Execution(**execution)
+    return args
+
+
 @pytest.mark.parametrize("method", [pytest.param("bsd", marks=pytest.mark.slow), "svd"])  # bsd: 6-7 s
 def test_explicit_ranks(method):
     model = Net()
     ranks = {PATHS[0]: RANK // 2, PATHS[1]: RANK} if method == "bsd" else {PATHS[0]: 2, PATHS[1]: 3}
-    model, report = jb.compress_model(model, calibration(), mlps=PATHS, ranks=ranks, method=method,
-                                      config=FAST if method == "bsd" else None, mlp_specs=SPEC, key=jax.random.key(0))
+    model, report = jb.compress_model(model, calibration(), mlps=PATHS, ranks=ranks, method=jb.get_method(method, config=FAST if method == "bsd" else None), mlp_specs=SPEC, key=jax.random.key(0))
     got = {r.path: r.rank for r in report.mlps}
     assert got == ranks
     for path, r in ranks.items():
@@ -176,7 +192,7 @@ def test_greedy_respects_the_budget_and_beats_uniform(monkeypatch):
     # Greedy ranks the errors of the built replacements; refinement, run after the allocation on
     # 64 tokens here, moves each MLP's error by more than the allocation gains (CI: 0.023 greedy
     # against 0.018 uniform once refined), so the allocation is judged on what it optimizes.
-    common = dict(mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC, key=jax.random.key(3), refine=None)
+    common = dict(mlps=PATHS, reduction=0.3, method=jb.get_method("bsd", config=FAST), mlp_specs=SPEC, key=jax.random.key(3), refine=None)
     _, uniform = jb.compress_model(fresh(), calibration(), allocation="uniform", **common)
     model, greedy = jb.compress_model(fresh(), calibration(), allocation="greedy", **common)
     assert count_params(model) <= 0.7 * P and greedy.params_after == count_params(model)
@@ -194,12 +210,10 @@ def test_finetune_is_called_once_per_mlp_back_to_front():
         seen.append(tuple(p for p in PATHS if not isinstance(get_submodule(model, p), FeedForward)))  # replaced
 
     # The order is the engine's, the same for every method: pruning's, which has no solver to compile.
-    jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, method="prune", mlp_specs=SPEC,
-                      finetune=finetune, key=jax.random.key(0))
+    jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, method="prune", mlp_specs=SPEC, execution=jb.Execution(finetune=finetune), key=jax.random.key(0))
     assert seen == [(PATHS[1],), (PATHS[0], PATHS[1])]
     seen.clear()
-    _, report = jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, method="prune",
-                                  mlp_specs=SPEC, finetune=finetune, order="front-to-back", key=jax.random.key(0))
+    _, report = jb.compress_model(Net(), calibration(), mlps=PATHS, reduction=0.3, method="prune", mlp_specs=SPEC, execution=jb.Execution(finetune=finetune, order="front-to-back"), key=jax.random.key(0))
     assert seen == [(PATHS[0],), (PATHS[0], PATHS[1])]
     assert [r.path for r in report.mlps] == PATHS
 
@@ -224,10 +238,10 @@ def test_finetune_is_called_once_per_mlp_back_to_front():
     ],
 )
 def test_bad_arguments_raise_naming_the_argument(kwargs, match):
-    args = dict(mlps=PATHS, reduction=0.3, config=FAST, mlp_specs=SPEC, key=jax.random.key(0))
+    args = dict(mlps=PATHS, reduction=0.3, method="bsd", config=FAST, mlp_specs=SPEC, key=jax.random.key(0))
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        jb.compress_model(Net(), calibration(), **args)
+        jb.compress_model(Net(), calibration(), **call_with(args))
 
 
 def test_a_token_mixing_module_is_rejected():
@@ -238,8 +252,7 @@ def test_a_token_mixing_module_is_rejected():
     model = Net()
     model.encoder.layers[1].ffn = Mixer()
     with pytest.raises(ValueError, match="mlps.*token by token"):
-        jb.compress_model(model, calibration(), mlps=["encoder.layers.1.ffn"], reduction=0.01,
-                          config=FAST, key=jax.random.key(0))
+        jb.compress_model(model, calibration(), mlps=["encoder.layers.1.ffn"], reduction=0.01, method=jb.get_method("bsd", config=FAST), key=jax.random.key(0))
 
 
 def test_surgery_and_capture_leave_the_model_as_it_was():
@@ -350,10 +363,7 @@ def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch
     # ... and the whole decoupling comes out the same both ways
     reports = []
     for spec in (SPEC, None):
-        m, report = jb.compress_model(Net(), calibration(), mlps=[PATHS[0]], ranks={PATHS[0]: RANK},
-                                      config=FAST, mlp_specs=spec, key=jax.random.key(2),
-                                      warm_start=False,  # a spec would add the warm start (pruning)
-                                      refine=None)  # the claim is the decoupling's; refinement is tests/test_refine.py's
+        m, report = jb.compress_model(Net(), calibration(), mlps=[PATHS[0]], ranks={PATHS[0]: RANK}, method=jb.get_method("bsd", config=FAST, warm_start=False), mlp_specs=spec, key=jax.random.key(2), refine=None)  # the claim is the decoupling's; refinement is tests/test_refine.py's
         reports.append((get_submodule(m, PATHS[0]), report.mlps[0]))
     (a, ra), (b, rb) = reports
     assert (ra.jacobian, rb.jacobian) == ("structured", "dense")
@@ -366,8 +376,7 @@ def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch
 def test_any_token_wise_module_falls_back_to_dense_jacobians():
     # A whole layer (norm, residuals, two MLP-like maps) is no two-layer MLP, but token-wise.
     model = Net()
-    model, report = jb.compress_model(model, calibration(), mlps=["encoder.layers.1"], ranks={"encoder.layers.1": RANK},
-                                      config=FAST, key=jax.random.key(0))
+    model, report = jb.compress_model(model, calibration(), mlps=["encoder.layers.1"], ranks={"encoder.layers.1": RANK}, method=jb.get_method("bsd", config=FAST), key=jax.random.key(0))
     assert report.mlps[0].jacobian == "dense" and isinstance(model.encoder.layers[1], DecoupledMLP)
     assert bool(jnp.all(jnp.isfinite(run(model, calibration(2)))))
 

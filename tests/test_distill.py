@@ -225,11 +225,11 @@ def test_compress_model_checks_distill_and_the_calibration_before_compressing():
 
 def test_a_state_saved_under_another_distillation_is_not_resumed(tmp_path):
     batch = _batch(seed=4)
-    _compress(batch, distill=CONFIG, state_dir=tmp_path)
+    _compress(batch, distill=CONFIG, execution=jb.Execution(state_dir=tmp_path))
     with pytest.raises(ValueError, match="state_dir"):
-        _compress(batch, distill=dataclasses.replace(CONFIG, learning_rate=1e-3), state_dir=tmp_path)
+        _compress(batch, distill=dataclasses.replace(CONFIG, learning_rate=1e-3), execution=jb.Execution(state_dir=tmp_path))
     with pytest.raises(ValueError, match="state_dir"):
-        _compress(batch, distill=None, state_dir=tmp_path)
+        _compress(batch, distill=None, execution=jb.Execution(state_dir=tmp_path))
 
 
 # ----------------------------------------------------------------------------- slower: real model kinds
@@ -271,8 +271,7 @@ def test_every_method_on_a_toy_vit_and_a_gated_lm(method, kind):
                             trainable="replaced+norms")
         check = lambda m: m(calibration)  # noqa: E731
     paths = ["blocks.0.mlp", "blocks.1.mlp"]
-    kw = dict(mlps=paths, reduction=0.3, method=method, key=jax.random.key(2), refine=jb.Refine(steps=10),
-              config=None if method in ("svd", "drone", "prune") else FAST)
+    kw = dict(mlps=paths, reduction=0.3, method=jb.get_method(method, config=None if method in ("svd", "drone", "prune") else FAST), key=jax.random.key(2), refine=jb.Refine(steps=10))
     plain, plain_report = jb.compress_model(make(), calibration, **kw)
     model, report = jb.compress_model(make(), calibration, distill=config, **kw)
     d = report.distill
@@ -433,8 +432,7 @@ def test_a_bert_encoder_distils_its_embeddings_and_numpy_recomputes_the_cosine_l
     mask = (np.arange(10)[None, :] < rng.integers(4, 11, (24, 1))).astype(np.int32)  # padded sequences
     calibration = lambda m: m(ids, mask)  # noqa: E731
     config = jb.Distill(steps=25, learning_rate=1e-3, holdout=0.25, eval_every=1, loss="cosine")
-    kw = dict(mlps=None, reduction=0.3, method=method, key=jax.random.key(3), refine=None,
-              config=FAST if method == "bsd" else None)
+    kw = dict(mlps=None, reduction=0.3, method=jb.get_method(method, config=FAST if method == "bsd" else None), key=jax.random.key(3), refine=None)
     plain, plain_report = jb.compress_model(B.from_pretrained(path), calibration, **kw)
     model, report = jb.compress_model(B.from_pretrained(path), calibration, distill=config, **kw)
     d = report.distill

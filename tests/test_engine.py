@@ -126,8 +126,8 @@ def outcome(kind, tokens, method, reduction):
     model = Net(kind)
     P = count_params(model)
     try:
-        model, report = jb.compress_model(model, calibration(tokens), mlps=["ffn"], reduction=reduction, method=method,
-                                          key=jax.random.key(0), **method_options(method))
+        model, report = jb.compress_model(model, calibration(tokens), mlps=["ffn"], reduction=reduction, method=jb.get_method(method, **method_options(method)),
+                                          key=jax.random.key(0))
     except ValueError as err:
         return P, model, None, err  # the model as the refusal left it
     return P, model, report, None
@@ -261,8 +261,7 @@ def test_auto_with_an_explicit_rank_above_the_hidden_width(kind):
     rank = outcome(kind, "many", "bsd", 0.05)[2].mlps[0].rank if kind == "gated" else H + 2
     assert rank - 1 > H
     model = Net(kind)
-    model, report = jb.compress_model(model, calibration("many"), mlps=["ffn"], ranks={"ffn": rank}, method="auto",
-                                      config=FAST, key=jax.random.key(0))
+    model, report = jb.compress_model(model, calibration("many"), mlps=["ffn"], ranks={"ffn": rank}, method=jb.get_method("auto", config=FAST), key=jax.random.key(0))
     (mlp,) = report.mlps
     assert mlp.auto["bsd"]["rank"] == rank
     assert 1 <= mlp.auto["prune"]["rank"] <= H
@@ -290,8 +289,7 @@ def test_fewer_samples_than_the_basis_dof_names_the_argument(tokens, num_samples
     model = Net("two-layer")
     x = jax.random.normal(jax.random.key(1), (*tokens, D_IN), jnp.float32)
     with pytest.raises(ValueError) as err:
-        jb.compress_model(model, x, mlps=["ffn"], reduction=0.2, method=method, num_samples=num_samples,
-                          key=jax.random.key(0), **method_options(method))
+        jb.compress_model(model, x, mlps=["ffn"], reduction=0.2, method=jb.get_method(method, num_samples=num_samples, **method_options(method)), key=jax.random.key(0))
     assert_untouched(model, Net("two-layer"))
     assert str(err.value).startswith(name), str(err.value)
 
@@ -375,8 +373,7 @@ def test_a_planted_decoupling_is_found():
     hidden = 4
     x = calibration("many")
     config = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 8), max_iter=50)
-    model, report = jb.compress_model(TanhNet(hidden), x, mlps=["ffn"], ranks={"ffn": hidden}, method="bsd",
-                                      config=config, key=jax.random.key(0))
+    model, report = jb.compress_model(TanhNet(hidden), x, mlps=["ffn"], ranks={"ffn": hidden}, method=jb.get_method("bsd", config=config), key=jax.random.key(0))
     (mlp,) = report.mlps
     assert mlp.spec.startswith("found: tanh: first -> second") and mlp.rank == hidden
     assert isinstance(model.ffn, DecoupledMLP)
@@ -426,8 +423,8 @@ def test_bad_calibration_is_refused_naming_it_and_the_model_is_untouched(case, k
     before, mlp_type = _snapshot(model), type(model.ffn)
     layer_types = {name: type(getattr(model.ffn, name)) for name in vars(model.ffn) if not name.startswith("_")}
     with pytest.raises(ValueError, match=rf"^calibration\b.*{message}") as err:
-        jb.compress_model(model, batch, mlps=["ffn"], reduction=0.2, method=method,
-                          key=jax.random.key(0), **method_options(method))
+        jb.compress_model(model, batch, mlps=["ffn"], reduction=0.2, method=jb.get_method(method, **method_options(method)),
+                          key=jax.random.key(0))
     assert "token by token" not in str(err.value)  # not misreported as a module that is not an MLP
     after = _snapshot(model)
     assert len(after) == len(before)
@@ -459,9 +456,9 @@ def test_a_method_object_gives_what_its_string_shortcut_gives(name, obj):
     x = calibration("many")
     rank = outcome("two-layer", "many", "bsd", 0.35)[2].mlps[0].rank  # the matrix's rank at ρ = 0.35
     runs = []
-    for method, options in [(obj, {}), (name, dict(config=FAST, restarts=2))]:
+    for method in (obj, jb.get_method(name, config=FAST, restarts=2)):
         runs.append(jb.compress_model(Net("two-layer"), x, mlps=["ffn"], ranks={"ffn": rank}, method=method,
-                                      key=jax.random.key(3), **options))
+                                      key=jax.random.key(3)))
     (m1, r1), (m2, r2) = runs
     assert _without_times(r1.to_dict()) == _without_times(r2.to_dict())
     assert r1.method == name
@@ -479,10 +476,12 @@ def test_options_beside_a_method_object_are_refused_naming_them():
                           (dict(auto_judge="block"), "auto_judge")]:
         with pytest.raises(ValueError, match=rf"^{name}\b"):
             jb.compress_model(model, calibration("many"), mlps=["ffn"], reduction=0.2,
-                              method=jb.BSD(config=FAST), key=jax.random.key(0), **options)
+                              method=jb.get_method(jb.BSD(config=FAST), **options), key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"^config\b"):
-        jb.compress_model(model, calibration("many"), mlps=["ffn"], reduction=0.2, method=jb.Prune(), config=FAST,
-                          key=jax.random.key(0))
+        jb.compress_model(model, calibration("many"), mlps=["ffn"], reduction=0.2,
+                          method=jb.get_method(jb.Prune(), config=FAST), key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"^restarts=2: method 'prune' does not use it"):
+        jb.get_method("prune", restarts=2)
     for a, b in zip(_snapshot(model), before):
         np.testing.assert_array_equal(a, b)
     assert isinstance(model.ffn, FeedForward)

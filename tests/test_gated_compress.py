@@ -207,8 +207,7 @@ def compressed_with_no_spec(variant, method):
         before = count_params(model)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(sites, "module_jacobians", _no_dense)
-            model, report = jb.compress_model(model, x, mlps=paths, reduction=0.3, method=method,
-                                              config=FAST if method in ("bsd", "auto") else None, num_samples=32, key=jax.random.key(1))
+            model, report = jb.compress_model(model, x, mlps=paths, reduction=0.3, method=jb.get_method(method, config=FAST if method in ("bsd", "auto") else None, num_samples=32), key=jax.random.key(1))
         _NO_SPEC[variant, method] = (before, model, report)
     return _NO_SPEC[variant, method]
 
@@ -244,8 +243,7 @@ def test_bsd_runs_on_a_gated_mlp_with_no_spec(monkeypatch):
         model, x, paths, names, act, _ = build(variant)
         paths = paths[:1]
         before = count_params(model)
-        model, report = jb.compress_model(model, x, mlps=paths, ranks={p: 3 for p in paths}, config=FAST,
-                                          num_samples=32, key=jax.random.key(1))
+        model, report = jb.compress_model(model, x, mlps=paths, ranks={p: 3 for p in paths}, method=jb.get_method("bsd", config=FAST, num_samples=32), key=jax.random.key(1))
         assert report.params_after == before - report.mlps[0].params_before + hand_count("bsd", 3, 0)
         for r in report.mlps:
             assert r.jacobian == "structured" and r.error_J is not None and 0 <= r.error_J < 1.5, r
@@ -275,8 +273,7 @@ def test_the_budget_uses_the_gated_counts_and_spends_what_it_can():
 
 def _first(model, paths, method, k, x):
     # refine=None: the method's replacement as built, which the numpy oracles below recompute
-    return jb.compress_model(model, x, mlps=paths, ranks={p: k for p in paths}, method=method,
-                             order="front-to-back", key=jax.random.key(2), refine=None)
+    return jb.compress_model(model, x, mlps=paths, ranks={p: k for p in paths}, method=method, execution=jb.Execution(order="front-to-back"), key=jax.random.key(2), refine=None)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -448,8 +445,7 @@ def test_compress_model_on_the_language_model(method):
     tokens = jax.random.randint(jax.random.key(1), (8, config.context), 0, config.vocab_size)
     paths = [f"blocks.{i}.mlp" for i in range(config.depth)]
     before = count_params(model)
-    model, report = jb.compress_model(model, tokens, mlps=paths, reduction=0.2, method=method,
-                                      config=FAST if method in ("bsd", "auto") else None, num_samples=32, key=jax.random.key(0))
+    model, report = jb.compress_model(model, tokens, mlps=paths, reduction=0.2, method=jb.get_method(method, config=FAST if method in ("bsd", "auto") else None, num_samples=32), key=jax.random.key(0))
     assert report.params_after <= math.floor(0.8 * before) and report.params_after == count_params(model)
     for r in report.mlps:
         assert r.jacobian == "structured" and r.spec == "known: jaxbsd gated MLP (silu)", r

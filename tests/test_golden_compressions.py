@@ -62,10 +62,7 @@ def compress(kind: str, method: str, grouped: bool, refined: bool):
     model, calibration = _model_and_calibration(kind)
     chosen = {"bsd": jb.BSD(config=FAST, restarts=2), "auto": jb.Auto(bsd=jb.BSD(config=FAST, restarts=2), judge="block")}.get(
         method, method)
-    model, report = jb.compress_model(model, calibration, mlps=None, reduction=0.2, method=chosen,
-                                      key=jax.random.key(0), num_samples=48,
-                                      refine=jb.Refine(steps=6, batch_size=32) if refined else None,
-                                      group=grouped)
+    model, report = jb.compress_model(model, calibration, mlps=None, reduction=0.2, method=jb.get_method(chosen, num_samples=48), key=jax.random.key(0), refine=jb.Refine(steps=6, batch_size=32) if refined else None, execution=jb.Execution(group=grouped))
     return model, report
 
 

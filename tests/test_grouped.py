@@ -147,14 +147,14 @@ def test_what_cannot_be_grouped_is_refused_or_said():
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("blocks",))
     common = dict(mlps=["blocks.0", "blocks.1"], reduction=0.5, key=jax.random.key(0), method="svd")
     with pytest.raises(ValueError, match="^finetune: order='independent'"):
-        jb.compress_model(toy.Net(), x, order="independent", finetune=lambda m: None, **common)
+        jb.compress_model(toy.Net(), x, execution=jb.Execution(order="independent", finetune=lambda m: None), **common)
     with pytest.raises(ValueError, match="^mesh: .*front to back"):
-        jb.compress_model(toy.Net(), x, order="front-to-back", mesh=mesh, **common)
+        jb.compress_model(toy.Net(), x, execution=jb.Execution(order="front-to-back", mesh=mesh), **common)
     with pytest.raises(ValueError, match="^mesh must be a jax.sharding.Mesh"):
-        jb.compress_model(toy.Net(), x, mesh="cpu", **common)
+        jb.compress_model(toy.Net(), x, execution=jb.Execution(mesh="cpu"), **common)
     with pytest.raises(ValueError, match="^mesh_axis must be one of"):
-        jb.compress_model(toy.Net(), x, mesh=mesh, mesh_axis="data", **common)
-    _, report = jb.compress_model(toy.Net(), x, order="front-to-back", refine=None, group=True, **common)
+        jb.compress_model(toy.Net(), x, execution=jb.Execution(mesh=mesh, mesh_axis="data"), **common)
+    _, report = jb.compress_model(toy.Net(), x, execution=jb.Execution(order="front-to-back", group=True), refine=None, **common)
     assert all(r.group == {"sequential": "front to back: each replacement changes the inputs of the MLPs after it"}
                for r in report.mlps)
 

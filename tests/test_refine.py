@@ -56,8 +56,7 @@ def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(
     d, h = 12, 32
     x = _calibration(d)
     paths = ["ffns.0", "ffns.1"]
-    kw = dict(mlps=paths, reduction=0.4, method=method, key=jax.random.key(1),
-              config=None if method in ("svd", "drone", "prune") else FAST)
+    kw = dict(mlps=paths, reduction=0.4, method=jb.get_method(method, config=None if method in ("svd", "drone", "prune") else FAST), key=jax.random.key(1))
     sites = {}
 
     def spy(config, site, reference, key):
@@ -265,9 +264,7 @@ def test_consistent_target_follows_the_original_model_where_inputs_drift():
     x = _calibration(d, seed=5)
     runs = {}
     for target in ("local", "consistent"):
-        _, report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, mlps=["ffns.0", "ffns.1"], reduction=0.5,
-                                      method="prune", order="front-to-back", key=jax.random.key(0),
-                                      refine=jb.Refine(steps=30, target=target))
+        _, report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, mlps=["ffns.0", "ffns.1"], reduction=0.5, method="prune", execution=jb.Execution(order="front-to-back"), key=jax.random.key(0), refine=jb.Refine(steps=30, target=target))
         runs[target] = report.mlps
     assert runs["local"][0].refine["error_after"] == runs["consistent"][0].refine["error_after"]
     assert runs["local"][1].refine["error_before"] != runs["consistent"][1].refine["error_before"]
@@ -334,7 +331,7 @@ def test_the_model_holds_the_refined_module_whose_heldout_error_is_the_one_repor
     as built (``refine=None``): an engine that kept the built module while reporting a refinement fails."""
     d, h = 12, 32
     x = _calibration(d, seed=6)
-    kw = dict(mlps=["ffns.0"], reduction=0.5, method="svd", key=jax.random.key(2), group=group)  # svd: not fitted
+    kw = dict(mlps=["ffns.0"], reduction=0.5, method="svd", key=jax.random.key(2), execution=jb.Execution(group=group))  # svd: not fitted
     calls = _spy_on_refinement(monkeypatch)
     model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, refine=jb.Refine(steps=60, learning_rate=3e-3),
                                       **kw)
@@ -359,9 +356,7 @@ def test_each_target_is_recomputed_from_the_original_model(monkeypatch, target):
     d, h = 12, 32
     x = _calibration(d, seed=7)
     calls = _spy_on_refinement(monkeypatch)
-    model, _ = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, mlps=["ffns.0", "ffns.1"], reduction=0.5,
-                                 method="prune", order="front-to-back", key=jax.random.key(0),
-                                 refine=jb.Refine(steps=2, target=target))
+    model, _ = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, mlps=["ffns.0", "ffns.1"], reduction=0.5, method="prune", execution=jb.Execution(order="front-to-back"), key=jax.random.key(0), refine=jb.Refine(steps=2, target=target))
     original = Net(d, h, 2, nnx.Rngs(0))
     tokens = np.asarray(x, np.float64).reshape(-1, d)
     f0 = lambda ffn: np.asarray(ffn(jnp.asarray(tokens, x.dtype)), np.float64)  # noqa: E731
@@ -446,8 +441,7 @@ def test_auto_judges_its_candidates_once_refined():
     is the one the report gives (a judge of the unrefined candidates would give another)."""
     d, h = 12, 32
     x = _calibration(d, seed=8)
-    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method="auto",
-                                      config=FAST, key=jax.random.key(1), refine=jb.Refine(steps=40))
+    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method=jb.get_method("auto", config=FAST), key=jax.random.key(1), refine=jb.Refine(steps=40))
     auto = report.mlps[0].auto
     kept, other = auto["kept"], {"bsd": "prune", "prune": "bsd"}[auto["kept"]]
     assert auto[kept]["refine"]["steps_kept"] > 0 and auto[other]["refine"]["steps"] == 40
@@ -537,8 +531,7 @@ def test_no_build_sees_the_refinements_heldout_tokens(monkeypatch, N):
 
     monkeypatch.setattr(jb.Prune, "build", build)
     monkeypatch.setattr(refine_mod, "prepare_refinement", prepare)
-    _, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method="prune",
-                                  num_samples=min(N, 20), key=jax.random.key(0), refine=jb.Refine(steps=5))
+    _, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method=jb.get_method("prune", num_samples=min(N, 20)), key=jax.random.key(0), refine=jb.Refine(steps=5))
     (site,), (held,) = seen, given
     tokens = np.asarray(x.reshape(-1, d), np.float64)
     rows = lambda a: {tuple(np.round(np.asarray(r, np.float64), 6)) for r in np.asarray(a)}  # noqa: E731

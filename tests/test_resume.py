@@ -32,6 +32,7 @@ from jaxbsd.models import count_params
 #: A toy ``compress_model`` run: three two-layer MLPs under the user's own names, fine-tuning that
 #: changes what the next MLP sees, and kill switches. The subprocess calls ``main([STATE_DIR, WHERE, VARIANT])``.
 TOY = r'''
+import dataclasses
 import os
 import signal
 import sys
@@ -107,22 +108,31 @@ class Finetune:
 
 #: How the toy is compressed: ``compress_model``'s keywords beside the budget.
 VARIANTS = {
-    "bsd": dict(method="bsd", config=CONFIG),
+    "bsd": dict(method=jb.BSD(config=CONFIG)),
     # no solver to compile in the killed subprocess: the fast suite's kill-and-resume case
     "prune": dict(method="prune"),
     # the greedy allocation builds candidates on the original model before step 1
-    "bsd-greedy": dict(method="bsd", config=CONFIG, allocation="greedy"),
+    "bsd-greedy": dict(method=jb.BSD(config=CONFIG), allocation="greedy"),
     # the whole model's outputs judge auto's candidates: the original model's, before resuming
-    "auto": dict(method="auto", config=CONFIG),
+    "auto": dict(method=jb.get_method("auto", config=CONFIG)),
 }
 
 
 def run(state_dir=None, *, variant="bsd", reduction=0.3, finetune=None, resume=True, key=0,
-        calibration=calibration, model=None, **options):
-    """``options``: more of ``compress_model``'s keywords (they win over the variant's)."""
-    return jb.compress_model(Toy() if model is None else model, calibration(), mlps=PATHS, reduction=reduction, key=jax.random.key(key),
-                             finetune=Finetune() if finetune is None else finetune, state_dir=state_dir,
-                             resume=resume, **{**VARIANTS[variant], **options})
+        calibration=calibration, model=None, order="back-to-front", num_samples=None, config=None, **options):
+    """``options``: more of ``compress_model``'s keywords (they win over the variant's); ``num_samples``
+    and ``config`` set on the variant's method."""
+    execution = jb.Execution(finetune=Finetune() if finetune is None else finetune, state_dir=state_dir,
+                             resume=resume, order=order)
+    if num_samples is not None or config is not None:
+        base = VARIANTS[variant]["method"]
+        changed = {"num_samples": num_samples} if num_samples is not None else {}
+        if config is not None:
+            changed["bsd" if variant == "auto" else "config"] = (
+                jb.BSD(config=config) if variant == "auto" else config)
+        options["method"] = dataclasses.replace(jb.get_method(base), **changed)
+    return jb.compress_model(Toy() if model is None else model, calibration(), mlps=PATHS, reduction=reduction,
+                             key=jax.random.key(key), execution=execution, **{**VARIANTS[variant], **options})
 
 
 def kill_during_save(where):

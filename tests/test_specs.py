@@ -279,8 +279,7 @@ def test_bsd_uses_the_found_spec_and_matches_the_explicit_one():
     net, x = _readme_net(jnp.float64)
     results = []
     for specs in (None, jb.MLPSpec(fc1="up", fc2="down", activation="gelu_tanh")):
-        model, report = jb.compress_model(nnx.clone(net), x, mlps=["ffns.1"], ranks={"ffns.1": 3}, config=FAST,
-                                          num_samples=32, mlp_specs=specs, key=jax.random.key(1))
+        model, report = jb.compress_model(nnx.clone(net), x, mlps=["ffns.1"], ranks={"ffns.1": 3}, method=jb.get_method("bsd", config=FAST, num_samples=32), mlp_specs=specs, key=jax.random.key(1))
         results.append((model.ffns[1], report.mlps[0]))
     (found_mlp, a), (given_mlp, b) = results
     assert b.spec == "given" and a.spec.startswith("found: gelu_tanh: up -> down"), a.spec
@@ -304,8 +303,7 @@ class Host(nnx.Module):
 def test_without_a_spec_bsd_goes_dense_and_the_baselines_say_why():
     x = tokens(8, N=64).reshape(8, 8, 8)
     model = Host(Residual(8, 16, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
-    _, report = jb.compress_model(model, x, mlps=["mlp"], ranks={"mlp": 2}, config=FAST, num_samples=32,
-                                  key=jax.random.key(0))
+    _, report = jb.compress_model(model, x, mlps=["mlp"], ranks={"mlp": 2}, method=jb.get_method("bsd", config=FAST, num_samples=32), key=jax.random.key(0))
     assert report.mlps[0].jacobian == "dense" and report.mlps[0].spec.startswith("not found: no known activation")
     model = Host(Residual(8, 16, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
     with pytest.raises(ValueError, match=r"mlp_specs: method 'svd'.*no known activation.*mlp_specs=\{'mlp': jb.MLPSpec"):

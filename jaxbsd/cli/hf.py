@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     refine = jb.Refine(steps=args.refine_steps) if args.refine_steps else None
     encoder, report = jb.compress_model(encoder, lambda m: m(ids, mask), mlps=None, reduction=args.reduction,
                                         method=args.method, key=jax.random.key(args.seed), refine=refine,
-                                        state_dir=out / "state")
+                                        execution=jb.Execution(state_dir=out / "state"))
     for r in report.mlps:
         _say(args, f"  {r.path}: {r.method} rank {r.rank}, output error {r.output_error:.3g} ({r.seconds:.1f} s)")
 

@@ -22,7 +22,7 @@ The modules, top to bottom (each uses only those below it):
 
 from jaxbsd.compression.blockwise import CompressionConfig, compress
 from jaxbsd.compression.distill import Distill
-from jaxbsd.compression.engine import compress_model
+from jaxbsd.compression.api import Execution, compress_model
 from jaxbsd.compression.methods import BSD, DRONE, SVD, Auto, Method, Prune, get_method, register
 from jaxbsd.compression.refine import Refine
 from jaxbsd.compression.report import CompressionReport, MLPReport
@@ -31,6 +31,7 @@ from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodu
 
 __all__ = [
     "compress_model",
+    "Execution",
     "compress",
     "CompressionConfig",
     "CompressionReport",

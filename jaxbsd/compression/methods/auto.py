@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxbsd.compression.methods.base import Build, Method, largest_rank, register
+from jaxbsd.compression.methods.base import Build, Method, largest_rank, refuse_options, register
 from jaxbsd.compression.methods.bsd import BSD, DEFAULT_CONFIG
 from jaxbsd.compression.methods.prune import Prune
 from jaxbsd.compression.sites import Site
@@ -52,6 +52,7 @@ class Auto(Method):
     uneven = False  # both candidates live in one share; greedy shares are per candidate
 
     def __post_init__(self):
+        super().__post_init__()
         if self.judge not in JUDGES:
             raise ValueError(f"auto_judge must be one of {JUDGES}, got {self.judge!r}")
 
@@ -157,7 +158,9 @@ class Auto(Method):
         return module, info
 
 
-def _from_options(config=None, restarts=1, warm_start=None, selection="output", auto_judge="model", **_):
+def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto_judge="model", **options):
+    refuse_options("auto", options, ())
+    selection = "output" if selection is None else selection
     if warm_start is False:
         raise ValueError("warm_start=False: method 'auto' always warm-starts its decoupling from the pruned MLP")
     bsd = BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=None,

@@ -23,15 +23,21 @@ from flax import nnx
 
 from jaxbsd.compression.sites import Site
 
-__all__ = ["Method", "Build", "register", "get_method", "method_names", "largest_rank", "no_warm_start"]
+__all__ = ["Method", "Build", "register", "get_method", "method_names", "largest_rank", "no_warm_start",
+           "refuse_options"]
 
 #: ``(replacement, info)``: info holds the report fields (``error_J``, ``error_F``, ``output_error``,
 #: ``jacobian``, and what the method adds).
 Build = tuple[nnx.Module, dict[str, Any]]
 
 
+@dataclasses.dataclass(frozen=True)
 class Method:
     """Base class of the compression methods (frozen dataclasses).
+
+    Attributes:
+      num_samples: ``S``, the calibration tokens sampled per MLP for its fit (the decoupling's
+        sampling points, the baselines' fit tokens); None: ``min(256, available)``. Keyword only.
 
     Class attributes a method may override:
 
@@ -48,6 +54,13 @@ class Method:
     uneven: ClassVar[bool] = True
     judges_by_model: ClassVar[bool] = False
     refines_candidates: ClassVar[bool] = False
+
+    num_samples: int | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        S = self.num_samples
+        if S is not None and (isinstance(S, bool) or not isinstance(S, int) or S < 1):
+            raise ValueError(f"num_samples must be a positive int or None, got {S!r}")
 
     # ------------------------------------------------------------------ sizes
     def params(self, site: Site, rank) -> int:
@@ -118,6 +131,8 @@ class Method:
         """The method and its options as JSON data (part of a resumable run's identity)."""
         out = {"method": self.name}
         for f in dataclasses.fields(self):
+            if f.name == "num_samples":  # a run's identity records it beside the method
+                continue
             value = getattr(self, f.name)
             out[f.name] = value.to_dict() if hasattr(value, "to_dict") else repr(value)
         return out
@@ -150,11 +165,33 @@ def register(name: str, factory: Callable[..., Method]) -> None:
 _BUILT_IN = ("bsd", "svd", "drone", "prune", "auto")
 
 
-def no_warm_start(name: str, warm_start=None, **_) -> None:
-    """For the factories of methods without a decoupling: ``warm_start=True`` cannot be honoured."""
+#: What each option of the built-in factories sets (for the message refusing one a method lacks).
+OPTION_MEANING = {
+    "config": "a decoupling's solver settings (methods 'bsd' and 'auto')",
+    "restarts": "a decoupling's random restarts (methods 'bsd' and 'auto')",
+    "selection": "how a decoupling's restart is chosen (methods 'bsd' and 'auto')",
+    "auto_judge": "how method 'auto' compares its candidates",
+}
+
+
+def refuse_options(name: str, options: dict, honoured: tuple[str, ...]) -> None:
+    """``ValueError`` naming the first option of ``options`` that method ``name`` would silently
+    ignore (an option at None is unset; ``restarts=1`` is the default)."""
+    for option, value in options.items():
+        unset = value is None or (option == "restarts" and value == 1) or (option == "auto_judge" and value == "model")
+        if option not in honoured and option != "warm_start" and not unset:
+            meaning = OPTION_MEANING.get(option, "nothing a built-in method knows")
+            raise ValueError(f"{option}={value!r}: method {name!r} does not use it ({option} sets {meaning}); "
+                             "leave it out")
+
+
+def no_warm_start(name: str, warm_start=None, **options) -> None:
+    """For the factories of methods without a decoupling: ``warm_start=True`` cannot be honoured,
+    nor any decoupling's option."""
     if warm_start:
         raise ValueError(f"warm_start=True starts a decoupling from the pruned MLP: it needs method 'bsd' or "
                          f"'auto', got {name!r}")
+    refuse_options(name, options, ())
 
 
 def method_names() -> tuple[str, ...]:
@@ -162,12 +199,20 @@ def method_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY, key=lambda n: (_BUILT_IN.index(n) if n in _BUILT_IN else len(_BUILT_IN), n)))
 
 
-def get_method(method: str | Method, **options) -> Method:
-    """The method object for ``method`` (a registered name, built with ``options``, or a
-    :class:`Method`, returned as is). ``ValueError`` naming ``method`` otherwise."""
+def get_method(method: str | Method, *, num_samples: int | None = None, **options) -> Method:
+    """The method object for ``method``: a registered name, built by its factory with ``options``
+    (which refuses, naming it, an option it cannot honour); or a :class:`Method`, which carries its
+    own options (``options`` must then be empty). ``num_samples`` set on the result where given.
+    ``ValueError`` naming ``method`` otherwise."""
     if isinstance(method, Method):
-        return method
-    if not isinstance(method, str) or method not in _REGISTRY:
+        if options:
+            name = next(iter(options))
+            raise ValueError(f"{name}: method is a method object, which carries its own options; give {name} to "
+                             f"it (e.g. jb.BSD({name}=...))")
+        chosen = method
+    elif not isinstance(method, str) or method not in _REGISTRY:
         raise ValueError(f"method must be one of {method_names()} or a jaxbsd method object "
                          f"(jb.BSD(...), jb.Prune(), ...), got {method!r}")
-    return _REGISTRY[method](**options)
+    else:
+        chosen = _REGISTRY[method](**options)
+    return chosen if num_samples is None else dataclasses.replace(chosen, num_samples=num_samples)

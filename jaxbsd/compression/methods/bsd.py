@@ -20,7 +20,7 @@ from flax import nnx
 from jaxbsd import metrics
 from jaxbsd.bases import BSpline
 from jaxbsd.cmtf import CMTFConfig
-from jaxbsd.compression.methods.base import Build, Method, register
+from jaxbsd.compression.methods.base import Build, Method, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
@@ -87,6 +87,7 @@ class BSD(Method):
     needs_spec = False
 
     def __post_init__(self):
+        super().__post_init__()
         if not isinstance(self.config, CMTFConfig):
             raise ValueError(f"config must be a jaxbsd.CMTFConfig, got {type(self.config).__name__}")
         if isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 1:
@@ -241,7 +242,9 @@ def _choose_restart(res, site: Site, selection: str, *, warm: bool, info: dict, 
     return chosen
 
 
-def _from_options(config=None, restarts=1, warm_start=None, selection="output", **_):
+def _from_options(config=None, restarts=1, warm_start=None, selection=None, **options):
+    refuse_options("bsd", options, ())
+    selection = "output" if selection is None else selection
     return BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=warm_start,
                selection=selection)
 
