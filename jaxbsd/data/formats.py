@@ -4,7 +4,7 @@ IDX gz (MNIST, Fashion-MNIST), HDF5 (USPS), CIFAR-10 python pickle batches or im
 (``train|test/<class>/*`` in a directory or a zip), MATLAB v5 (SVHN). :data:`LOADERS` maps each
 data set that is read from a ``root`` to its reader. A missing, truncated or malformed file raises
 ``FileNotFoundError`` or ``ValueError`` with the path and the format that was expected. The
-decoded arrays of an image-folder zip are cached (:mod:`jaxbsd.data.cache`).
+decoded arrays of an image-folder zip are cached (``jaxbsd.data.cache``).
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ installed. A missing data set raises ``FileNotFoundError`` saying which file to 
 
 Decoding the CIFAR-10 image-folder zip takes seconds, so its decoded ``uint8`` arrays are cached
 as an ``.npz`` in ``$JAXBSD_CACHE`` (default ``~/.cache/jaxbsd``), keyed by the zip's path, size
-and mtime (:mod:`jaxbsd.data.cache`). A missing, truncated or malformed file raises
+and mtime (``jaxbsd.data.cache``). A missing, truncated or malformed file raises
 ``FileNotFoundError`` or ``ValueError`` with the path and the format that was expected
-(the readers are in :mod:`jaxbsd.data.formats`).
+(the readers are in ``jaxbsd.data.formats``).
 """
 
 from __future__ import annotations
