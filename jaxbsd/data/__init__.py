@@ -21,31 +21,39 @@ Every public name of the submodules above is importable from ``jaxbsd.data``.
 
 from __future__ import annotations
 
-from jaxbsd.data.bundled import MINILM_PACKAGE, MINILM_SHA256, minilm_dir
-from jaxbsd.data.corpora import (
-    DOCS_CALIBRATION_FRACTION,
-    DOCS_SPLITS,
-    DocsCorpus,
-    docs_file_split,
-    load_docs_corpus,
-    rst_heading_pairs,
-    rst_passages,
-)
-from jaxbsd.data.formats import CIFAR10_CLASSES
-from jaxbsd.data.images import DATASETS, Dataset, batches, default_root, load_dataset, split_train_test
+# In the order of the old single module, which the API page follows (members_order: source).
 from jaxbsd.data.paths import DATA_ENV, data_dir
+from jaxbsd.data.formats import CIFAR10_CLASSES
+from jaxbsd.data.images import (
+    DATASETS,
+    Dataset,
+    default_root,
+    load_dataset,
+    split_train_test,
+    batches,
+)
 from jaxbsd.data.text import (
     TEXT_DATASETS,
     TEXT_SPLIT_FRACTIONS,
     TEXT_SPLITS,
     CharVocab,
     TextDataset,
-    default_text_root,
-    eval_windows,
-    load_text_dataset,
     module_split,
     parse_modules,
+    default_text_root,
+    load_text_dataset,
     text_windows,
+    eval_windows,
+)
+from jaxbsd.data.bundled import MINILM_PACKAGE, MINILM_SHA256, minilm_dir
+from jaxbsd.data.corpora import (
+    DOCS_SPLITS,
+    DOCS_CALIBRATION_FRACTION,
+    docs_file_split,
+    DocsCorpus,
+    rst_passages,
+    rst_heading_pairs,
+    load_docs_corpus,
 )
 
 __all__ = [
