@@ -1,17 +1,22 @@
-"""What the benchmark scripts share: the result row, interleaved timing, the table and JSON.
+"""What the benchmark scripts share: the result row, interleaved timing, the NumPy-side BLAS
+settings, the fresh-process workers, the table and JSON.
 
-:mod:`benchmarks.run` (the suite) and :mod:`benchmarks.gated` (the gated-MLP rows, also run on
-its own) both use these; neither imports the other's module for them, so the imports run one
-way (run → gated → common). Importing this module enables float64 in JAX, as the benchmark
-scripts do: float64 where stated, float32 always explicit.
+Every module of ``benchmarks/`` may import this one; it imports none of them, so the imports run
+one way (the runner :mod:`benchmarks.run` → the subjects → :mod:`benchmarks.problems` → this).
+Importing this module enables float64 in JAX, as the benchmark scripts do: float64 where stated,
+float32 always explicit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -21,9 +26,17 @@ jax.config.update("jax_enable_x64", True)  # float64 where stated; float32 is al
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["GiB", "Row", "interleaved", "rel_diff", "format_table"]
+__all__ = [
+    "GiB", "ROOT", "RUNNER", "Row", "interleaved", "block", "check_dtype", "rel_diff", "format_table", "jsonable",
+    "numpy_blas_variants", "best_reference", "on_accelerator", "run_worker", "write_rows",
+]
 
 GiB = 1024**3
+#: The repository root (the working directory of the fresh-process workers).
+ROOT = Path(__file__).resolve().parents[1]
+#: The runner's script: the fresh-process workers are its ``--headline-worker`` and
+#: ``--restarts-worker`` flags (:func:`run_worker`).
+RUNNER = Path(__file__).resolve().parent / "run.py"
 
 
 @dataclasses.dataclass
@@ -69,11 +82,12 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5, warmup: int
     return {n: {"median": statistics.median(t), "min": min(t), "times": t} for n, t in times.items()}
 
 
-def _block(x):
+def block(x):
+    """``jax.block_until_ready(x)``: ``x`` once every array in it is computed."""
     return jax.block_until_ready(x)
 
 
-def _check_dtype(what: str, tree, dtype) -> None:
+def check_dtype(what: str, tree, dtype) -> None:
     """Fail loudly if a benchmark that claims a dtype silently computed in another one."""
     found = {str(jnp.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)}
     if found != {str(jnp.dtype(dtype))}:
@@ -83,6 +97,57 @@ def _check_dtype(what: str, tree, dtype) -> None:
 def rel_diff(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+
+
+def numpy_blas_variants(fn: Callable[[], Any], name: str) -> dict[str, Callable[[], Any]]:
+    """``fn`` as is (NumPy's BLAS at its default thread count) and, if threadpoolctl can
+    reach NumPy's BLAS, with it limited to one thread: on a loaded machine the multi-threaded
+    BLAS can lose far more to contention than it gains, so the NumPy-side references are
+    timed both ways and the faster median is used (the reference's best configuration)."""
+    out = {name: fn}
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover
+        return out
+    ctl = ThreadpoolController()
+    paths = [c.filepath for c in ctl.lib_controllers if c.user_api == "blas" and "numpy" in c.filepath]
+    if paths:
+        blas = ctl.select(filepath=paths)
+
+        def limited():
+            with blas.limit(limits=1):
+                return fn()
+
+        out[name + "@1thread"] = limited
+    return out
+
+
+def best_reference(t: dict, name: str) -> tuple[str, dict]:
+    """The faster (by median) of ``name`` and ``name@1thread`` in timings ``t``."""
+    keys = [k for k in (name, name + "@1thread") if k in t]
+    k = min(keys, key=lambda k: t[k]["median"])
+    return k, t[k]
+
+
+def on_accelerator() -> bool:
+    """Whether JAX's default backend is an accelerator (not the CPU)."""
+    return jax.default_backend() != "cpu"
+
+
+def run_worker(flag: str, args: dict, timeout: float) -> dict | None:
+    """Run ``run.py <flag> <json args>`` (:data:`RUNNER`) in a fresh process; its last stdout
+    line is JSON.
+
+    Returns ``None`` if it did not finish within ``timeout`` seconds (killed).
+    """
+    cmd = [sys.executable, str(RUNNER), flag, json.dumps(args)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    except subprocess.TimeoutExpired:
+        return None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{flag} worker failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -120,11 +185,12 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` as plain JSON: string keys, lists for tuples, Python scalars, non-finite floats as ``None``."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, (np.generic,)):
         return x.item()
     if isinstance(x, float) and not math.isfinite(x):

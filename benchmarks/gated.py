@@ -3,7 +3,7 @@
 One float32 R-CMTF-BSD sweep through :class:`jaxbsd.GatedJacobian` (the structured Jacobian of
 a SwiGLU MLP ``d → 3d → d``, never materialized) against the same sweep through
 :class:`jaxbsd.DenseJacobian` (the ``(S, d, d)`` tensor in the solver's three layouts), at
-``S = 128`` samples and rank ``r = 64`` (issue 23, item 5). For each ``d``:
+``S = 128`` samples and rank ``r = 64``. For each ``d``:
 
 * time: the median of interleaved repeats (:func:`benchmarks.common.interleaved`) of the sweep as
   it runs inside :func:`jaxbsd.solve`'s loop, i.e. with ``‖𝒥‖²`` computed once beforehand
@@ -16,8 +16,8 @@ a SwiGLU MLP ``d → 3d → d``, never materialized) against the same sweep thro
 * the same iterate from both (relative difference of ``W1``), so the rows compare equals.
 
 Ratios read as ``dense / gated`` (above 1: the structured operator wins). Dense is skipped
-where its three layouts would exceed ``dense_max_bytes``. The lead wires :func:`bench_gated`
-into ``benchmarks/run.py``; ``tests/test_gated_benchmark.py`` runs it at a tiny size.
+where its three layouts would exceed ``dense_max_bytes``. :func:`bench_gated` is row (h) of
+``benchmarks/run.py``; ``tests/test_gated_benchmark.py`` runs it at a tiny size.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd import cmtf  # noqa: E402
 from jaxbsd.gated import GatedJacobian  # noqa: E402
 
-from benchmarks.common import GiB, Row, _block, _check_dtype, _jsonable, format_table, interleaved, rel_diff  # noqa: E402
+from benchmarks.common import GiB, Row, block, check_dtype, format_table, interleaved, jsonable, rel_diff  # noqa: E402
 
 __all__ = ["gated_problem", "dense_from_gated", "bench_gated", "main"]
 
@@ -114,7 +114,7 @@ def _footprint(state, problem, config, sq_norm_J) -> dict:
 
 def _timed(fn):
     t0 = time.perf_counter()
-    out = _block(fn())
+    out = block(fn())
     return out, time.perf_counter() - t0
 
 
@@ -139,8 +139,8 @@ def bench_gated(
         state = _init_jit(jax.random.key(0), p_gated, config)
         _sq_norm_jit(jac)  # compile
         norm_g, t_norm = _timed(lambda j=jac: _sq_norm_jit(j))
-        _check_dtype("gated sweep", _loop_sweep_jit(state, p_gated, config, norm_g), jnp.float32)
-        fns = {"gated": lambda s=state, p=p_gated, c=config, nj=norm_g: _block(_loop_sweep_jit(s, p, c, nj))}
+        check_dtype("gated sweep", _loop_sweep_jit(state, p_gated, config, norm_g), jnp.float32)
+        fns = {"gated": lambda s=state, p=p_gated, c=config, nj=norm_g: block(_loop_sweep_jit(s, p, c, nj))}
         mem = {"gated": _footprint(state, p_gated, config, norm_g)}
         dense_bytes = 3 * S * d * d * 4
         norm_mem = _sq_norm_jit.lower(jac).compile().memory_analysis()
@@ -151,8 +151,8 @@ def bench_gated(
         if dense_bytes <= dense_max_bytes:
             dense, t_dense_build = _timed(lambda j=jac: dense_from_gated(j))
             p_dense = jb.Problem(dense, F, X)
-            norm_d = _block(_sq_norm_jit(dense))
-            fns["dense"] = lambda s=state, p=p_dense, c=config, nj=norm_d: _block(_loop_sweep_jit(s, p, c, nj))
+            norm_d = block(_sq_norm_jit(dense))
+            fns["dense"] = lambda s=state, p=p_dense, c=config, nj=norm_d: block(_loop_sweep_jit(s, p, c, nj))
             mem["dense"] = _footprint(state, p_dense, config, norm_d)
             details["build_dense_s"] = t_dense_build
             details["rel_diff_sq_norm"] = rel_diff(norm_g, norm_d)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {"command": "python benchmarks/gated.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "device": f"{device.platform} ({device.device_kind})",
                   "rows": [dataclasses.asdict(r) for r in rows]}
-        Path(args.out).write_text(json.dumps(_jsonable(record), indent=1))
+        Path(args.out).write_text(json.dumps(jsonable(record), indent=1))
         print(f"wrote {args.out}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Grouped compression against one block at a time, side by side in one run (issue 44).
+"""Grouped compression against one block at a time, side by side in one run.
 
 A 6-block model whose MLPs have the ViT/Fashion-MNIST study's shape (``m = 64``, ``H = 256``,
 residual blocks, float32; ``--model minilm``: all-MiniLM-L6-v2's, ``384 → 1536 → 384`` at rank 153
@@ -16,8 +16,8 @@ block at a time / grouped.
 
 Also: the exported CUDA program of a group of 6 blocks × 4 restarts (``jax.export``, lowered on
 this CPU): its count of device-side loops; and the sweep as a multiple of this machine's GEMM
-bound, at the paper's size (dense Jacobian, row (f) of ``benchmarks/run.py``) and at a MiniLM
-MLP's size (384 → 1536 → 384, S = 256, the structured Jacobian ``compress_model`` solves, at the
+bound, at the paper's size (dense Jacobian, row (f) of ``benchmarks/run.py``: :mod:`benchmarks.sweep`)
+and at a MiniLM MLP's size (384 → 1536 → 384, S = 256, the structured Jacobian ``compress_model`` solves, at the
 real-model study's ranks), with a profile of where a sweep's time goes.
 
 Usage::
@@ -307,7 +307,7 @@ def main(argv=None) -> int:
         print(f"CUDA export of a group of {export['blocks']} blocks x {export['restarts']} restarts: "
               f"{export['while_loops']} stablehlo.while, carrying every block's restarts: {export['carry_holds_all']}")
         from benchmarks.common import format_table
-        from benchmarks.run import bench_matmul_bound, gemm_peak
+        from benchmarks.sweep import bench_matmul_bound, gemm_peak
 
         # One GEMM peak for every bound row (two measurements in one run differed by 1.5x).
         repeats_bound = 2 if args.quick else 3

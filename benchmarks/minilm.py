@@ -1,4 +1,4 @@
-"""Decoupling one MLP of a real pretrained model, beside pruning it (issue 42).
+"""Decoupling one MLP of a real pretrained model, beside pruning it.
 
 The MLP is ``bert.layers.3.mlp`` of all-MiniLM-L6-v2 (384 → 1536 → 384, GELU), its calibration
 tokens captured on real text (32 windows of 128 tokens of the Python docs' calibration files, 4096
@@ -32,7 +32,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.common import Row, format_table, write_rows  # noqa: E402  (enables x64 first)
-from benchmarks.run import gemm_peak  # noqa: E402
+from benchmarks.sweep import gemm_peak  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

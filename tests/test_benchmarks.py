@@ -23,27 +23,29 @@ SLOW_CASES = {
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is not installed
-from benchmarks import numpy_baseline, run  # noqa: E402
+from benchmarks import decoupled_mlp, numpy_baseline, run, structured, sweep, tensorly_cp  # noqa: E402
+from benchmarks.common import format_table, rel_diff  # noqa: E402
+from benchmarks.problems import init_jit, random_dense_problem, sweep_jit  # noqa: E402
 
 
 def sweeps_both_ways(S, n, m, r, dof, sweeps=1, degree=3, seed=0, **numpy_overrides):
     """``sweeps`` jaxbsd sweeps and ``sweeps`` NumPy-baseline sweeps from the same initial
     state (float64); ``numpy_overrides`` change the baseline's hyper-parameters only."""
-    J, F, X = run.random_dense_problem(S, n, m, seed)
+    J, F, X = random_dense_problem(S, n, m, seed)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
     problem = jb.Problem(jb.DenseJacobian(jax.numpy.asarray(J)), jax.numpy.asarray(F), jax.numpy.asarray(X))
-    state = run.init_jit(jax.random.key(seed), problem, config)
+    state = init_jit(jax.random.key(seed), problem, config)
     kw = dict(degree=degree, dof=dof, lam=config.lam, mu_w=config.mu_w, mu_c=config.mu_c, eps=config.eps)
     kw.update(numpy_overrides)
     ours, ref = state, numpy_baseline.State(*(np.asarray(a) for a in state))
     for _ in range(sweeps):
-        ours = run.sweep_jit(ours, problem, config)
+        ours = sweep_jit(ours, problem, config)
         ref = numpy_baseline.sweep(ref, J, F, X, **kw)
     return ours, ref
 
 
 def max_rel_diff(ours, ref):
-    return max(run.rel_diff(getattr(ours, f), getattr(ref, f)) for f in cmtf.SolverState._fields)
+    return max(rel_diff(getattr(ours, f), getattr(ref, f)) for f in cmtf.SolverState._fields)
 
 
 # S=24, ν=5: the knot's quantile rank 11.5 is a tie (both sides must take the upper sample);
@@ -54,7 +56,7 @@ def test_numpy_baseline_is_a_faithful_sweep(S, n, m, r, dof, sweeps):
     for field in cmtf.SolverState._fields:
         a, b = np.asarray(getattr(ours, field)), getattr(ref, field)
         assert a.shape == b.shape, field
-        assert run.rel_diff(a, b) <= 1e-6, (field, run.rel_diff(a, b))
+        assert rel_diff(a, b) <= 1e-6, (field, rel_diff(a, b))
     # The check discriminates: a baseline with a slightly different λ or μ_W is caught.
     assert max_rel_diff(*sweeps_both_ways(S, n, m, r, dof, sweeps, lam=0.3)) > 1e-4
     assert max_rel_diff(*sweeps_both_ways(S, n, m, r, dof, sweeps, mu_w=1e-2)) > 1e-4
@@ -80,10 +82,10 @@ def test_numpy_baseline_pieces_match_jaxbsd():
 @pytest.mark.slow
 def test_benchmark_functions_run_at_tiny_sizes():
     rows = []
-    rows += run.bench_sweep_vs_numpy(S=24, n=3, m=3, r=2, dof=5, repeats=1, float32_variant=False)
-    rows += run.bench_structured_vs_dense(ms=(4,), S=16, repeats=1)
-    rows += run.bench_decoupled_mlp(m=8, batch=2, tokens=5, repeats=1)
-    rows += run.bench_tensorly(S=8, n=6, m=5, r=2, iters=2, repeats=1)
+    rows += sweep.bench_sweep_vs_numpy(S=24, n=3, m=3, r=2, dof=5, repeats=1, float32_variant=False)
+    rows += structured.bench_structured_vs_dense(ms=(4,), S=16, repeats=1)
+    rows += decoupled_mlp.bench_decoupled_mlp(m=8, batch=2, tokens=5, repeats=1)
+    rows += tensorly_cp.bench_tensorly(S=8, n=6, m=5, r=2, iters=2, repeats=1)
     names = [r.name for r in rows]
     assert any(n.startswith("(a)") for n in names) and any(n.startswith("(e)") for n in names)
     for row in rows:
@@ -105,7 +107,7 @@ def test_benchmark_functions_run_at_tiny_sizes():
     assert dense_row.details["rel_diff_W1"] < 1e-4  # structured and dense give the same sweep
     spline_row = next(r for r in rows if r.name.startswith("(d')"))
     assert spline_row.details["max_rel_diff"] < 1e-5  # fast evaluate == Cox–de Boor (float32)
-    table = run.format_table(rows)
+    table = format_table(rows)
     assert all(name in table for name in names)
 
 
@@ -128,3 +130,20 @@ def test_cli_smoke_run_writes_the_table_and_json(tmp_path, capsys):
     headline = next(r for r in result["rows"] if r["name"].startswith("(c) headline: 4 sweeps"))
     assert "EXTRAPOLATED" in headline["note"]  # measured 2 sweeps, extrapolated to 4
     assert headline["details"]["peak_rss_bytes"] > 0
+
+
+def test_list_names_every_subject_and_its_command(capsys):
+    assert run.main(["--list"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == len(run.SUBJECTS)
+    names = [s[0] for s in run.SUBJECTS]
+    # every letter of the plan, and every benchmark with a script of its own
+    assert names[:8] == list("abcdefgh") and {"grouped", "distill", "refine", "minilm", "gated"} <= set(names)
+    here = Path(run.__file__).parent
+    for (name, modules, _, command), line in zip(run.SUBJECTS, printed):
+        assert line.startswith(name) and line.endswith("$ " + command)
+        assert all((here / f"{m.strip()}.py").exists() for m in modules.split(","))
+        script = command.split()[1]
+        assert (here.parent / script).exists(), command
+        if script == "benchmarks/run.py":
+            assert [label for label, _ in run.plan("smoke", command.split()[-1])] != []
