@@ -29,7 +29,7 @@ def bench_batching(
     """(g) Batching and compilation at the paper size, float32, on the default backend.
 
     One program each, compiled ahead of time (``lower().compile()``, timed as its own row):
-    one restart (``jb.solve``), ``restarts`` seeds (``jax.vmap`` over keys) and a
+    one restart (``jb.solver.solve``), ``restarts`` seeds (``jax.vmap`` over keys) and a
     ``len(lams)`` × ``restarts`` grid (``jax.vmap`` over λ of a ``jax.vmap`` over keys), all
     ``sweeps`` sweeps (tol = 0). On an accelerator a batch should cost little more than one
     restart (the targets: 16 seeds ≤ 2×, the grid ≤ 3×, one sweep ≤ 0.3 ms); on the
@@ -37,19 +37,19 @@ def bench_batching(
     (row (f) holds the CPU targets).
     """
     J, F, X = random_dense_problem(S, n, m, seed=0, dtype=np.float32)
-    problem = jb.problem(J, F, X)
+    problem = jb.solver.problem(J, F, X)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof), max_iter=sweeps, tol=0.0)
     keys = jax.random.split(jax.random.key(0), restarts)
     lam = jnp.asarray(lams, jnp.float32)
 
     def one(key):
-        return jb.solve(key, problem, config).objective
+        return jb.solver.solve(key, problem, config).objective
 
     def seeds(keys):
         return jax.vmap(one)(keys)
 
     def grid(lam, keys):
-        return jax.vmap(lambda l: jax.vmap(lambda k: jb.solve(k, problem, config.replace(lam=l)).objective)(keys))(lam)
+        return jax.vmap(lambda l: jax.vmap(lambda k: jb.solver.solve(k, problem, config.replace(lam=l)).objective)(keys))(lam)
 
     programs, compile_s = {}, {}
     for name, fn, args in (("one", one, (keys[0],)), ("seeds", seeds, (keys,)), ("grid", grid, (lam, keys))):

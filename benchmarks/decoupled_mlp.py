@@ -21,9 +21,9 @@ __all__ = ["bench_decoupled_mlp"]
 
 
 def _spline_local_basis(u, knots, coef, degree):
-    """Cox–de Boor evaluation through ``jaxbsd.bspline.local_basis`` plus a coefficient
+    """Cox–de Boor evaluation through ``jaxbsd.solver.bspline.local_basis`` plus a coefficient
     gather: the reference of row (d')."""
-    k, values = jb.bspline.local_basis(u, knots, degree)
+    k, values = jb.solver.bspline.local_basis(u, knots, degree)
     idx = k[..., None] - degree + jnp.arange(degree + 1).reshape((1,) * k.ndim + (degree + 1,))
     return jnp.sum(values * coef[idx], axis=-1)
 
@@ -66,7 +66,7 @@ def bench_decoupled_mlp(
     per_rank = lambda ev: jax.jit(  # noqa: E731
         lambda u: jax.vmap(ev, in_axes=(1, 0, 0), out_axes=1)(u, knots, coef)
     )
-    ev_new = per_rank(lambda ui, ki, ci: jb.bspline.evaluate(ui, ki, ci, degree))
+    ev_new = per_rank(lambda ui, ki, ci: jb.solver.bspline.evaluate(ui, ki, ci, degree))
     ev_old = per_rank(lambda ui, ki, ci: _spline_local_basis(ui, ki, ci, degree))
     if spline_reference:
         fns["spline_evaluate"] = lambda: block(ev_new(u))

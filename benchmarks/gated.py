@@ -40,8 +40,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
-from jaxbsd import cmtf  # noqa: E402
-from jaxbsd.gated import GatedJacobian  # noqa: E402
+from jaxbsd.solver import cmtf  # noqa: E402
+from jaxbsd.solver.jacobians import GatedJacobian  # noqa: E402
 
 from benchmarks.common import GiB, Row, block, check_dtype, format_table, interleaved, jsonable, rel_diff  # noqa: E402
 
@@ -66,8 +66,8 @@ def gated_problem(d: int, hidden: int, S: int, seed: int = 0, dtype=np.float32):
 
 @jax.jit
 def _build(X, gate, up, down):
-    jac = jb.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu)
-    return jac, jb.gated_mlp(X, gate, up, down, jax.nn.silu), X
+    jac = jb.solver.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu)
+    return jac, jb.solver.gated_mlp(X, gate, up, down, jax.nn.silu), X
 
 
 @jax.jit
@@ -77,24 +77,24 @@ def _dense_chunks(V1, Vg, Vu, Dg_chunks, Du_chunks):
     return jax.lax.map(lambda c: one(*c), (Dg_chunks, Du_chunks))
 
 
-def dense_from_gated(jac: GatedJacobian, chunk: int = 4) -> jb.DenseJacobian:
+def dense_from_gated(jac: GatedJacobian, chunk: int = 4) -> jb.solver.DenseJacobian:
     """The ``(S, n, m)`` tensor of ``jac`` in the solver's three layouts
     (:meth:`~jaxbsd.DenseJacobian.from_dense`), ``chunk`` samples at a time."""
     S, n, m = jac.shape
     chunk = math.gcd(S, chunk)
     split = lambda D: D.reshape(S // chunk, chunk, -1)  # noqa: E731
     J = _dense_chunks(jac.V1, jac.Vg, jac.Vu, split(jac.Dg), split(jac.Du)).reshape(S, n, m)
-    return jb.DenseJacobian.from_dense(J)
+    return jb.solver.DenseJacobian.from_dense(J)
 
 
 def _loop_sweep(state, problem, config, sq_norm_J):
-    # One sweep as inside jb.solve's loop: ‖𝒥‖² is loop-invariant there (computed once).
+    # One sweep as inside jb.solver.solve's loop: ‖𝒥‖² is loop-invariant there (computed once).
     return cmtf._sweep(state, problem, config.cast(problem.F.dtype), sq_norm_J)[0]
 
 
 _loop_sweep_jit = jax.jit(_loop_sweep)
 _sq_norm_jit = jax.jit(lambda jac: jac.sq_norm())
-_init_jit = jax.jit(jb.init_state)
+_init_jit = jax.jit(jb.solver.init_state)
 
 
 def _footprint(state, problem, config, sq_norm_J) -> dict:
@@ -135,7 +135,7 @@ def bench_gated(
         H = hidden_factor * d
         (jac, F, X), t_build = _timed(lambda d=d, H=H: gated_problem(d, H, S))
         config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
-        p_gated = jb.Problem(jac, F, X)
+        p_gated = jb.solver.Problem(jac, F, X)
         state = _init_jit(jax.random.key(0), p_gated, config)
         _sq_norm_jit(jac)  # compile
         norm_g, t_norm = _timed(lambda j=jac: _sq_norm_jit(j))
@@ -150,7 +150,7 @@ def bench_gated(
         p_dense = None
         if dense_bytes <= dense_max_bytes:
             dense, t_dense_build = _timed(lambda j=jac: dense_from_gated(j))
-            p_dense = jb.Problem(dense, F, X)
+            p_dense = jb.solver.Problem(dense, F, X)
             norm_d = block(_sq_norm_jit(dense))
             fns["dense"] = lambda s=state, p=p_dense, c=config, nj=norm_d: block(_loop_sweep_jit(s, p, c, nj))
             mem["dense"] = _footprint(state, p_dense, config, norm_d)

@@ -47,7 +47,7 @@ if str(HERE.parent) not in sys.path:
 #: study's rank at s = 0.9 on its calibration (32 windows of 128 tokens).
 MODELS = {"vit": dict(blocks=6, m=64, H=256, rank=40, tokens=(32, 64)),
           "minilm": dict(blocks=6, m=384, H=1536, rank=153, tokens=(32, 128))}
-#: The programs of the solve and the refinement: one block at a time's (jaxbsd.driver, refine) and
+#: The programs of the solve and the refinement: one block at a time's (jaxbsd.solver.driver, refine) and
 #: a group's (on the CPU without a mesh the one-block program of jaxbsd.compression.devices.run_blocks,
 #: named after the function it runs; otherwise jaxbsd.compression.devices._program).
 SOLVER_PROGRAMS = ("jit(decouple_compiled)", "jit(refine_loop)", "jit(_solve_and_refine_block)", "jit(solve_block)",
@@ -68,8 +68,8 @@ def planted_group(G: int, S: int = 64, m: int = 12, h: int = 32) -> tuple:
     import jax.numpy as jnp
 
     from jaxbsd.compression import devices as dv
-    from jaxbsd.driver import problem
-    from jaxbsd.tensor import mlp_jacobian
+    from jaxbsd.solver.driver import problem
+    from jaxbsd.solver.jacobians import mlp_jacobian
 
     X = jax.random.normal(jax.random.key(0), (S, m), jnp.float32)
     V0 = jax.random.normal(jax.random.key(1), (h, m), jnp.float32)
@@ -108,8 +108,8 @@ def structured_sweep_rows(ranks, sweeps: int, repeats: int, peak: float) -> list
 
     import jaxbsd as jb
     from benchmarks.common import Row, interleaved
-    from jaxbsd import cmtf
-    from jaxbsd.tensor import mlp_jacobian
+    from jaxbsd.solver import cmtf, linalg
+    from jaxbsd.solver.jacobians import mlp_jacobian
 
     S, m, h = MINILM["S"], MINILM["m"], MINILM["H"]
     n = m
@@ -121,7 +121,7 @@ def structured_sweep_rows(ranks, sweeps: int, repeats: int, peak: float) -> list
     gelu_prime = jax.vmap(jax.vmap(jax.grad(lambda z: jax.nn.gelu(z, approximate=False))))
     jac = mlp_jacobian(X, V0, b0, V1, gelu_prime)
     F = jax.nn.gelu(X @ V0.T + b0, approximate=False) @ V1.T
-    prob = jb.problem(jac, F, X)
+    prob = jb.solver.problem(jac, F, X)
     rows = []
     for r in ranks:
         full = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4), max_iter=sweeps, tol=0.0)
@@ -136,18 +136,18 @@ def structured_sweep_rows(ranks, sweeps: int, repeats: int, peak: float) -> list
         parts = {
             "contractions": (jax.jit(lambda W0, W1, G: (jac.mttkrp_w1(W0, G), jac.mttkrp_w0_from(jac.contract_w1(W1), G),
                                                          jac.mttkrp_g_from(jac.contract_w1(W1), W0))), (W0, W1, G)),
-            "W1, W0 (Tikhonov)": (jax.jit(lambda A, B1, B0: (cmtf._tikhonov_solve(A, B1, mu), cmtf._tikhonov_solve(A, B0, mu))),
+            "W1, W0 (Tikhonov)": (jax.jit(lambda A, B1, B0: (linalg.tikhonov_solve(A, B1, mu), linalg.tikhonov_solve(A, B0, mu))),
                                   ((G.T @ G) * (W0 @ W0.T), jnp.ones((n, r), jnp.float32), jnp.ones((m, r), jnp.float32))),
-            "G (certified pinv)": (jax.jit(cmtf._pinv_solve), ((W0 @ W0.T) * (W1.T @ W1), G)),
+            "G (certified pinv)": (jax.jit(linalg.pinv_solve), ((W0 @ W0.T) * (W1.T @ W1), G)),
             # as the sweep: through the n x n Gram at r > n, else the r x r one (eigh at r = n)
-            "R (n x n Gram)" if r > n else "R": (jax.jit(lambda W1: cmtf._wide_least_squares(W1, F) if r > n else
-                                                         (cmtf._pinv_solve_by_eigh if r == n else cmtf._pinv_solve)(
+            "R (n x n Gram)" if r > n else "R": (jax.jit(lambda W1: linalg.wide_least_squares(W1, F) if r > n else
+                                                         (linalg.pinv_solve_by_eigh if r == n else linalg.pinv_solve)(
                                                              W1.T @ W1, F @ W1)), (W1,)),
             "projection (knots, design, coefficients)": (jax.jit(lambda W0, G, R: cmtf._project(X, W0, G, R, cfg)), (W0, G, R)),
             "whole sweep": (sweep, (state,)),
         }
         if r > n:  # the R update before this issue: the r x r Gram's eigendecomposition
-            parts["(was: R by r x r eigh)"] = (jax.jit(lambda W1: cmtf._pinv_solve_by_eigh(W1.T @ W1, F @ W1)), (W1,))
+            parts["(was: R by r x r eigh)"] = (jax.jit(lambda W1: linalg.pinv_solve_by_eigh(W1.T @ W1, F @ W1)), (W1,))
         calls = {"run": lambda: jax.block_until_ready(jb.decouple(jac, F, X, full, key=key, restarts=1)),
                  "run1": lambda: jax.block_until_ready(jb.decouple(jac, F, X, one, key=key, restarts=1))}
         calls.update({k: (lambda f=f, a=a: jax.block_until_ready(f(*a))) for k, (f, a) in parts.items()})

@@ -11,7 +11,7 @@ Written the way a researcher would write it from the paper (Algorithms 1–3), n
 
 Conventions are jaxbsd's (DESIGN.md §1): ``J (S, n, m)``, ``F (S, n)``, ``X (S, m)``,
 ``W0 (r, m)``, ``W1 (n, r)``, ``G, R (S, r)``, ``coef (r, ν)``, ``knots (r, ν + d + 1)``.
-From the same state, one sweep here equals one ``jaxbsd.cmtf.sweep`` to rounding
+From the same state, one sweep here equals one ``jaxbsd.solver.cmtf.sweep`` to rounding
 (``tests/test_benchmarks.py`` checks it). Edge-case handling of jaxbsd that random data never
 triggers (merging near-coincident knots, widening a zero-width activation range) is not
 reproduced.

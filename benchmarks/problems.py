@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
-from jaxbsd.tensor import DenseJacobian, StructuredJacobian  # noqa: E402
+from jaxbsd.solver.jacobians import DenseJacobian, StructuredJacobian  # noqa: E402
 
 __all__ = ["random_dense_problem", "mlp_problem", "dense_from_structured", "sweep_jit", "init_jit"]
 
@@ -52,7 +52,7 @@ def _mlp_jacobian_and_outputs(X, V0, b0, V1, b1):
     from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS
 
     F = ACTIVATIONS["gelu"](X @ V0.T + b0[None, :]) @ V1.T + b1[None, :]
-    jac = jb.tensor.mlp_jacobian(X, V0, b0, V1, ACTIVATION_DERIVATIVES["gelu"])
+    jac = jb.solver.jacobians.mlp_jacobian(X, V0, b0, V1, ACTIVATION_DERIVATIVES["gelu"])
     return jac, F, X
 
 
@@ -71,5 +71,5 @@ def dense_from_structured(jac: StructuredJacobian, chunk: int = 8) -> DenseJacob
 
 
 #: The library's own sweep and initialization, jitted (the config is a pytree argument).
-sweep_jit = jax.jit(jb.sweep)
-init_jit = jax.jit(jb.init_state)
+sweep_jit = jax.jit(jb.solver.sweep)
+init_jit = jax.jit(jb.solver.init_state)

@@ -30,7 +30,7 @@ def _synthetic_problem(S: int, seed: int = 0):
         return jnp.stack([jnp.sin(0.2 * jnp.pi * s + 2.5), jnp.tanh(s) - 5])
 
     X = jnp.asarray(np.random.default_rng(seed).uniform(-2.0, 2.0, (S, 2)))
-    J, F = jb.sample(f, X)
+    J, F = jb.solver.sample(f, X)
     return J, F, X
 
 

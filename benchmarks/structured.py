@@ -39,14 +39,14 @@ def bench_structured_vs_dense(
     for m in ms:
         jac, F, X = mlp_problem(m, hidden_factor * m, S)
         config = jb.CMTFConfig(rank=m, basis=jb.BSpline(degree, dof))
-        p_struct = jb.Problem(jac, F, X)
+        p_struct = jb.solver.Problem(jac, F, X)
         state = init_jit(jax.random.key(0), p_struct, config)
         check_dtype("(c) structured sweep", sweep_jit(state, p_struct, config), jnp.float32)
         nbytes = S * m * m * 4
         fns = {"structured": lambda p=p_struct: block(sweep_jit(state, p, config))}
         p_dense = None
         if m <= dense_max_m and 2 * nbytes <= dense_max_bytes:
-            p_dense = jb.Problem(block(dense_from_structured(jac)), F, X)
+            p_dense = jb.solver.Problem(block(dense_from_structured(jac)), F, X)
             fns["dense"] = lambda p=p_dense: block(sweep_jit(state, p, config))
         t = interleaved(fns, repeats=repeats if m < 768 else min(repeats, 2))
         ts = t["structured"]["median"]

@@ -1,7 +1,7 @@
 """Rows (a) and (f): one R-CMTF-BSD sweep against the NumPy baseline, and against this machine's
 matmul bound.
 
-(a) one jitted sweep (``jaxbsd.cmtf.sweep``, float64) vs a plain NumPy/SciPy sweep
+(a) one jitted sweep (``jaxbsd.solver.cmtf.sweep``, float64) vs a plain NumPy/SciPy sweep
     (:mod:`benchmarks.numpy_baseline`) at the paper's size m = n = 64, S = 128, r = 64, ν = 4,
     d = 3, after checking that both give the same iterate;
 (f) ``jaxbsd.decouple`` per sweep, 1 and 16 restarts, against this machine's matmul bound
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxbsd as jb
-from jaxbsd import cmtf
-from jaxbsd.tensor import DenseJacobian
+from jaxbsd.solver import linalg
+from jaxbsd.solver.jacobians import DenseJacobian
 
 
 __all__ = ["bench_sweep_vs_numpy", "gemm_peak", "bench_matmul_bound"]
@@ -36,14 +36,14 @@ def bench_sweep_vs_numpy(
     informational, the same jitted sweep in float32)."""
     J, F, X = random_dense_problem(S, n, m, seed)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
-    problem = jb.Problem(DenseJacobian(jnp.asarray(J)), jnp.asarray(F), jnp.asarray(X))
+    problem = jb.solver.Problem(DenseJacobian(jnp.asarray(J)), jnp.asarray(F), jnp.asarray(X))
     state = init_jit(jax.random.key(seed), problem, config)
     np_state = numpy_baseline.State(*(np.asarray(a) for a in state))
     kw = dict(degree=degree, dof=dof, lam=config.lam, mu_w=config.mu_w, mu_c=config.mu_c, eps=config.eps)
 
     ours = block(sweep_jit(state, problem, config))
     ref = numpy_baseline.sweep(np_state, J, F, X, **kw)
-    agreement = max(rel_diff(getattr(ours, f), getattr(ref, f)) for f in jb.SolverState._fields)
+    agreement = max(rel_diff(getattr(ours, f), getattr(ref, f)) for f in jb.solver.SolverState._fields)
 
     # float32 variant of ours (informational): same data cast down.
     problem32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), problem)
@@ -113,7 +113,7 @@ def bench_matmul_bound(
     """
     peak = gemm_peak(gemm, repeats=repeats) if peak is None else peak
     J, F, X = random_dense_problem(S, n, m, seed=0, dtype=np.float32)
-    problem = jb.problem(J, F, X)
+    problem = jb.solver.problem(J, F, X)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof), max_iter=sweeps, tol=0.0)
     key = jax.random.key(0)
     calls = {
@@ -141,8 +141,8 @@ def bench_matmul_bound(
         # The sweep's four: W1 and W0 (Tikhonov), G (certified Cholesky pseudo-inverse) and, at
         # r >= n as here, R (eigh pseudo-inverse: W1ᵀW1 cannot pass the certificate).
         "r x r solves (2 Cholesky-Tikhonov + Cholesky-pinv + eigh-pinv)": jax.jit(
-            lambda A, B: (cmtf._tikhonov_solve(A, B, jnp.asarray(1e-4, A.dtype)), cmtf._tikhonov_solve(A, B.T, jnp.asarray(1e-4, A.dtype)),
-                          cmtf._pinv_solve(A, B), cmtf._pinv_solve_by_eigh(A + A, B.T))),
+            lambda A, B: (linalg.tikhonov_solve(A, B, jnp.asarray(1e-4, A.dtype)), linalg.tikhonov_solve(A, B.T, jnp.asarray(1e-4, A.dtype)),
+                          linalg.pinv_solve(A, B), linalg.pinv_solve_by_eigh(A + A, B.T))),
         "whole sweep": sweep_jit,
         # What the same four solves cost as LU and eigh, for the profile's
         # before/after: not part of the sweep.

@@ -33,13 +33,13 @@ def bench_tensorly(S: int = 128, n: int = 64, m: int = 64, r: int = 16, iters: i
 
     tl.set_backend("numpy")
     J, F, X = random_dense_problem(S, n, m, seed=3)
-    problem = jb.problem(J, F, X)
+    problem = jb.solver.problem(J, F, X)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(3, 4))
     state = init_jit(jax.random.key(4), problem, config)
 
     @jax.jit
     def ours(state, problem):
-        return jax.lax.fori_loop(0, iters, lambda _, st: jb.sweep(st, problem, config), state)
+        return jax.lax.fori_loop(0, iters, lambda _, st: jb.solver.sweep(st, problem, config), state)
 
     def tly(k):
         return parafac(J, r, n_iter_max=k, init="random", tol=0, random_state=0)

@@ -1,6 +1,6 @@
 """Griffe extension for the API reference: the Sphinx roles of the docstrings become Markdown.
 
-The docstrings cross-reference with Sphinx roles (:func:`decouple`, :class:`~jaxbsd.tensor.JacobianOperator`),
+The docstrings cross-reference with Sphinx roles (:func:`decouple`, :class:`~jaxbsd.solver.jacobians.JacobianOperator`),
 which MkDocs would show verbatim. Each becomes inline code, linked (mkdocs-autorefs) when it names a
 documented jaxbsd object; ``~`` keeps only the last component, as in Sphinx.
 """

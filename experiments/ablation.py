@@ -13,7 +13,7 @@ with
   reported as its own run (``res.restart_model(k)``).
 
 Every run shares one Jacobian: S = 128 MLP input tokens drawn from 256 random training images,
-the structured Jacobian ``jb.tensor.mlp_jacobian`` (never materialized) and ``F = mlp(X)``,
+the structured Jacobian ``jb.solver.jacobians.mlp_jacobian`` (never materialized) and ``F = mlp(X)``,
 all in float64. A run's model replaces block 0's MLP (``DecoupledMLP.from_decoupled``, cast to
 the network's float32) and the ViT's test accuracy is measured **without fine-tuning**;
 Error(𝒥) and Error(F) are the solver's (``res.restarts.error_J/F``), savings are those of the
@@ -66,7 +66,7 @@ from flax import nnx  # noqa: E402
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.blockwise import sample_tokens  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.fingerprint import solver_fingerprint  # noqa: E402
+from jaxbsd.solver.fingerprint import solver_fingerprint  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.models.decoupled_mlp import DecoupledMLP  # noqa: E402
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS  # noqa: E402
@@ -121,7 +121,7 @@ def block0_problem(model, dataset, num_samples: int, capture_images: int, seed: 
     f64 = lambda a: jnp.asarray(a[...], jnp.float64)  # noqa: E731
     V0, b0 = f64(mlp.fc1.kernel).T, f64(mlp.fc1.bias)
     V1, b1 = f64(mlp.fc2.kernel).T, f64(mlp.fc2.bias)
-    jac = jb.tensor.mlp_jacobian(X, V0, b0, V1, ACTIVATION_DERIVATIVES[mlp.activation])
+    jac = jb.solver.jacobians.mlp_jacobian(X, V0, b0, V1, ACTIVATION_DERIVATIVES[mlp.activation])
     F = ACTIVATIONS[mlp.activation](X @ V0.T + b0[None, :]) @ V1.T + b1[None, :]
     return X, jac, F
 
@@ -200,7 +200,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
     acc_full_test = evaluate(model, dataset.test_images, dataset.test_labels)
     X, jac, F = block0_problem(model, dataset, args.samples, args.capture_images, args.seed)
     m, hidden, n = X.shape[1], original_mlp.hidden, F.shape[1]
-    p_fc = jb.metrics.params_fc(m, hidden, n)
+    p_fc = jb.solver.metrics.params_fc(m, hidden, n)
     p_fc_bias = count_params(original_mlp)
     log(f"{name}: ViT test accuracy {100 * acc_full_test:.2f} % (on the {fast.n} evaluation images "
         f"{100 * acc_original:.2f} %); block-0 MLP {m}->{hidden}->{n}: {p_fc} weights, {p_fc_bias} with biases")
@@ -209,7 +209,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
                 "capture_images": args.capture_images, "seed": args.seed, "restarts": grid["restarts"],
                 "max_iter": grid["max_iter"], "tol": args.tol, "eval_images": fast.n,
                 # finished configurations are reused only if computed by a solver with the same
-                # numbers (jaxbsd.fingerprint; a bit-identical fingerprint, the cautious reading)
+                # numbers (jaxbsd.solver.fingerprint; a bit-identical fingerprint, the cautious reading)
                 "solver_fingerprint": solver_fingerprint()}
     state = args.out / "state" / f"{args.prefix}_{name}.jsonl"
     key = protocol_key(protocol)
@@ -243,7 +243,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
         config = jb.CMTFConfig(rank=rank, basis=basis, robust=VARIANTS[variant], max_iter=grid["max_iter"],
                                tol=args.tol)
         results = common.solve_lambdas(jac, F, X, config, grid["lams"], key=solve_key, restarts=grid["restarts"])
-        p_bsd = jb.metrics.params_bsd(m, n, rank, basis.num_coef)
+        p_bsd = jb.solver.metrics.params_bsd(m, n, rank, basis.num_coef)
         new_runs = []
         for lam, res in zip(grid["lams"], results):
             err_J = np.asarray(res.restarts.error_J)
@@ -259,8 +259,8 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
                     "accuracy": 100 * acc, "error_J": float(err_J[k]), "error_F": float(err_F[k]),
                     "status": STATUS_NAMES.get(int(status[k]), str(int(status[k]))),
                     "iterations": int(iters[k]), "finite_logits": finite,
-                    "params_bsd": p_bsd, "savings": jb.metrics.savings_percentage(p_bsd, p_fc),
-                    "savings_with_bias": jb.metrics.savings_percentage(p_bsd, p_fc_bias),
+                    "params_bsd": p_bsd, "savings": jb.solver.metrics.savings_percentage(p_bsd, p_fc),
+                    "savings_with_bias": jb.solver.metrics.savings_percentage(p_bsd, p_fc_bias),
                     "best_restart": int(res.best_restart) == k,
                 })
         # Every configuration compiles its own solver and evaluation programs; without this an

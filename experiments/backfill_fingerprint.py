@@ -5,7 +5,7 @@ Usage::
     python experiments/backfill_fingerprint.py            # edit the results in place
     python experiments/backfill_fingerprint.py --dry-run  # list what would change
 
-A result computed before :mod:`jaxbsd.fingerprint` existed records only ``solver_hash``, the
+A result computed before :mod:`jaxbsd.solver.fingerprint` existed records only ``solver_hash``, the
 hash of the solver's source files (:data:`jaxbsd.io.SOLVER_FILES`). Where that hash equals the
 current one, the result was computed by byte-identical solver sources, so the fingerprint
 computed now is the one it ran with: it is added to the result's ``provenance`` with
@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from jaxbsd import fingerprint as fp  # noqa: E402
+from jaxbsd.solver import fingerprint as fp  # noqa: E402
 from jaxbsd.io import SOLVER_FILES, _git, source_hash  # noqa: E402
 from report import result_files  # noqa: E402
 

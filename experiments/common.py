@@ -317,7 +317,7 @@ def _solve_lambdas(key, problem, lams, config, restarts):
 
     def per_lam(lam):
         cfg = config.replace(lam=lam)
-        return jax.vmap(lambda k: jb.solve(k, problem, cfg))(keys)
+        return jax.vmap(lambda k: jb.solver.solve(k, problem, cfg))(keys)
 
     return jax.vmap(per_lam)(lams)
 
@@ -332,10 +332,10 @@ def solve_lambdas(jac, F, X, config: jb.CMTFConfig, lams: Sequence[float], *, ke
     restart is picked by :func:`jaxbsd.select_best`, as ``decouple`` does, so
     ``res.restart_model(k)``, ``res.restarts.error_J``, ``res.model`` mean what they mean there.
     """
-    problem = jb.problem(jac, F, X)
+    problem = jb.solver.problem(jac, F, X)
     lam_arr = jnp.asarray(np.asarray(lams, dtype=np.float64), dtype=problem.F.dtype)
     runs = _solve_lambdas(key, problem, lam_arr, config, restarts)
-    return [jb.select_best(jax.tree_util.tree_map(lambda x: x[i], runs), config.replace(lam=float(lam)))
+    return [jb.solver.select_best(jax.tree_util.tree_map(lambda x: x[i], runs), config.replace(lam=float(lam)))
             for i, lam in enumerate(lams)]
 
 

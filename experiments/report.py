@@ -31,9 +31,9 @@ difference with decimals) appears anywhere else in the prose of a page.
 Staleness: every JSON under ``experiments/results/`` and ``benchmarks/`` records a
 ``provenance`` (:func:`jaxbsd.io.provenance`: command, commit, source hashes). A result computed
 with the solver also records ``solver_fingerprint``, the values of a few canonical float64
-solves (:mod:`jaxbsd.fingerprint`). ``--check`` (run by the test suite and by ``.ci/run``)
+solves (:mod:`jaxbsd.solver.fingerprint`). ``--check`` (run by the test suite and by ``.ci/run``)
 recomputes the fingerprint once and fails for a result whose recorded fingerprint moved beyond
-:data:`jaxbsd.fingerprint.RTOL`, naming the result, the entries that moved and the command
+:data:`jaxbsd.solver.fingerprint.RTOL`, naming the result, the entries that moved and the command
 that regenerates it; a solver result without a fingerprint, and a result without provenance,
 fail too. A change that leaves the solver's numbers alone (a comment, a refactoring) stales
 nothing; ``commit``, ``source_hash`` and ``solver_hash`` are kept as information only.

@@ -6,7 +6,7 @@ Methods: R-CMTF-PD d = 10 and R-CMTF-BSD ν = 11 with d = 10, 1, 3.
 Protocol (the paper gives the metric, not the sampling): S = 200 sampling points uniform in
 [−5, 5]², 3 data draws (seeds 0, 1, 2), robust solver, up to 2000 sweeps per restart.
 
-Metrics, per output i, in percent (``jb.metrics.relative_rmse``):
+Metrics, per output i, in percent (``jb.solver.metrics.relative_rmse``):
 
 * ``e_S`` — **the paper's e_i**, on the S sampling points (§6.2 defines e_i over them);
 * ``e_heldout`` — on 1000 fresh points uniform in the same square [−5, 5]²;
@@ -87,7 +87,7 @@ def draw_points(key: jax.Array, train: int, test: int):
     return X, X_heldout, jnp.asarray(ring)
 
 
-_solve_one = jax.jit(jb.solve)
+_solve_one = jax.jit(jb.solver.solve)
 
 
 def solve(strategy: str, J, F, X, basis: jb.Basis, key: jax.Array, budget: dict):
@@ -103,7 +103,7 @@ def solve(strategy: str, J, F, X, basis: jb.Basis, key: jax.Array, budget: dict)
     keys = jax.random.split(key, budget["short_restarts"])  # the keys decouple used
     total = budget["restarts"] * budget["sweeps"]
     long_iters = total - budget["short_restarts"] * budget["short_sweeps"]
-    problem = jb.problem(J, F, X)
+    problem = jb.solver.problem(J, F, X)
     best = int(res.best_restart)
     cont = _solve_one(keys[best], problem, dataclasses.replace(config, max_iter=long_iters))
     records = _restarts(res.restarts)
@@ -126,7 +126,7 @@ def run(budget: dict, train: int, test: int, seed: int, log=print):
     for draw in range(budget["draws"]):
         k_points, k_solve = jax.random.split(jax.random.key(seed + draw))
         X, X_heldout, X_outside = draw_points(k_points, train, test)
-        J, F = jb.sample(target, X)
+        J, F = jb.solver.sample(target, X)
         truth = {"e_S": (X, F), "e_heldout": (X_heldout, jax.vmap(target)(X_heldout)),
                  "e_outside": (X_outside, jax.vmap(target)(X_outside))}
         for strategy in STRATEGIES:
@@ -135,7 +135,7 @@ def run(budget: dict, train: int, test: int, seed: int, log=print):
                 model, restarts = solve(strategy, J, F, X, basis, k_solve, budget)
                 r = results[strategy][name]
                 for metric, (points, values) in truth.items():
-                    r[metric].append(np.asarray(jb.metrics.relative_rmse(values, model(points))).tolist())
+                    r[metric].append(np.asarray(jb.solver.metrics.relative_rmse(values, model(points))).tolist())
                 r["seconds"].append(timer())
                 r["restarts"].append(restarts)
                 if draw == 0 and strategy == STRATEGIES[0]:

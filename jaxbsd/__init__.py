@@ -2,32 +2,19 @@
 
 ``f(x) ≈ W1 g(W0 x)`` with univariate internal functions ``g_i`` (B-splines, polynomials or
 ReLU sums), found by the robust coupled matrix–tensor factorization R-CMTF-BSD.
+
+The public face: :func:`decouple` and its :class:`CMTFConfig`, the bases, :func:`compress_model`
+with its methods, stages and :class:`Execution`, the paper's block-by-block :func:`compress`, and
+saving and loading compressed models. The stepwise solver and the Jacobian operators are under
+:mod:`jaxbsd.solver`.
 """
 
-from jaxbsd import bases, bspline, gated, metrics, tensor
-from jaxbsd.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd import solver
 from jaxbsd.checkpoint import load_compressed, save_compressed
-from jaxbsd.cmtf import (
-    CMTFConfig,
-    DecouplingResult,
-    Iteration,
-    Problem,
-    RestartResult,
-    SolverState,
-    Status,
-    advance,
-    begin,
-    finish,
-    init_state,
-    select_best,
-    solve,
-    sweep,
-)
-from jaxbsd.decoupled import Decoupled
-from jaxbsd.driver import configure_cpu_threads, decouple, problem
-from jaxbsd.sampling import sample
-from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
-from jaxbsd.gated import GatedJacobian, gated_mlp, gated_mlp_jacobian
+from jaxbsd.solver.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd.solver.cmtf import CMTFConfig, DecouplingResult, Status
+from jaxbsd.solver.decoupled import Decoupled
+from jaxbsd.solver.driver import configure_cpu_threads, decouple
 
 # Last: the compression engine imports the models (Flax).
 from jaxbsd.compression import (  # noqa: E402
@@ -36,9 +23,9 @@ from jaxbsd.compression import (  # noqa: E402
     SVD,
     Auto,
     CompressionConfig,
-    Execution,
     CompressionReport,
     Distill,
+    Execution,
     GatedMLPSpec,
     Method,
     MLPReport,
@@ -53,57 +40,17 @@ from jaxbsd.compression import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "Auto",
-    "BSD",
-    "CompressionConfig",
-    "DRONE",
-    "Distill",
-    "Execution",
-    "get_method",
-    "Method",
-    "Prune",
-    "Refine",
-    "SVD",
-    "compress",
-    "Basis",
-    "Iteration",
-    "JacobianOperator",
-    "Problem",
-    "RestartResult",
-    "SolverState",
-    "advance",
-    "begin",
-    "configure_cpu_threads",
-    "finish",
-    "init_state",
-    "problem",
-    "select_best",
-    "solve",
-    "sweep",
-    "BSpline",
-    "CompressionReport",
-    "MLPReport",
-    "MLPSpec",
-    "CMTFConfig",
-    "Decoupled",
-    "DecouplingResult",
-    "DenseJacobian",
-    "GatedJacobian",
-    "GatedMLPSpec",
-    "Polynomial",
-    "ReLU",
-    "Status",
-    "StructuredJacobian",
-    "bases",
-    "bspline",
-    "compress_model",
-    "decouple",
-    "gated",
-    "gated_mlp",
-    "gated_mlp_jacobian",
-    "load_compressed",
-    "metrics",
-    "sample",
-    "save_compressed",
-    "tensor",
+    # decoupling a function
+    "decouple", "CMTFConfig", "DecouplingResult", "Decoupled", "Status", "configure_cpu_threads",
+    # the bases
+    "Basis", "BSpline", "Polynomial", "ReLU",
+    # compressing a model
+    "compress_model", "Execution", "Refine", "Distill", "CompressionReport", "MLPReport", "MLPSpec", "GatedMLPSpec",
+    "Method", "BSD", "Prune", "SVD", "DRONE", "Auto", "get_method",
+    # the paper's block-by-block run
+    "compress", "CompressionConfig",
+    # saving and loading
+    "save_compressed", "load_compressed",
+    # the stepwise solver, the Jacobian operators, metrics
+    "solver",
 ]

@@ -1,7 +1,7 @@
 """The package's file primitives: atomic writes and source hashes (public as :mod:`jaxbsd.io`).
 
 A leaf: it imports nothing of jaxbsd, so every module may use it — the solver fingerprint
-(:mod:`jaxbsd.fingerprint`, which keys its cache by :func:`source_hash` and writes it
+(:mod:`jaxbsd.solver.fingerprint`, which keys its cache by :func:`source_hash` and writes it
 atomically) as well as :mod:`jaxbsd.io`, which re-exports these names and adds the
 provenance of results on top of the fingerprint.
 """

@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from jaxbsd.metrics import params_bsd
+from jaxbsd.solver.metrics import params_bsd
 from jaxbsd.models.layers import ACTIVATIONS, MLP
 
 __all__ = [

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd import bases as _bases
+from jaxbsd.solver import bases as _bases
 from jaxbsd import baselines as _baselines
 from jaxbsd.io import fsync_dir
 from jaxbsd.models import MODELS, build_model, config_to_dict

@@ -1,6 +1,6 @@
 """Small, safe file I/O for results: atomic writes, reads that say what went wrong, and the
 provenance every committed result carries (command, commit, source hashes, and for a result
-computed with the solver the solver's numerical fingerprint, :mod:`jaxbsd.fingerprint`).
+computed with the solver the solver's numerical fingerprint, :mod:`jaxbsd.solver.fingerprint`).
 
 The atomic writers and the source hash are defined in ``jaxbsd._files``, which imports
 nothing of jaxbsd, and re-exported here: the fingerprint uses them too, and this module uses the
@@ -19,9 +19,9 @@ from jaxbsd._files import PACKAGE, fsync_dir, source_hash, write_bytes_atomic, w
 __all__ = ["write_json_atomic", "write_bytes_atomic", "fsync_dir", "read_json", "provenance", "source_hash", "SOLVER_FILES"]
 
 #: The solver's source files. Their hash (``solver_hash``) is recorded as information only:
-#: staleness is judged by the solver's numerical fingerprint (:mod:`jaxbsd.fingerprint`), so a
+#: staleness is judged by the solver's numerical fingerprint (:mod:`jaxbsd.solver.fingerprint`), so a
 #: comment or a refactoring that leaves the numbers alone stales nothing.
-SOLVER_FILES = ("cmtf.py", "bases.py", "bspline.py", "tensor.py")
+SOLVER_FILES = ("solver/cmtf.py", "solver/linalg.py", "solver/bases.py", "solver/bspline.py", "solver/jacobians.py")
 
 
 def _git(*args: str) -> str | None:
@@ -40,10 +40,10 @@ def provenance(command: str, *, solver: bool = True) -> dict:
     Args:
       command: the command line that reproduces the result.
       solver: whether the result was computed with the solver. Then ``solver_fingerprint``
-        (:func:`jaxbsd.fingerprint.solver_fingerprint`, a few seconds on first use in a
+        (:func:`jaxbsd.solver.fingerprint.solver_fingerprint`, a few seconds on first use in a
         process) and ``fingerprint_version`` are recorded: ``experiments/report.py --check``
         calls the result stale when the current solver's fingerprint has moved beyond
-        :data:`jaxbsd.fingerprint.RTOL`. ``solver_files`` and ``solver_hash`` (the hash of
+        :data:`jaxbsd.solver.fingerprint.RTOL`. ``solver_files`` and ``solver_hash`` (the hash of
         :data:`SOLVER_FILES`) are recorded as information, like ``commit`` and ``source_hash``.
     """
     dirty = _git("status", "--porcelain", "--", ".")
@@ -54,7 +54,7 @@ def provenance(command: str, *, solver: bool = True) -> dict:
         "source_hash": source_hash(),
     }
     if solver:
-        from jaxbsd.fingerprint import FINGERPRINT_VERSION, solver_fingerprint
+        from jaxbsd.solver.fingerprint import FINGERPRINT_VERSION, solver_fingerprint
 
         record["solver_files"] = list(SOLVER_FILES)
         record["solver_hash"] = source_hash(SOLVER_FILES)

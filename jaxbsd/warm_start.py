@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbsd import metrics
-from jaxbsd.bases import Basis
-from jaxbsd.cmtf import DecouplingResult
-from jaxbsd.decoupled import Decoupled
+from jaxbsd.solver import metrics
+from jaxbsd.solver.bases import Basis
+from jaxbsd.solver.cmtf import DecouplingResult
+from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.models.layers import ACTIVATIONS
 
 __all__ = ["SELECTIONS", "decoupled_from_pruned", "restart_output_errors", "choose_restart"]

@@ -96,14 +96,14 @@ def test_no_import_cycles_between_modules():
 
 def test_the_cycle_finder_finds_a_planted_cycle():
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
-    graph.add_import(importer="jaxbsd.bspline", imported="jaxbsd.bases")  # bases imports bspline
-    assert ["jaxbsd.bases", "jaxbsd.bspline"] in _cycles(graph)
+    graph.add_import(importer="jaxbsd.solver.bspline", imported="jaxbsd.solver.bases")  # bases imports bspline
+    assert ["jaxbsd.solver.bases", "jaxbsd.solver.bspline"] in _cycles(graph)
 
 
 # Imports the contracts forbid, planted into the real graph: (importer, imported, the contracts it must break).
 PLANTS = [
-    ("jaxbsd.bases", "jaxbsd.models.vit", {"solver-core", "layers"}),
-    ("jaxbsd.fingerprint", "jaxbsd.data", {"solver-core", "layers"}),
+    ("jaxbsd.solver.bases", "jaxbsd.models.vit", {"solver-core", "layers"}),
+    ("jaxbsd.solver.fingerprint", "jaxbsd.data", {"solver-core", "layers"}),
     ("jaxbsd.models.vit", "jaxbsd.compression", {"models", "layers"}),
     ("jaxbsd.models.lm", "jaxbsd.train", {"models", "layers"}),
     ("jaxbsd.train", "jaxbsd.cli.args", {"cli", "layers"}),
@@ -112,7 +112,7 @@ PLANTS = [
     ("experiments.reporting.stats", "experiments.reporting.figures", {"reporting-layers", "acyclic"}),
     ("experiments.reporting.committed", "experiments.reporting.registry", {"reporting-layers"}),
     ("experiments.reporting.tables.lm", "jax", {"reporting-no-jax"}),
-    ("experiments.reporting.figures", "jaxbsd.fingerprint", {"reporting-no-jax"}),
+    ("experiments.reporting.figures", "jaxbsd.solver.fingerprint", {"reporting-no-jax"}),
     ("experiments.reporting.stale", "jaxbsd.io", {"reporting-no-jax"}),
     # the engine's own layers: upward, and between the independent modules of one layer
     ("jaxbsd.compression.sites", "jaxbsd.compression.engine", {"compression-layers"}),

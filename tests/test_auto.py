@@ -21,7 +21,8 @@ from scipy.special import erf
 import importlib
 
 import jaxbsd as jb
-from jaxbsd import baselines, cmtf
+from jaxbsd import baselines
+from jaxbsd.solver import cmtf
 from jaxbsd.compression import blockwise as compress
 from jaxbsd.compression.methods import BSD, Auto, Prune, warm_init
 from jaxbsd.compression.sites import make_site, selection_tokens, site_jacobian
@@ -106,9 +107,9 @@ def test_first_iterate_of_the_warm_start_is_the_pruned_mlp_up_to_the_spline_fit(
         np.testing.assert_allclose(np.asarray(model.W1[:, k]), b2, rtol=1e-12)
     spline_error = np.linalg.norm(expected - Y)
 
-    J, F = jb.sample(pruned, jnp.asarray(X))
+    J, F = jb.solver.sample(pruned, jnp.asarray(X))
     config = jb.CMTFConfig(rank=k + extra, basis=basis, robust=True)
-    state = cmtf._normalize(cmtf.warm_state(jb.problem(J, F, jnp.asarray(X)), config, model), config.eps)
+    state = cmtf._normalize(cmtf.warm_state(jb.solver.problem(J, F, jnp.asarray(X)), config, model), config.eps)
     np.testing.assert_allclose(np.linalg.norm(state.W0, axis=1), 1.0, rtol=1e-12)  # normalized
     described = np.asarray(state.R @ state.W1.T)
     np.testing.assert_allclose(described, expected, rtol=1e-8, atol=1e-9)

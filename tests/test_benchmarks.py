@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxbsd as jb
-from jaxbsd import cmtf
+from jaxbsd.solver import cmtf
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
@@ -33,7 +33,7 @@ def sweeps_both_ways(S, n, m, r, dof, sweeps=1, degree=3, seed=0, **numpy_overri
     state (float64); ``numpy_overrides`` change the baseline's hyper-parameters only."""
     J, F, X = random_dense_problem(S, n, m, seed)
     config = jb.CMTFConfig(rank=r, basis=jb.BSpline(degree, dof))
-    problem = jb.Problem(jb.DenseJacobian(jax.numpy.asarray(J)), jax.numpy.asarray(F), jax.numpy.asarray(X))
+    problem = jb.solver.Problem(jb.solver.DenseJacobian(jax.numpy.asarray(J)), jax.numpy.asarray(F), jax.numpy.asarray(X))
     state = init_jit(jax.random.key(seed), problem, config)
     kw = dict(degree=degree, dof=dof, lam=config.lam, mu_w=config.mu_w, mu_c=config.mu_c, eps=config.eps)
     kw.update(numpy_overrides)
@@ -69,7 +69,7 @@ def test_numpy_baseline_pieces_match_jaxbsd():
     t = numpy_baseline.quantile_knots(u, dof, degree)
     x = np.r_[u, t[0] - 0.5, t[-1] + 0.5]  # extrapolated on both sides
     B, dB = numpy_baseline.design(x, t, degree)
-    ours = jax.jit(lambda u, x: (t_ := jb.bspline.quantile_knots(u, dof, degree), jb.BSpline(degree, dof).design(x, t_)))
+    ours = jax.jit(lambda u, x: (t_ := jb.solver.bspline.quantile_knots(u, dof, degree), jb.BSpline(degree, dof).design(x, t_)))
     t_ours, (B_ours, dB_ours) = ours(u, x)
     np.testing.assert_array_equal(t, t_ours)
     np.testing.assert_allclose(B, B_ours, atol=1e-12)

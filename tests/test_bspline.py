@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.interpolate import BSpline as ScipyBSpline
 
-from jaxbsd import bspline
+from jaxbsd.solver import bspline
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.

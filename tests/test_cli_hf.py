@@ -61,7 +61,7 @@ def test_a_decoupling_is_written_with_save_compressed(tmp_path, texts):
     assert "save_compressed" in report["written"] and "LowRankMLP" in report["written"]["why_not_huggingface"]
     restored = jb.load_compressed(tmp_path / "out" / "compressed", B.from_pretrained(model))
     emb, ref = restored.encode(paragraphs[:20]), B.from_pretrained(model).encode(paragraphs[:20])
-    assert float(jb.metrics.mean_cosine(ref, emb)) == pytest.approx(report["fidelity"]["mean_cosine"], abs=1e-5)
+    assert float(jb.solver.metrics.mean_cosine(ref, emb)) == pytest.approx(report["fidelity"]["mean_cosine"], abs=1e-5)
 
 
 @pytest.mark.parametrize("break_it,match", [

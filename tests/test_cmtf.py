@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxbsd as jb
-from jaxbsd import cmtf
+from jaxbsd.solver import linalg
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
@@ -20,8 +20,8 @@ SLOW_CASES = {
 
 
 def _sample(f, X):
-    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
-    return jax.jit(lambda X: jb.sample(f, X))(X)
+    """``jb.solver.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.solver.sample(f, X))(X)
 
 
 def planted_problem(key, m=4, n=3, S=120):
@@ -82,7 +82,7 @@ def test_structured_jacobian_gives_the_dense_result():
     f = lambda x: V1 @ jnp.tanh(V0 @ x + b0)  # noqa: E731
     X = jax.random.normal(k3, (S, m))
     J, F = _sample(f, X)
-    structured = jb.tensor.mlp_jacobian(X, V0, b0, V1, lambda z: 1 - jnp.tanh(z) ** 2)
+    structured = jb.solver.jacobians.mlp_jacobian(X, V0, b0, V1, lambda z: 1 - jnp.tanh(z) ** 2)
     np.testing.assert_allclose(structured.dense(), J, rtol=1e-12, atol=1e-12)
     config = SMALL
     dense_res = jb.decouple(J, F, X, config, key=key, restarts=SMALL_RESTARTS)
@@ -105,7 +105,7 @@ def test_same_key_same_result_and_restarts_are_independent_solves(planted):
     assert not np.allclose(a.restarts.state.W0, c.restarts.state.W0)
     # restart k of the vmapped solve is the single solve with key split(key, R)[k]
     key_1 = jax.random.split(jax.random.key(1), 3)[1]
-    single = jax.jit(jb.solve)(key_1, jb.Problem(jb.DenseJacobian(J), F, X), config)
+    single = jax.jit(jb.solver.solve)(key_1, jb.solver.Problem(jb.solver.DenseJacobian(J), F, X), config)
     np.testing.assert_allclose(a.restarts.state.W0[1], single.state.W0, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(a.restarts.history_J[1], single.history_J, rtol=1e-10, atol=1e-14)
 
@@ -116,11 +116,11 @@ def test_same_key_same_result_and_restarts_are_independent_solves(planted):
 def test_jit_and_eager_agree(planted):
     _, X, J, F = planted
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 5), max_iter=3)
-    problem = jb.Problem(jb.DenseJacobian(J), F, X)
+    problem = jb.solver.Problem(jb.solver.DenseJacobian(J), F, X)
     key = jax.random.key(5)
-    jitted = jax.jit(jb.solve)(key, problem, config)
+    jitted = jax.jit(jb.solver.solve)(key, problem, config)
     with jax.disable_jit():
-        eager = jb.solve(key, problem, config)
+        eager = jb.solver.solve(key, problem, config)
     for x, y in zip(jax.tree_util.tree_leaves(jitted), jax.tree_util.tree_leaves(eager)):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
 
@@ -138,7 +138,7 @@ def test_result_contents(planted):
     assert int(res.status) in {s.value for s in jb.Status}
     np.testing.assert_array_equal(res.restart_model(best).W0, res.model.W0)
     assert 1 <= int(res.iterations) <= 30
-    assert res.model.num_params() == jb.metrics.params_bsd(4, 3, 2, 5)
+    assert res.model.num_params() == jb.solver.metrics.params_bsd(4, 3, 2, 5)
 
 
 @pytest.mark.slow  # jit, grad and vmap programs of the model: 5-8 s
@@ -162,11 +162,11 @@ def test_no_python_loop_over_ranks():
 
     def count(rank):
         S, n, m = 40, 3, 5
-        problem = jb.Problem(jb.DenseJacobian(jnp.ones((S, n, m))), jnp.ones((S, n)), jnp.ones((S, m)))
+        problem = jb.solver.Problem(jb.solver.DenseJacobian(jnp.ones((S, n, m))), jnp.ones((S, n)), jnp.ones((S, m)))
         config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 6))
         # Shapes only: tracing needs no values, so nothing compiles.
-        state = jax.eval_shape(jb.init_state, jax.random.key(0), problem, config)
-        return len(jax.make_jaxpr(jb.sweep)(state, problem, config).jaxpr.eqns)
+        state = jax.eval_shape(jb.solver.init_state, jax.random.key(0), problem, config)
+        return len(jax.make_jaxpr(jb.solver.sweep)(state, problem, config).jaxpr.eqns)
 
     assert count(1) == count(2)
     assert count(4) == count(9)
@@ -198,7 +198,7 @@ def test_bad_input_raises_before_compiling(args, match, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("compiled before validating")
 
-    monkeypatch.setattr(jb.driver, "_decouple_jit", fail)
+    monkeypatch.setattr(jb.solver.driver, "_decouple_jit", fail)
     with pytest.raises(ValueError, match=match):
         jb.decouple(*args, key=jax.random.key(0))
 
@@ -238,11 +238,11 @@ def test_degenerate_data_never_gives_nan(robust, basis):
 @pytest.mark.parametrize("robust", [True, False])
 def test_zero_row_of_W0_gives_a_finite_sweep(planted, robust):
     _, X, J, F = planted
-    problem = jb.Problem(jb.DenseJacobian(J), F, X)
+    problem = jb.solver.Problem(jb.solver.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), robust=robust)
-    state = jax.jit(jb.init_state)(jax.random.key(0), problem, config)  # one compile, not one per op
+    state = jax.jit(jb.solver.init_state)(jax.random.key(0), problem, config)  # one compile, not one per op
     state = state._replace(W0=state.W0.at[1].set(0.0), W1=state.W1.at[:, 2].set(0.0))
-    new = jax.jit(jb.sweep)(state, problem, config)
+    new = jax.jit(jb.solver.sweep)(state, problem, config)
     for leaf in new:
         assert np.all(np.isfinite(np.asarray(leaf)))
 
@@ -258,7 +258,7 @@ def test_sequential_and_vmapped_restarts_agree(planted, progress):
     seq = jb.decouple(J, F, X, config, batch="map", **kw)
     vec = jb.decouple(J, F, X, config, batch="vmap", **kw)
     for k, sub in enumerate(jax.random.split(key, SMALL_RESTARTS)):
-        single = jax.jit(jb.solve)(sub, jb.Problem(jb.DenseJacobian(J), F, X), config)
+        single = jax.jit(jb.solver.solve)(sub, jb.solver.Problem(jb.solver.DenseJacobian(J), F, X), config)
         for res in (seq, vec):
             np.testing.assert_allclose(res.restarts.objective[k], single.objective, rtol=1e-8)
     assert int(seq.best_restart) == int(vec.best_restart)
@@ -277,12 +277,12 @@ def test_vmapped_sweeps_on_either_side_of_the_output_width(rank):
     S, n, m = 40, 4, 3
     rng = np.random.default_rng(rank)
     J, F, X = (jnp.asarray(rng.standard_normal(shape)) for shape in ((S, n, m), (S, n), (S, m)))
-    problem = jb.Problem(jb.DenseJacobian(J), F, X)
+    problem = jb.solver.Problem(jb.solver.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=rank, basis=jb.BSpline(3, 4))
     keys = jax.random.split(jax.random.key(3), 2)
-    states = jax.jit(jax.vmap(jb.init_state, in_axes=(0, None, None)))(keys, problem, config)
-    batched = jax.jit(jax.vmap(jb.sweep, in_axes=(0, None, None)))(states, problem, config)
-    one = jax.jit(jb.sweep)
+    states = jax.jit(jax.vmap(jb.solver.init_state, in_axes=(0, None, None)))(keys, problem, config)
+    batched = jax.jit(jax.vmap(jb.solver.sweep, in_axes=(0, None, None)))(states, problem, config)
+    one = jax.jit(jb.solver.sweep)
     for k in range(2):
         alone = one(jax.tree_util.tree_map(lambda a, k=k: a[k], states), problem, config)
         for got, want in zip(batched, alone):
@@ -316,13 +316,13 @@ SPECTRA = {
 }
 
 
-@pytest.mark.parametrize("solve", ["_pinv_solve", "_pinv_solve_by_eigh"])
+@pytest.mark.parametrize("solve", ["pinv_solve", "pinv_solve_by_eigh"])
 @pytest.mark.parametrize("spectrum", SPECTRA, ids=str)
 def test_pinv_solve_is_the_minimum_norm_solution(spectrum, solve):
     """Cholesky where the condition number certifies ``A⁺ = A⁻¹``, the eigendecomposition with
     pinv's cutoff elsewhere (always, for the R update at r >= n): each equals the exact
     minimum-norm solution, alone and vmapped."""
-    pinv_solve = getattr(cmtf, solve)
+    pinv_solve = getattr(linalg, solve)
     w = SPECTRA[spectrum]
     A, Q = _psd(w)
     B = np.random.default_rng(1).standard_normal((5, len(w)))
@@ -353,11 +353,11 @@ def test_the_wide_r_update_is_the_minimum_norm_least_squares(singular):
     F = rng.standard_normal((S, n))
     pinv = np.linalg.pinv(W1, rcond=np.sqrt(r * np.finfo(np.float64).eps))  # (r, n)
     expected = F @ pinv.T  # each row: argmin ‖F_s − W1 R_sᵀ‖ of least norm
-    got = np.asarray(cmtf._wide_least_squares(jnp.asarray(W1), jnp.asarray(F)))
+    got = np.asarray(linalg.wide_least_squares(jnp.asarray(W1), jnp.asarray(F)))
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
-    old = np.asarray(cmtf._pinv_solve_by_eigh(jnp.asarray(W1.T @ W1), jnp.asarray(F @ W1)))
+    old = np.asarray(linalg.pinv_solve_by_eigh(jnp.asarray(W1.T @ W1), jnp.asarray(F @ W1)))
     np.testing.assert_allclose(got, old, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
-    both = jax.vmap(cmtf._wide_least_squares)(jnp.stack([W1, 2 * W1]), jnp.stack([F, F]))
+    both = jax.vmap(linalg.wide_least_squares)(jnp.stack([W1, 2 * W1]), jnp.stack([F, F]))
     np.testing.assert_allclose(np.asarray(both[0]), expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
     np.testing.assert_allclose(np.asarray(both[1]), expected / 2, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
 
@@ -370,7 +370,7 @@ def test_tikhonov_solve_matches_numpy(mu):
     A = A + 1e-15 * np.random.default_rng(2).standard_normal(A.shape)  # rounding-level asymmetry
     B = np.random.default_rng(1).standard_normal((4, 10))
     expected = np.linalg.solve(A + mu * np.eye(10), B.T).T
-    got = np.asarray(cmtf._tikhonov_solve(jnp.asarray(A), jnp.asarray(B), jnp.asarray(mu)))
+    got = np.asarray(linalg.tikhonov_solve(jnp.asarray(A), jnp.asarray(B), jnp.asarray(mu)))
     if mu > 1e-10:
         np.testing.assert_allclose(got, expected, rtol=1e-8)
     else:  # a numerically singular system: the solve is finite and solves it as well as LU does

@@ -78,7 +78,7 @@ def test_rank_for_budget_is_the_largest_that_fits(budget):
     k = baselines.lowrank_rank_for_budget(m, H, budget)
     assert baselines.lowrank_mlp_params(m, H, k) <= budget < baselines.lowrank_mlp_params(m, H, k + 1)
     r = baselines.bsd_rank_for_budget(m, m, dof, budget)
-    assert jb.metrics.params_bsd(m, m, r, dof) <= budget < jb.metrics.params_bsd(m, m, r + 1, dof)
+    assert jb.solver.metrics.params_bsd(m, m, r, dof) <= budget < jb.solver.metrics.params_bsd(m, m, r + 1, dof)
 
 
 @pytest.mark.parametrize("method", ["svd", "drone"])
@@ -144,7 +144,7 @@ def test_compress_records_and_resumes_after_interruption(tmp_path, monkeypatch):
     assert [r["block"] for r in reference] == [2, 1, 0]
     last = reference[-1]
     assert last["params_model"] == last["params_original"] - 3 * (last["params_mlp_old"] - last["params_mlp_new"])
-    assert last["params_mlp_new"] == jb.metrics.params_bsd(8, 8, 4, 4)
+    assert last["params_mlp_new"] == jb.solver.metrics.params_bsd(8, 8, 4, 4)
     assert last["savings_model"] == pytest.approx(100 * (1 - last["params_model"] / last["params_original"]))
 
     class Interrupt(Exception):

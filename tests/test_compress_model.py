@@ -164,7 +164,7 @@ def test_explicit_ranks(method):
     for path, r in ranks.items():
         new = get_submodule(model, path)
         if method == "bsd":
-            assert new.W0[...].shape == (r, 8) and new.num_params() == jb.metrics.params_bsd(8, 8, r, 4)
+            assert new.W0[...].shape == (r, 8) and new.num_params() == jb.solver.metrics.params_bsd(8, 8, r, 4)
         else:
             assert new.rank == r
     assert report.target_reduction is None and report.allocation == "explicit"

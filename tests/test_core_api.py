@@ -27,7 +27,7 @@ def gelu_mlp(key, m=6, H=20, n=4, S=64):
     V1 = jax.random.normal(k2, (n, H)) / np.sqrt(H)
     b0 = 0.1 * jax.random.normal(k3, (H,))
     X = jax.random.normal(k4, (S, m))
-    J, F = jb.sample(lambda x: V1 @ jax.nn.gelu(V0 @ x + b0), X)
+    J, F = jb.solver.sample(lambda x: V1 @ jax.nn.gelu(V0 @ x + b0), X)
     return J, F, X
 
 
@@ -55,9 +55,9 @@ _COUNTER = _CompileCounter()
 
 
 def test_vmap_over_lambda_is_one_program_and_matches_separate_solves(mlp):
-    problem = jb.problem(*mlp)
+    problem = jb.solver.problem(*mlp)
     key = jax.random.key(0)
-    study = jax.jit(jax.vmap(lambda lam: jb.solve(key, problem, CONFIG.replace(lam=lam))))
+    study = jax.jit(jax.vmap(lambda lam: jb.solver.solve(key, problem, CONFIG.replace(lam=lam))))
     lams = [1e-6, 0.01, 0.25]
     first, second = jax.block_until_ready((jnp.array(lams), jnp.array([0.5, 1e-3, 0.1])))
     before = _COUNTER.count
@@ -67,7 +67,7 @@ def test_vmap_over_lambda_is_one_program_and_matches_separate_solves(mlp):
     before = _COUNTER.count
     jax.block_until_ready(study(second))
     assert _COUNTER.count == before
-    solve = jax.jit(jb.solve)
+    solve = jax.jit(jb.solver.solve)
     for i, lam in enumerate(lams):
         single = solve(key, problem, CONFIG.replace(lam=lam))
         assert float(single.objective) > 0
@@ -96,8 +96,8 @@ def test_numbers_of_the_config_are_traced_leaves_and_structure_is_static():
 @pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
 def test_float64_hyperparameters_do_not_promote_a_float32_problem(mlp):
     J, F, X = (a.astype(jnp.float32) for a in mlp)
-    problem = jb.problem(J, F, X)
-    out = jax.jit(jax.vmap(lambda lam: jb.solve(jax.random.key(0), problem, CONFIG.replace(lam=lam))))(
+    problem = jb.solver.problem(J, F, X)
+    out = jax.jit(jax.vmap(lambda lam: jb.solver.solve(jax.random.key(0), problem, CONFIG.replace(lam=lam))))(
         jnp.array([0.1, 0.2], jnp.float64))
     for leaf in jax.tree_util.tree_leaves(out.state):
         assert leaf.dtype == jnp.float32
@@ -151,7 +151,7 @@ def test_a_user_written_operator_gives_the_dense_result():
     # tests/test_cmtf.py's planted sizes and SMALL configuration: the dense solve is its compiled program.
     S, n, m, q = 120, 3, 4, 8
     op = LowRankJacobian(jax.random.normal(k[0], (n, q)), jax.random.normal(k[1], (m, q)), jax.random.normal(k[2], (S, q)))
-    assert isinstance(op, jb.JacobianOperator)
+    assert isinstance(op, jb.solver.JacobianOperator)
     J = jnp.einsum("aq,sq,bq->sab", op.A, op.C, op.B)
     X = jax.random.normal(k[3], (S, m))
     F = jnp.einsum("sab,sb->sa", J, X)  # any outputs of the right shape
@@ -193,9 +193,9 @@ def test_progress_is_reported_from_one_program_with_identical_results(mlp, batch
 def test_vmapped_solves_contain_no_batched_lapack_call(mlp, robust):
     """jaxlib's batched CPU LAPACK kernels deadlock XLA's pool when two run at once; under
     vmap (restarts, λ) every LAPACK call must stay unbatched (a 2-d operand)."""
-    problem = jb.problem(*mlp)
+    problem = jb.solver.problem(*mlp)
     config = CONFIG.replace(robust=robust)
-    fn = jax.vmap(jax.vmap(lambda k, lam: jb.solve(k, problem, config.replace(lam=lam)), (0, None)), (None, 0))
+    fn = jax.vmap(jax.vmap(lambda k, lam: jb.solver.solve(k, problem, config.replace(lam=lam)), (0, None)), (None, 0))
     keys = jax.random.split(jax.random.key(0), 4)
     hlo = jax.jit(fn).lower(keys, jnp.array([0.1, 0.2])).as_text()
     lapack_lines = [line for line in hlo.splitlines() if "lapack_" in line and "custom_call" in line]
@@ -216,12 +216,12 @@ def test_on_accelerators_vmapped_solves_are_batched_not_looped(mlp, robust):
     """Exported for CUDA, 16 vmapped restarts and 3 vmapped λ hold exactly the single solve's
     loops (the sweep loop): no solve serialized over the batch. On the CPU the one-at-a-time
     workaround stays (more loops than the single solve)."""
-    problem = jb.problem(*mlp)
+    problem = jb.solver.problem(*mlp)
     config = CONFIG.replace(robust=robust, max_iter=3)
     key = jax.random.key(0)
-    one = lambda k: jb.solve(k, problem, config)  # noqa: E731
+    one = lambda k: jb.solver.solve(k, problem, config)  # noqa: E731
     restarts = (jax.vmap(one), jax.random.split(key, 16))
-    lams = (jax.vmap(lambda lam: jb.solve(key, problem, config.replace(lam=lam))), jnp.array([0.1, 0.25, 1.0]))
+    lams = (jax.vmap(lambda lam: jb.solver.solve(key, problem, config.replace(lam=lam))), jnp.array([0.1, 0.25, 1.0]))
     single = _while_loops(one, key, platform="cuda")
     single_cpu = _while_loops(one, key, platform="cpu")
     assert single >= 1
@@ -230,17 +230,17 @@ def test_on_accelerators_vmapped_solves_are_batched_not_looped(mlp, robust):
         assert _while_loops(fn, arg, platform="cpu") > single_cpu
 
 
-_SWEEP_JIT = jax.jit(jb.sweep)  # the reference, compiled once for both variants
+_SWEEP_JIT = jax.jit(jb.solver.sweep)  # the reference, compiled once for both variants
 
 
 class SweepParityTest(chex.TestCase):
-    """``jb.sweep`` gives the same iterate jitted and eager (chex variants)."""
+    """``jb.solver.sweep`` gives the same iterate jitted and eager (chex variants)."""
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_sweep_jit_and_eager_agree(self):
-        problem = jb.problem(*gelu_mlp(jax.random.key(5)))
-        state = jax.jit(jb.init_state)(jax.random.key(3), problem, CONFIG)  # only the sweep runs eagerly
+        problem = jb.solver.problem(*gelu_mlp(jax.random.key(5)))
+        state = jax.jit(jb.solver.init_state)(jax.random.key(3), problem, CONFIG)  # only the sweep runs eagerly
         reference = _SWEEP_JIT(state, problem, CONFIG)
-        new = self.variant(jb.sweep)(state, problem, CONFIG)
+        new = self.variant(jb.solver.sweep)(state, problem, CONFIG)
         chex.assert_shape([new.W0, new.W1, new.G, new.coef, new.knots], [(3, 6), (4, 3), (64, 3), (3, 6), (3, 10)])
         chex.assert_trees_all_close(new, reference, rtol=1e-9, atol=1e-12)

@@ -265,7 +265,7 @@ def test_auto_with_an_explicit_rank_above_the_hidden_width(kind):
     (mlp,) = report.mlps
     assert mlp.auto["bsd"]["rank"] == rank
     assert 1 <= mlp.auto["prune"]["rank"] <= H
-    assert mlp.auto["prune"]["params"] <= jb.metrics.params_bsd(M, M, rank, FAST.basis.num_coef)
+    assert mlp.auto["prune"]["params"] <= jb.solver.metrics.params_bsd(M, M, rank, FAST.basis.num_coef)
     assert bool(jnp.all(jnp.isfinite(apply(model, calibration("many")))))
 
 

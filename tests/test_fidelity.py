@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxbsd as jb
-from jaxbsd import cmtf
+from jaxbsd.solver import cmtf
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
@@ -27,8 +27,8 @@ _call = jax.jit(lambda mdl, x: mdl(x))  # one compiled model evaluation instead 
 
 
 def _sample(f, X):
-    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
-    return jax.jit(lambda X: jb.sample(f, X))(X)
+    """``jb.solver.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.solver.sample(f, X))(X)
 
 
 def synthetic_system(x):
@@ -53,7 +53,7 @@ def test_healthy_degree_10_polynomial_run_is_never_diverged(synthetic):
     assert not np.any(status == jb.Status.DIVERGED), status
     assert set(status.tolist()) <= {jb.Status.CONVERGED, jb.Status.MAX_ITERATIONS}, status
     # ... and the runs are healthy: the paper's e_i on the sampling points.
-    e = np.asarray(jax.jit(jb.metrics.relative_rmse)(F, _call(res.model, X)))
+    e = np.asarray(jax.jit(jb.solver.metrics.relative_rmse)(F, _call(res.model, X)))
     assert np.all(np.isfinite(e)) and np.mean(e) < 10.0
 
 
@@ -78,17 +78,17 @@ def _with_exact_errors(step):
 @pytest.mark.parametrize("robust", [True, False])
 def test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate(synthetic, monkeypatch, robust):
     X, J, F = synthetic
-    problem = jb.Problem(jb.tensor.DenseJacobian(J), F, X)
+    problem = jb.solver.Problem(jb.solver.jacobians.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=200, robust=robust, divergence=1e6,
                            divergence_patience=5)
     monkeypatch.setattr(cmtf, "_sweep", _with_exact_errors(_exploding_sweep))
     # a fresh jitted lambda traces the patched sweep (no cache hit), and runs as one program, not op by op
-    run = jax.jit(lambda key: jb.solve(key, problem, config))(jax.random.key(0))
+    run = jax.jit(lambda key: jb.solver.solve(key, problem, config))(jax.random.key(0))
     assert int(run.status) == jb.Status.DIVERGED
     # ×9 per sweep: above 1e6 × best from sweep 8 on, five strikes later it stops.
     assert int(run.iterations) == 12
     # The returned state is the best finite iterate: the first sweep's.
-    best = _exploding_sweep(jb.init_state(jax.random.key(0), problem, config), problem, config)
+    best = _exploding_sweep(jb.solver.init_state(jax.random.key(0), problem, config), problem, config)
     np.testing.assert_allclose(np.asarray(run.state.W1), np.asarray(best.W1))
     assert np.isfinite(float(run.objective))
     assert float(run.error_J) == pytest.approx(float(np.min(np.asarray(run.history_J))))
@@ -98,7 +98,7 @@ def test_a_run_that_blows_up_is_diverged_and_returns_its_best_iterate(synthetic,
 def test_isolated_spikes_are_not_divergence(synthetic, monkeypatch):
     """Single-sweep spikes far above the best, followed by recovery, keep the run going."""
     X, J, F = synthetic
-    problem = jb.Problem(jb.tensor.DenseJacobian(J), F, X)
+    problem = jb.solver.Problem(jb.solver.jacobians.DenseJacobian(J), F, X)
     config = jb.CMTFConfig(rank=3, basis=jb.BSpline(3, 6), max_iter=30, divergence=1e6, divergence_patience=3)
     good = jb.decouple(J, F, X, config.replace(max_iter=20), key=jax.random.key(0)).restarts.state
     good = jax.tree_util.tree_map(lambda x: x[0], good)
@@ -110,7 +110,7 @@ def test_isolated_spikes_are_not_divergence(synthetic, monkeypatch):
         return good._replace(W1=jnp.where(spike, 1e6, 1.0) * good.W1)
 
     monkeypatch.setattr(cmtf, "_sweep", _with_exact_errors(spiky_sweep))
-    run = jax.jit(lambda key: jb.solve(key, problem, config))(jax.random.key(0))  # fresh trace: the patched sweep
+    run = jax.jit(lambda key: jb.solver.solve(key, problem, config))(jax.random.key(0))  # fresh trace: the patched sweep
     assert int(run.status) == jb.Status.MAX_ITERATIONS
     assert float(np.max(np.asarray(run.history_J))) > 1e6 * float(run.error_J)
 

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd import gated
+from jaxbsd.solver import jacobians as gated
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
@@ -66,7 +66,7 @@ def case(S, n, m, H, act_name, biases, seed=0):
     f = reference_f(gate, up, down, bg, bu, bd, act)
     # The oracle as one compiled program (op by op, each jacrev/vmap primitive compiles alone).
     J, F = (np.asarray(a) for a in jax.jit(lambda X: (jax.vmap(jax.jacrev(f))(X), jax.vmap(f)(X)))(jnp.asarray(X)))
-    op = jb.gated_mlp_jacobian(X, gate, up, down, act, gate_bias=bg, up_bias=bu)
+    op = jb.solver.gated_mlp_jacobian(X, gate, up, down, act, gate_bias=bg, up_bias=bu)
     return op, J, F, X
 
 
@@ -81,7 +81,7 @@ def random_factors(S, n, m, r, seed=1):
 def test_every_method_matches_the_dense_jacobian(act_name, biases):
     S, n, m = S0, N0, M0
     op, J, _, _ = case(S0, N0, M0, H0, act_name, biases)
-    dense = jb.DenseJacobian.from_dense(jnp.asarray(J))
+    dense = jb.solver.DenseJacobian.from_dense(jnp.asarray(J))
     assert op.shape == J.shape == (S, n, m)
     assert op.dtype == jnp.float64
     np.testing.assert_allclose(op.dense(), J, rtol=1e-12, atol=1e-14)
@@ -104,13 +104,13 @@ def test_the_default_derivative_equals_a_given_one():
     from jaxbsd.models.layers import ACTIVATION_DERIVATIVES
 
     X, gate, up, down, bg, bu, _ = weights(S0, N0, M0, H0, biases=True)
-    jvp = jb.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu)
-    given = jb.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu,
+    jvp = jb.solver.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu)
+    given = jb.solver.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu,
                                   activation_derivative=ACTIVATION_DERIVATIVES["silu"])
     for a, b in zip(jvp, given):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
     # and a wrong derivative is seen (the check can fail)
-    wrong = jb.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu,
+    wrong = jb.solver.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu,
                                   activation_derivative=jax.nn.sigmoid)
     assert not np.allclose(wrong.Dg, jvp.Dg)
 
@@ -128,7 +128,7 @@ def test_inner_product_of_two_gated_jacobians(block, monkeypatch):
     monkeypatch.setattr(gated, "GRAM_BLOCK", block)
     a, Ja, _, X = case(S0, N0, M0, H0, "silu", True, seed=0)
     _, gate, up, down, bg, bu, _ = weights(S0, N0, M0, 7, biases=True, seed=5)  # other hidden width
-    b = jb.gated_mlp_jacobian(X, gate, up, down, ACTIVATIONS["silu"], gate_bias=bg, up_bias=bu)
+    b = jb.solver.gated_mlp_jacobian(X, gate, up, down, ACTIVATIONS["silu"], gate_bias=bg, up_bias=bu)
     Jb = np.asarray(jax.jit(jax.vmap(jax.jacrev(reference_f(gate, up, down, bg, bu, None, ACTIVATIONS["silu"]))))(X))
     np.testing.assert_allclose(a.inner(b), np.sum(Ja * Jb), rtol=1e-12)
     np.testing.assert_allclose(b.inner(a), np.sum(Ja * Jb), rtol=1e-12)
@@ -154,14 +154,14 @@ def test_residual_of_the_planted_exact_fit_is_zero():
 
 def test_constructor_and_methods_under_jit_and_vmap():
     X, gate, up, down, bg, bu, _ = weights(S0, N0, M0, H0, biases=True)
-    build = jax.jit(lambda X: jb.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu))
-    eager = jb.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu)
+    build = jax.jit(lambda X: jb.solver.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu))
+    eager = jb.solver.gated_mlp_jacobian(X, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu)
     for a, b in zip(build(X), eager):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
     # vmap over two sets of samples: a batched operator
     Xs = jnp.stack([X, 2 * X])
     norms = jax.vmap(lambda X: build(X).sq_norm())(Xs)
-    expected = [jnp.sum(jb.gated_mlp_jacobian(x, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu).dense() ** 2)
+    expected = [jnp.sum(jb.solver.gated_mlp_jacobian(x, gate, up, down, jax.nn.silu, gate_bias=bg, up_bias=bu).dense() ** 2)
                 for x in Xs]
     np.testing.assert_allclose(norms, expected, rtol=1e-12)
 
@@ -170,7 +170,7 @@ def test_gated_mlp_outputs_match_the_definition():
     X, gate, up, down, bg, bu, bd = weights(S0, N0, M0, H0, biases=True)
     act = ACTIVATIONS["gelu_tanh"]
     f = reference_f(gate, up, down, bg, bu, bd, act)
-    F = jb.gated_mlp(X, gate, up, down, act, gate_bias=bg, up_bias=bu, down_bias=bd)
+    F = jb.solver.gated_mlp(X, gate, up, down, act, gate_bias=bg, up_bias=bu, down_bias=bd)
     np.testing.assert_allclose(F, jax.vmap(f)(jnp.asarray(X)), rtol=1e-13)
     z = X @ gate.T + bg
     numpy_F = (0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))) * (X @ up.T + bu)) @ down.T + bd
@@ -210,8 +210,8 @@ def test_decouple_on_the_operator_equals_the_dense_decouple():
 def test_solve_on_the_operator_equals_the_dense_solve(act_name):
     op, J, F, X = case(40, 4, 5, 12, act_name, True)
     key = jax.random.key(4)
-    one = jb.solve(key, jb.problem(op, F, X), CONFIG)
-    one_dense = jb.solve(key, jb.problem(J, F, X), CONFIG)
+    one = jb.solver.solve(key, jb.solver.problem(op, F, X), CONFIG)
+    one_dense = jb.solver.solve(key, jb.solver.problem(J, F, X), CONFIG)
     assert int(one.iterations) == int(one_dense.iterations) == CONFIG.max_iter
     for field in ("W0", "W1", "G", "coef"):
         np.testing.assert_allclose(getattr(one.state, field), getattr(one_dense.state, field),
@@ -261,9 +261,9 @@ def test_built_from_three_nnx_linear_layers():
     X = jax.random.normal(jax.random.key(1), (S, m), jnp.float64)
     f = lambda x: down_l(jax.nn.silu(gate_l(x)) * up_l(x))  # noqa: E731
     J = jax.jit(jax.vmap(jax.jacrev(f)))(X)
-    op = jb.gated_mlp_jacobian(X, gate_l.kernel[...].T, up_l.kernel[...].T, down_l.kernel[...].T, jax.nn.silu)
+    op = jb.solver.gated_mlp_jacobian(X, gate_l.kernel[...].T, up_l.kernel[...].T, down_l.kernel[...].T, jax.nn.silu)
     np.testing.assert_allclose(op.dense(), J, rtol=1e-12, atol=1e-14)
-    F = jb.gated_mlp(X, gate_l.kernel[...].T, up_l.kernel[...].T, down_l.kernel[...].T, jax.nn.silu,
+    F = jb.solver.gated_mlp(X, gate_l.kernel[...].T, up_l.kernel[...].T, down_l.kernel[...].T, jax.nn.silu,
                      down_bias=down_l.bias[...])
     np.testing.assert_allclose(F, f(X), rtol=1e-12)
 
@@ -304,7 +304,7 @@ def nan_at(a):
 )
 def test_bad_input_raises_naming_the_argument(changes, name):
     with pytest.raises(ValueError, match=name):
-        jb.gated_mlp_jacobian(**bad(**changes))
+        jb.solver.gated_mlp_jacobian(**bad(**changes))
 
 
 @pytest.mark.parametrize("field", ["X", "gate", "up", "down", "gate_bias", "up_bias"])
@@ -312,19 +312,19 @@ def test_nan_input_raises_naming_the_argument(field):
     args = bad()
     args[field] = nan_at(args[field])
     with pytest.raises(ValueError, match=f"^{field} contains NaN"):
-        jb.gated_mlp_jacobian(**args)
+        jb.solver.gated_mlp_jacobian(**args)
 
 
 def test_problem_validates_a_hand_built_operator():
     op, _, F, X = case(S0, N0, M0, H0, "silu", True)
-    jb.problem(op, F, X)  # consistent: accepted
+    jb.solver.problem(op, F, X)  # consistent: accepted
     with pytest.raises(ValueError, match="J: gated factors disagree"):
-        jb.problem(op._replace(Vu=op.Vu[:, :3]), F, X)
+        jb.solver.problem(op._replace(Vu=op.Vu[:, :3]), F, X)
     with pytest.raises(ValueError, match="J: gated factors disagree"):
-        jb.problem(op._replace(Du=op.Du[:7]), F, X)
+        jb.solver.problem(op._replace(Du=op.Du[:7]), F, X)
     with pytest.raises(ValueError, match="J.Dg contains NaN"):
-        jb.problem(op._replace(Dg=op.Dg.at[0, 0].set(jnp.nan)), F, X)
+        jb.solver.problem(op._replace(Dg=op.Dg.at[0, 0].set(jnp.nan)), F, X)
     with pytest.raises(ValueError, match="^F must have shape"):
-        jb.problem(op, F[:, :2], X)
+        jb.solver.problem(op, F[:, :2], X)
     with pytest.raises(ValueError, match="^J must have shape"):
-        jb.problem(op, F, X[:, :3])
+        jb.solver.problem(op, F, X[:, :3])

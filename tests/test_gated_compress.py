@@ -360,7 +360,7 @@ def test_bsd_with_the_structured_operator_equals_bsd_with_the_dense_jacobian(var
     assert spec == jb.GatedMLPSpec(*names, act), status
     site = make_site(paths[0], module, spec, X_all, Y_all, 24, jax.random.key(0))
     structured, kind = site_jacobian(site)
-    assert kind == "structured" and isinstance(structured, jb.GatedJacobian)
+    assert kind == "structured" and isinstance(structured, jb.solver.GatedJacobian)
     dense = jax.jit(jax.vmap(jax.jacrev(module)))(site.X)  # (S, n, m), the oracle
     dense_site = dataclasses.replace(site)  # the same tokens, its Jacobian given: the dense one
     dense_site.__dict__["jacobian"] = (dense, "dense")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jaxbsd as jb
-from jaxbsd import metrics
+from jaxbsd.solver import metrics
 
 
 def test_relative_rmse_matches_the_paper_formula():

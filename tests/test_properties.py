@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.interpolate import BSpline as ScipyBSpline
 
 import jaxbsd as jb
-from jaxbsd import bspline
+from jaxbsd.solver import bspline
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 design_jit = jax.jit(bspline.design_matrix, static_argnums=(2, 3))
@@ -21,8 +21,8 @@ knots_jit = jax.jit(bspline.quantile_knots, static_argnums=(1, 2))
 
 
 def _sample(f, X):
-    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
-    return jax.jit(lambda X: jb.sample(f, X))(X)
+    """``jb.solver.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.solver.sample(f, X))(X)
 
 
 @st.composite
@@ -116,7 +116,7 @@ def test_solver_never_returns_nan(spec):
         y = jnp.tanh(jnp.asarray(A) @ x / scale)
         return y * 0.0 if kind == "zero_output" else y
 
-    J, F = jb.sample(f, jnp.asarray(X))
+    J, F = jb.solver.sample(f, jnp.asarray(X))
     config = jb.CMTFConfig(rank=rank, basis=basis, robust=robust, max_iter=8, lam=0.25)
     res = jb.decouple(J, F, jnp.asarray(X), config, key=jax.random.key(seed), restarts=2)
     for leaf in jax.tree_util.tree_leaves(res):
@@ -177,7 +177,7 @@ def test_bit_identical_across_runs_and_with_the_jitted_single_restart():
     a = jb.decouple(J, F, X, config, key=jax.random.key(3), restarts=1)
     b = jb.decouple(J, F, X, config, key=jax.random.key(3), restarts=1)
     key = jax.random.split(jax.random.key(3), 1)[0]
-    single = jax.jit(jb.solve)(key, jb.Problem(jb.DenseJacobian(J), F, X), config)
+    single = jax.jit(jb.solver.solve)(key, jb.solver.Problem(jb.solver.DenseJacobian(J), F, X), config)
     for x, y, z in zip(jax.tree_util.tree_leaves(a.restarts), jax.tree_util.tree_leaves(b.restarts),
                        jax.tree_util.tree_leaves(single)):
         np.testing.assert_array_equal(x, y)

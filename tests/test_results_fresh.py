@@ -1,9 +1,9 @@
 """No committed result can go stale silently, and staleness follows the solver's numbers.
 
 Every JSON under ``experiments/results/`` and ``benchmarks/`` records its provenance; one
-computed with the solver records the solver's numerical fingerprint (:mod:`jaxbsd.fingerprint`).
+computed with the solver records the solver's numerical fingerprint (:mod:`jaxbsd.solver.fingerprint`).
 This test (run by ``.ci/run`` with the default suite) recomputes the fingerprint and fails for a
-result whose recorded one moved beyond :data:`jaxbsd.fingerprint.RTOL`, naming it, the moved
+result whose recorded one moved beyond :data:`jaxbsd.solver.fingerprint.RTOL`, naming it, the moved
 entries and the command that regenerates it. The issue's acceptance, in a clone of the
 committed tree: a comment-only commit to ``jaxbsd/cmtf.py`` keeps every result current;
 multiplying a least-squares cutoff by 1e6 stales them. The README's result tables are
@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import report  # noqa: E402
 
-from jaxbsd import fingerprint as fp  # noqa: E402
+from jaxbsd.solver import fingerprint as fp  # noqa: E402
 from jaxbsd.io import provenance  # noqa: E402
 
 #: How to multiply each least-squares cutoff of ``jaxbsd/cmtf.py`` by 1e6: (old text, new text).
@@ -190,7 +190,7 @@ def test_rounding_level_perturbations_stay_within_tolerance(scale):
     """Robustness: the fingerprint must not move across machines, BLAS builds or fusion
     decisions. Perturbing every input of every case by ``scale`` relative (about 5 and 45 ulps,
     more than the rounding differences between two builds) moves no entry beyond ``RTOL``.
-    Measured when the tolerance was set: at most 3.1e-11 relative (see jaxbsd.fingerprint.RTOL)."""
+    Measured when the tolerance was set: at most 3.1e-11 relative (see jaxbsd.solver.fingerprint.RTOL)."""
     rng = np.random.default_rng(0)
     worst = {}
     for name, case in fp.CASES.items():

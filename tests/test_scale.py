@@ -19,7 +19,7 @@ def mlp_problem(S=64, m=6, H=16, seed=0):
     V0, b0 = jax.random.normal(k[0], (H, m)) / np.sqrt(m), 0.1 * jax.random.normal(k[1], (H,))
     V1 = jax.random.normal(k[2], (m, H)) / np.sqrt(H)
     X = jax.random.normal(k[3], (S, m))
-    jac = jb.tensor.mlp_jacobian(X, V0, b0, V1, lambda z: 1 - jnp.tanh(z) ** 2)
+    jac = jb.solver.jacobians.mlp_jacobian(X, V0, b0, V1, lambda z: 1 - jnp.tanh(z) ** 2)
     F = jnp.tanh(X @ V0.T + b0[None, :]) @ V1.T
     return jac, F, X
 

@@ -9,8 +9,8 @@ import jaxbsd as jb
 
 
 def _sample(f, X):
-    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
-    return jax.jit(lambda X: jb.sample(f, X))(X)
+    """``jb.solver.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.solver.sample(f, X))(X)
 
 
 def khatri_rao(A, B):
@@ -23,9 +23,9 @@ def operators():
     rng = np.random.default_rng(0)
     S, n, m, H = 7, 3, 4, 5
     V1, V0, D = rng.normal(size=(n, H)), rng.normal(size=(H, m)), rng.normal(size=(S, H))
-    structured = jb.StructuredJacobian(jnp.asarray(V1), jnp.asarray(V0), jnp.asarray(D))
+    structured = jb.solver.StructuredJacobian(jnp.asarray(V1), jnp.asarray(V0), jnp.asarray(D))
     J = np.einsum("ah,sh,hb->sab", V1, D, V0)
-    return J, [jb.DenseJacobian(jnp.asarray(J)), structured]
+    return J, [jb.solver.DenseJacobian(jnp.asarray(J)), structured]
 
 
 def test_mttkrps_match_explicit_unfoldings(operators):
@@ -71,5 +71,5 @@ def test_mlp_jacobian_matches_autodiff():
     J, _ = _sample(lambda x: V1 @ jax.nn.gelu(V0 @ x + b0, approximate=False), X)
     dgelu = jax.vmap(jax.vmap(jax.grad(lambda z: jax.nn.gelu(z, approximate=False))))
     # one compiled program (eagerly, each jnp op inside would compile on its own)
-    dense = jax.jit(lambda *a: jb.tensor.mlp_jacobian(*a, dgelu).dense())(X, V0, b0, V1)
+    dense = jax.jit(lambda *a: jb.solver.jacobians.mlp_jacobian(*a, dgelu).dense())(X, V0, b0, V1)
     np.testing.assert_allclose(dense, J, rtol=1e-10, atol=1e-12)

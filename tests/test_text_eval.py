@@ -1,4 +1,4 @@
-"""Text-embedding fidelity metrics (jaxbsd.metrics) against brute-force numpy loops, and the docs
+"""Text-embedding fidelity metrics (jaxbsd.solver.metrics) against brute-force numpy loops, and the docs
 corpus reader (jaxbsd.data) on a small archive written here in the real one's layout."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from jaxbsd import metrics
+from jaxbsd.solver import metrics
 from jaxbsd.data import DOCS_SPLITS, docs_file_split, load_docs_corpus, rst_heading_pairs, rst_passages
 
 

@@ -9,15 +9,15 @@ import pytest
 from scipy.interpolate import BSpline as ScipyBSpline
 
 import jaxbsd as jb
-from jaxbsd import bspline, cmtf
+from jaxbsd.solver import bspline, cmtf
 
 BASIS = jb.BSpline(3, 4)  # clamped cubic without interior knots: any cubic polynomial exactly
 _call = jax.jit(lambda mdl, x: mdl(x))  # one compiled model evaluation instead of many eager ops
 
 
 def _sample(f, X):
-    """``jb.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
-    return jax.jit(lambda X: jb.sample(f, X))(X)
+    """``jb.solver.sample(f, X)`` as one compiled program (run eagerly, each of its ops compiles on its own)."""
+    return jax.jit(lambda X: jb.solver.sample(f, X))(X)
 
 
 @functools.cache  # built once per session: every test reads the same (immutable) planted problem
@@ -46,7 +46,7 @@ def test_warm_state_holds_the_models_internal_functions_at_the_samples():
     evaluation) and against the planted functions themselves."""
     J, F, X, model, g = planted()
     config = jb.CMTFConfig(rank=2, basis=BASIS)
-    state = jax.jit(cmtf.warm_state)(jb.problem(J, F, X), config, model)  # one compile, not one per op
+    state = jax.jit(cmtf.warm_state)(jb.solver.problem(J, F, X), config, model)  # one compile, not one per op
     U = np.asarray(model.W0) @ np.asarray(X).T
     for i in range(2):
         spline = ScipyBSpline(np.asarray(model.knots[i]), np.asarray(model.coef[i]), 3, extrapolate=True)
@@ -99,7 +99,7 @@ def test_random_restarts_are_unchanged_by_a_warm_start(batch):
 
 def test_solve_takes_the_warm_state():
     J, F, X, model, _ = planted()
-    problem = jb.problem(J, F, X)
+    problem = jb.solver.problem(J, F, X)
     config = jb.CMTFConfig(rank=2, basis=BASIS, max_iter=2)
     run = jax.jit(lambda s: cmtf.solve(jax.random.key(0), problem, config, init=s))(cmtf.warm_state(problem, config, model))
     assert float(run.history_J[0]) < 1e-12

@@ -18,11 +18,11 @@ SOLVER_KEYS = ("solver_fingerprint", "fingerprint_version", "solver_hash", "solv
 
 
 def _fingerprint_module():
-    """:mod:`jaxbsd.fingerprint` of this checkout: the numbers must be this checkout's solver's,
+    """:mod:`jaxbsd.solver.fingerprint` of this checkout: the numbers must be this checkout's solver's,
     not those of whichever ``jaxbsd`` is installed (an editable install may be another tree)."""
     if str(committed.ROOT) not in sys.path:
         sys.path.insert(1, str(committed.ROOT))
-    from jaxbsd import fingerprint
+    from jaxbsd.solver import fingerprint
 
     return fingerprint
 

@@ -38,7 +38,7 @@ BASES = ("bspline", "polynomial", "relu")
 
 
 def _basis(args):
-    from jaxbsd.bases import BSpline, Polynomial, ReLU
+    from jaxbsd.solver.bases import BSpline, Polynomial, ReLU
 
     if args.basis == "bspline":
         return BSpline(args.degree, args.dof)

@@ -104,8 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     ref = B.embed_eval_set(original, passages, pairs)
     new = B.embed_eval_set(encoder, passages, pairs)
     k = min(10, len(passages) - 1)
-    scores = {"mean_cosine": float(jb.metrics.mean_cosine(ref["passages"], new["passages"])),
-              f"neighbour_overlap@{k}": float(jb.metrics.neighbour_overlap(ref["passages"], new["passages"], k=k))}
+    scores = {"mean_cosine": float(jb.solver.metrics.mean_cosine(ref["passages"], new["passages"])),
+              f"neighbour_overlap@{k}": float(jb.solver.metrics.neighbour_overlap(ref["passages"], new["passages"], k=k))}
     if pairs:
         scores.update({key: v for key, v in B.fidelity(ref, new).items() if "recall" in key})
 

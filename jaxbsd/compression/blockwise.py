@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd import metrics
-from jaxbsd.bases import Basis, BSpline
-from jaxbsd.cmtf import CMTFConfig
+from jaxbsd.solver import metrics
+from jaxbsd.solver.bases import Basis, BSpline
+from jaxbsd.solver.cmtf import CMTFConfig
 from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, teacher_outputs
 from jaxbsd.compression.engine import ALLOCATIONS, PLAN, Plan, Step, run, site_at
 from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names

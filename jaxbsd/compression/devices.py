@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from jaxbsd import driver
-from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Problem
-from jaxbsd.decoupled import Decoupled
+from jaxbsd.solver import driver
+from jaxbsd.solver.cmtf import CMTFConfig, DecouplingResult, Problem
+from jaxbsd.solver.decoupled import Decoupled
 
 __all__ = ["Devices", "run_blocks", "decouple_group", "trace_count", "vectorized", "check_mesh",
            "group_bytes", "shard_batch"]
@@ -112,7 +112,7 @@ def vectorized(devices: "Devices") -> bool:
     """Whether a group's blocks are vmapped (accelerators: one batched program step for all
     blocks, as the restarts) or run one after the other (the CPU: the same arithmetic as one
     block at a time, one compile for the group; the CPU has no idle lanes for a batch to fill,
-    and its batched LAPACK kernels are what :func:`jaxbsd.cmtf._batch_polymorphic` avoids).
+    and its batched LAPACK kernels are what :func:`jaxbsd.solver.linalg.batch_polymorphic` avoids).
     On the CPU without a mesh, :func:`run_blocks` runs the one-block program on each block in
     turn; with a mesh, each device's share is a ``lax.map`` inside the sharded program. Decided
     in Python from the devices the program runs on, so only the chosen form is traced and
@@ -216,7 +216,7 @@ def decouple_group(problems: list[Problem], config: CMTFConfig, keys: list[jax.A
     """:func:`jaxbsd.decouple` of several problems of one shape, as one program.
 
     Args:
-      problems: validated :class:`~jaxbsd.cmtf.Problem` of one structure and shape (:func:`jaxbsd.problem`).
+      problems: validated :class:`~jaxbsd.solver.cmtf.Problem` of one structure and shape (:func:`jaxbsd.problem`).
       config: the solver configuration (one rank for all).
       keys: one key per problem, exactly the key :func:`jaxbsd.decouple` would get for it.
       inits: one warm start per problem (validated, in the problems' dtype), or None.

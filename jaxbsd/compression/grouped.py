@@ -51,7 +51,7 @@ from jaxbsd.compression.methods.bsd import BSD
 from jaxbsd.compression.refine import refine_group
 from jaxbsd.compression.sites import Site, param_dtype, selection_tokens
 from jaxbsd.compression.surgery import output_judge
-from jaxbsd.driver import restart_batching
+from jaxbsd.solver.driver import restart_batching
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import relative_output_error
 

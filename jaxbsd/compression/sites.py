@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd import metrics
+from jaxbsd.solver import metrics
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, apply_module
-from jaxbsd.gated import GatedJacobian, gated_mlp_jacobian
+from jaxbsd.solver.jacobians import GatedJacobian, gated_mlp_jacobian
 from jaxbsd.models import count_params
 from jaxbsd.models.capture import module_jacobians
-from jaxbsd.tensor import StructuredJacobian, cpd_sq_norm, mlp_jacobian
+from jaxbsd.solver.jacobians import StructuredJacobian, cpd_sq_norm, mlp_jacobian
 
 __all__ = ["Site", "make_site", "site_jacobian", "gated_site_jacobian", "selection_tokens", "output_error",
            "apply_module", "param_dtype", "mlp_error_J", "gated_error_J", "CHECK_TOKENS", "same_site", "refined_error_tokens"]
@@ -204,7 +204,7 @@ def _close(a, b, rtol: float = 1e-3) -> bool:
 
 @functools.partial(jax.jit, static_argnums=2)
 def gated_site_jacobian(X: jax.Array, kernels, spec: GatedMLPSpec) -> GatedJacobian:
-    """The :class:`~jaxbsd.gated.GatedJacobian` at ``X (S, m)`` of the gated MLP with
+    """The :class:`~jaxbsd.solver.jacobians.GatedJacobian` at ``X (S, m)`` of the gated MLP with
     ``kernels = (Kg, bg, Ku, bu, Kd, bd)`` (Flax layout), all cast to ``X``'s dtype (one program
     per shape)."""
     Kg, bg, Ku, bu, Kd, _ = (None if a is None else jnp.asarray(a, X.dtype) for a in kernels)
@@ -261,7 +261,7 @@ def _mlp_error_J(jac: StructuredJacobian, K1, b1, K2, X, h_prime) -> jax.Array:
 
 def gated_error_J(jac: GatedJacobian, kernels, X: jax.Array, spec: GatedMLPSpec) -> float:
     """Error(𝒥) of a gated replacement with ``kernels = (Kg, bg, Ku, bu, Kd, bd)``: its Jacobian is a
-    gated one too, so ``‖𝒥 − 𝒥'‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥'⟩ + ‖𝒥'‖²`` by :meth:`~jaxbsd.gated.GatedJacobian.inner`."""
+    gated one too, so ``‖𝒥 − 𝒥'‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥'⟩ + ‖𝒥'‖²`` by :meth:`~jaxbsd.solver.jacobians.GatedJacobian.inner`."""
     other = gated_site_jacobian(X, kernels, spec)
     ref = jac.sq_norm()
     return float((ref - 2 * jac.inner(other) + other.sq_norm()) / ref)

@@ -16,7 +16,7 @@ reason. It recognises
   input width ``m``, ``second`` gives its output width ``n``, and ``first.out_features ==
   second.in_features = H``; when both orders fit (``m = n = H``) both are tried.
 * **gated MLPs** ``down(h(gate(x)) ⊙ up(x))`` (three ``nnx.Linear``, as in Llama and Qwen):
-  a :class:`~jaxbsd.GatedMLPSpec` (structured :class:`~jaxbsd.gated.GatedJacobian`, and the
+  a :class:`~jaxbsd.GatedMLPSpec` (structured :class:`~jaxbsd.solver.jacobians.GatedJacobian`, and the
   gated ``"svd"``/``"drone"``/``"prune"`` baselines). ``gate`` and ``up`` have the same shapes,
   so both role assignments are tried; the activation on the gate tells them apart.
 
@@ -159,7 +159,7 @@ class GatedMLPSpec:
     """Declares that a submodule computes ``down(h(gate(x)) ⊙ up(x))`` with three ``nnx.Linear``.
 
     The MLP of Llama, Qwen, Gemma and Mistral (SwiGLU: ``h`` = SiLU; GeGLU: GELU). With a spec
-    the Jacobian is the structured :class:`~jaxbsd.gated.GatedJacobian`, never materialized,
+    the Jacobian is the structured :class:`~jaxbsd.solver.jacobians.GatedJacobian`, never materialized,
     and the baselines (``"svd"``, ``"drone"``, ``"prune"``) can factor or prune the three
     kernels. :func:`find_spec` usually finds it on the calibration tokens;
     jaxbsd's own :class:`~jaxbsd.models.lm.GatedMLP` needs none. The claim is checked on the

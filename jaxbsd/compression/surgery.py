@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd import metrics
+from jaxbsd.solver import metrics
 
 __all__ = ["parse_path", "child", "get_submodule", "set_submodule", "capture_calls", "capture_tokenwise",
            "model_outputs", "output_judge", "mode_flags", "restore_mode_flags"]

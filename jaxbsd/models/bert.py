@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd import metrics
+from jaxbsd.solver import metrics
 from jaxbsd.models.layers import MLP, PARAM_DTYPE, check_config_ints
 
 __all__ = ["BertConfig", "Bert", "BertLayer", "BertAttention", "BertEmbeddings", "Encoder", "Unused",

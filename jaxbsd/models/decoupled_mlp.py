@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd.bases import Basis
-from jaxbsd.decoupled import Decoupled
+from jaxbsd.solver.bases import Basis
+from jaxbsd.solver.decoupled import Decoupled
 
 __all__ = ["DecoupledMLP", "Knots"]
 

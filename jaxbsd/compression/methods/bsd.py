@@ -17,14 +17,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxbsd import metrics
-from jaxbsd.bases import BSpline
-from jaxbsd.cmtf import CMTFConfig
+from jaxbsd.solver import metrics
+from jaxbsd.solver.bases import BSpline
+from jaxbsd.solver.cmtf import CMTFConfig
 from jaxbsd.compression.methods.base import Build, Method, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
-from jaxbsd.driver import check_init, decouple, problem
+from jaxbsd.solver.driver import check_init, decouple, problem
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
 
@@ -167,7 +167,7 @@ class BSD(Method):
 
     def group_inputs(self, sites, ranks) -> tuple[list, list, list]:
         """``(preps, problems, inits)`` of several sites: :meth:`prepare` of each, its validated
-        :class:`~jaxbsd.cmtf.Problem`, and its validated warm start (None where it has none)."""
+        :class:`~jaxbsd.solver.cmtf.Problem`, and its validated warm start (None where it has none)."""
         preps = [self.prepare(site, int(rank)) for site, rank in zip(sites, ranks)]
         problems = [problem(jac, site.F, site.X) for (jac, *_), site in zip(preps, sites)]
         inits = [None if p[3] is None else check_init(p[3], prob, p[2]) for p, prob in zip(preps, problems)]

@@ -15,7 +15,8 @@ from typing import Callable
 import jax
 from flax import nnx
 
-from jaxbsd import baselines, metrics
+from jaxbsd import baselines
+from jaxbsd.solver import metrics
 from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
 from jaxbsd.compression.sites import (
     Site,

@@ -1,6 +1,6 @@
 """The convenient driver on top of the solver core: :func:`problem` and :func:`decouple`.
 
-:mod:`jaxbsd.cmtf` is the algorithm as pure functions. This module adds what a one-call user
+:mod:`jaxbsd.solver.cmtf` is the algorithm as pure functions. This module adds what a one-call user
 needs: validation at the boundary (before anything is compiled), placement on devices,
 batching of restarts, a progress meter inside the one compiled loop, and the CPU thread
 configuration that keeps jaxlib's LAPACK from fighting XLA for the cores.
@@ -20,10 +20,10 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxbsd import cmtf
-from jaxbsd.cmtf import CMTFConfig, DecouplingResult, Problem
-from jaxbsd.decoupled import Decoupled
-from jaxbsd.tensor import DenseJacobian, JacobianOperator, StructuredJacobian
+from jaxbsd.solver import cmtf
+from jaxbsd.solver.cmtf import CMTFConfig, DecouplingResult, Problem
+from jaxbsd.solver.decoupled import Decoupled
+from jaxbsd.solver.jacobians import DenseJacobian, JacobianOperator, StructuredJacobian
 
 __all__ = ["problem", "decouple", "configure_cpu_threads", "ProgressCallback"]
 
@@ -110,12 +110,12 @@ def _as_array(name: str, x: Any, ndim: int, shape_doc: str) -> jax.Array:
 
 
 def problem(J: Any, F: Any, X: Any) -> Problem:
-    """A validated :class:`~jaxbsd.cmtf.Problem` from Jacobians, outputs and sampling points.
+    """A validated :class:`~jaxbsd.solver.cmtf.Problem` from Jacobians, outputs and sampling points.
 
     Args:
-      J: ``(S, n, m)`` Jacobians (an array: becomes a :class:`~jaxbsd.tensor.DenseJacobian`
-        laid out for the solver), or any :class:`~jaxbsd.tensor.JacobianOperator` (a
-        :class:`~jaxbsd.tensor.StructuredJacobian`, or your own).
+      J: ``(S, n, m)`` Jacobians (an array: becomes a :class:`~jaxbsd.solver.jacobians.DenseJacobian`
+        laid out for the solver), or any :class:`~jaxbsd.solver.jacobians.JacobianOperator` (a
+        :class:`~jaxbsd.solver.jacobians.StructuredJacobian`, or your own).
       F: ``(S, n)`` outputs ``f(X)``.
       X: ``(S, m)`` sampling points.
 
@@ -253,7 +253,7 @@ def _stack_warm(runs: Any, warm: Any) -> Any:
 def _run_map(keys, problem, config, channel, every, warm=None, report=True) -> cmtf.RestartResult:
     """Restarts one after the other (``lax.map``); each restart's loop reports itself (unless
     ``report`` is False: no progress hook in the program at all). A warm start (``warm``, a
-    :class:`~jaxbsd.cmtf.SolverState`) runs after the random restarts."""
+    :class:`~jaxbsd.solver.cmtf.SolverState`) runs after the random restarts."""
 
     def hook(index):
         return (lambda loop: _hook(channel, every, index, loop.it, loop)) if report else None
@@ -377,8 +377,8 @@ def decouple(
 
     Args:
       J: ``(S, n, m)`` Jacobians (``jax.vmap(jax.jacfwd(f))(X)``), or a
-        :class:`~jaxbsd.tensor.JacobianOperator` such as
-        :class:`~jaxbsd.tensor.StructuredJacobian` (never materialized) or your own.
+        :class:`~jaxbsd.solver.jacobians.JacobianOperator` such as
+        :class:`~jaxbsd.solver.jacobians.StructuredJacobian` (never materialized) or your own.
       F: ``(S, n)`` outputs ``f(X)``.
       X: ``(S, m)`` sampling points.
       config: a :class:`~jaxbsd.CMTFConfig`.
@@ -408,7 +408,7 @@ def decouple(
         config — before anything is compiled.
 
     Example:
-      >>> J, F = jb.sample(f, X)
+      >>> J, F = jb.solver.sample(f, X)
       >>> res = jb.decouple(J, F, X, jb.CMTFConfig(rank=3), key=jax.random.key(0), restarts=8)
       >>> res.model(X).shape == F.shape
     """

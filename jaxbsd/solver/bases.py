@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxbsd import bspline
+from jaxbsd.solver import bspline
 
 
 #: The bases' ``fit``/``design``/``evaluate`` as one compiled program each (the basis itself is

@@ -27,18 +27,16 @@ diverges or produces non-finite numbers still returns finite factors, and report
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.scipy.linalg import cho_solve
 
-from jaxbsd.bases import Basis, BSpline
-from jaxbsd.decoupled import Decoupled
-from jaxbsd.tensor import JacobianOperator, cpd_sq_norm
+from jaxbsd.solver.config import CMTFConfig, Status
+from jaxbsd.solver.decoupled import Decoupled
+from jaxbsd.solver.jacobians import JacobianOperator, cpd_sq_norm
+from jaxbsd.solver.linalg import lstsq, pinv_solve, pinv_solve_by_eigh, small_tikhonov_solve, tikhonov_solve, wide_least_squares
 
 __all__ = [
     "CMTFConfig",
@@ -60,159 +58,12 @@ __all__ = [
 ]
 
 
-class Status(enum.IntEnum):
-    """Why a restart stopped."""
-
-    CONVERGED = 0  #: relative change of the objective below ``tol``, or an exact fit
-    MAX_ITERATIONS = 1  #: ``max_iter`` sweeps done
-    DIVERGED = 2  #: the objective exceeded ``divergence`` × the best objective this restart reached
-    NONFINITE = 3  #: a sweep produced inf/NaN; the best finite iterate is returned
-
-    @property
-    def message(self) -> str:
-        return _STATUS_MESSAGES[self]
-
-
-_STATUS_MESSAGES = {
-    Status.CONVERGED: "converged",
-    Status.MAX_ITERATIONS: "reached max_iter without meeting tol",
-    Status.DIVERGED: "objective diverged; returned the best iterate",
-    Status.NONFINITE: "a sweep produced non-finite values; returned the best finite iterate",
-}
-
-
-# --------------------------------------------------------------------------- configuration
-
-#: Fields of :class:`CMTFConfig` that are pytree leaves (traced under ``jit``/``vmap``).
-TRACED_FIELDS = ("lam", "mu_w", "mu_c", "eps", "tol", "divergence")
-#: Fields that fix the program's structure (shapes, branches): static, part of the treedef.
-STATIC_FIELDS = ("rank", "basis", "robust", "max_iter", "divergence_patience")
-
-
-def _concrete_scalar(name: str, value: Any) -> float | None:
-    """``value`` as a float when it is a concrete number; ``None`` when it is traced."""
-    if isinstance(value, jax.core.Tracer):
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number, np.ndarray, jax.Array)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if np.ndim(value) != 0:
-        raise ValueError(
-            f"{name} must be a scalar, got shape {np.shape(value)}; to sweep it, jax.vmap over "
-            f"config.replace({name}=...)"
-        )
-    return float(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class CMTFConfig:
-    """Configuration of a solve: a pytree whose numbers are traced and whose structure is static.
-
-    ``rank``, ``basis``, ``robust``, ``max_iter`` and ``divergence_patience`` fix the compiled
-    program; ``lam``, ``mu_w``, ``mu_c``, ``eps``, ``tol`` and ``divergence`` are leaves, so
-    ``jax.vmap(lambda lam: jb.solve(key, problem, config.replace(lam=lam)))(lams)`` is one
-    compiled program. Concrete values are validated at construction and by :meth:`replace`;
-    traced values pass through. Inside the solver the leaves are cast to the problem's dtype.
-
-    Attributes:
-      rank: ``r``, number of internal functions.
-      basis: univariate basis of every ``g_i``.
-      lam: ``λ``, weight of the zeroth-order term ``‖F − R W1ᵀ‖²``.
-      mu_w: Tikhonov weight on the ``W0``/``W1`` updates (robust only).
-      mu_c: Tikhonov weight on the coefficients in the projection (robust only).
-      eps: norm floor of the normalization (robust only).
-      robust: ``True`` for R-CMTF-BSD (normalization + Tikhonov); ``False`` for the paper's
-        plain CMTF-BSD/PD: no normalization and ``mu_w = mu_c = 0`` (least-squares updates by
-        pseudo-inverse).
-      max_iter: maximum number of sweeps.
-      tol: stop when the relative decrease of the objective is below ``tol``, or when the
-        objective is below ``tol`` times ``‖𝒥‖² + λ‖F‖²``.
-      divergence: stop with ``Status.DIVERGED`` when the objective has stayed above this
-        multiple of the lowest objective the restart reached so far (floored at
-        ``eps_machine · (‖𝒥‖² + λ‖F‖²)``) for ``divergence_patience`` consecutive sweeps.
-        The rule is relative to the restart's own best, never to the data's scale: a run whose
-        first iterates are huge in absolute terms but keep improving is healthy, and so is a
-        run with isolated spikes that it recovers from (R-CMTF-PD with degree-10 monomials
-        has single-sweep spikes of 1e15 × its best and then returns to it). The best finite
-        iterate is returned either way.
-      divergence_patience: consecutive sweeps above ``divergence`` × best before DIVERGED.
-    """
-
-    rank: int
-    basis: Basis = BSpline(3, 11)
-    lam: Any = 0.25
-    mu_w: Any = 1e-4
-    mu_c: Any = 1e-5
-    eps: Any = 1e-6
-    robust: bool = True
-    max_iter: int = 500
-    tol: Any = 1e-10
-    divergence: Any = 1e8
-    divergence_patience: int = 10
-
-    def __post_init__(self):
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
-        if not isinstance(self.basis, Basis):
-            raise ValueError(f"basis must be a jaxbsd basis (BSpline, Polynomial, ReLU), got {self.basis!r}")
-        if not isinstance(self.robust, bool):
-            raise ValueError(f"robust must be a bool, got {self.robust!r}")
-        for name in ("lam", "mu_w", "mu_c", "eps", "tol"):
-            value = _concrete_scalar(name, getattr(self, name))
-            if value is not None and not (np.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
-        if not (isinstance(self.max_iter, int) and not isinstance(self.max_iter, bool) and self.max_iter >= 1):
-            raise ValueError(f"max_iter must be an int >= 1, got {self.max_iter!r}")
-        divergence = _concrete_scalar("divergence", self.divergence)
-        if divergence is not None and not divergence > 1:
-            raise ValueError(f"divergence must be > 1, got {self.divergence!r}")
-        if not (isinstance(self.divergence_patience, int) and self.divergence_patience >= 1):
-            raise ValueError(f"divergence_patience must be an int >= 1, got {self.divergence_patience!r}")
-
-    def replace(self, **changes: Any) -> "CMTFConfig":
-        """A new config with ``changes`` applied (validated like the constructor)."""
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def effective_mu_w(self) -> Any:
-        return self.mu_w if self.robust else 0.0
-
-    @property
-    def effective_mu_c(self) -> Any:
-        return self.mu_c if self.robust else 0.0
-
-    def cast(self, dtype: Any) -> "CMTFConfig":
-        """The config with every traced number an array of ``dtype`` (the solver computes in
-        the problem's dtype, whatever precision the numbers were given in)."""
-        return jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype), self)
-
-
-def _config_flatten_with_keys(config: CMTFConfig):
-    children = [(jax.tree_util.GetAttrKey(name), getattr(config, name)) for name in TRACED_FIELDS]
-    return children, tuple(getattr(config, name) for name in STATIC_FIELDS)
-
-
-def _config_unflatten(static: tuple, leaves: Any) -> CMTFConfig:
-    # No validation here: JAX rebuilds configs with tracers and placeholder leaves.
-    config = object.__new__(CMTFConfig)
-    for name, value in zip(STATIC_FIELDS + TRACED_FIELDS, tuple(static) + tuple(leaves)):
-        object.__setattr__(config, name, value)
-    return config
-
-
-jax.tree_util.register_pytree_with_keys(
-    CMTFConfig,
-    _config_flatten_with_keys,
-    _config_unflatten,
-    lambda c: ([getattr(c, n) for n in TRACED_FIELDS], tuple(getattr(c, n) for n in STATIC_FIELDS)),
-)
-
-
 class Problem(NamedTuple):
     """The data of a decoupling problem (a pytree). Build it with :func:`jaxbsd.problem`,
     which validates; this constructor does not.
 
     Attributes:
-      jac: the Jacobian tensor ``(S, n, m)`` behind a :class:`~jaxbsd.tensor.JacobianOperator`.
+      jac: the Jacobian tensor ``(S, n, m)`` behind a :class:`~jaxbsd.solver.jacobians.JacobianOperator`.
       F: ``(S, n)`` outputs.
       X: ``(S, m)`` sampling points.
     """
@@ -232,215 +83,6 @@ class SolverState(NamedTuple):
     R: jax.Array
     coef: jax.Array
     knots: jax.Array
-
-
-# --------------------------------------------------------------------------- linear algebra
-
-
-def _batch_polymorphic(fn: Callable) -> Callable:
-    """``fn`` (a LAPACK-backed solve written for any number of leading batch dimensions),
-    whose ``vmap`` batches on accelerators and runs one batch member at a time on the CPU.
-
-    On GPU/TPU a vmap over restarts or λ calls ``fn`` once on the stacked operands (one
-    batched kernel per step, no loop). On the CPU it runs as a ``lax.map`` of unbatched
-    calls, because jaxlib's batched CPU LAPACK kernels split a batch over XLA's intra-op
-    thread pool and block a pool thread until the pieces are done: when two such kernels run
-    concurrently (the sweep's independent solves under ``vmap``) on a two-thread pool, both
-    threads wait and nothing runs the pieces, a deadlock (stack traces show both pool threads in
-    ``jax::ParallelBatchMap``). ``jax.lax.platform_dependent`` picks the branch when the program
-    is lowered, so an accelerator program holds no trace of the CPU workaround.
-    """
-    wrapped = jax.custom_batching.custom_vmap(fn)
-
-    @wrapped.def_vmap
-    def _rule(axis_size, in_batched, *args):
-        batched = [i for i, b in enumerate(in_batched) if b]
-
-        def one_at_a_time(*args):
-            def one(xs):
-                full = list(args)
-                for i, x in zip(batched, xs):
-                    full[i] = x
-                return wrapped(*full)
-
-            return jax.lax.map(one, tuple(args[i] for i in batched))
-
-        def all_at_once(*args):
-            # The batch axis leads every operand; fn broadcasts over leading dimensions.
-            full = [a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)) for a, b in zip(args, in_batched)]
-            return wrapped(*full)
-
-        out = jax.lax.platform_dependent(*args, cpu=one_at_a_time, default=all_at_once)
-        return out, jax.tree_util.tree_map(lambda _: True, out)
-
-    return wrapped
-
-
-def _mT(A: jax.Array) -> jax.Array:
-    return jnp.swapaxes(A, -1, -2)
-
-
-def _spd_inverse(A: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(A⁻¹, ‖A‖∞ ‖A⁻¹‖∞)`` for symmetric ``A (..., r, r)`` by Cholesky: ``A⁻¹ = L⁻ᵀ L⁻¹``.
-
-    One factorization, one triangular inverse and one product, kernels that batch on every
-    backend (``eigh`` is iterative and far slower on small matrices). ``κ∞ = ‖A‖∞‖A⁻¹‖∞``
-    bounds the 2-norm condition number from above (symmetric ``A``: ``‖A‖₂ ≤ ‖A‖∞``), and is
-    ``nan``/``inf`` where the factorization failed (``A`` not numerically positive definite).
-    """
-    r = A.shape[-1]
-    L = jnp.linalg.cholesky(A)
-    eye = jnp.broadcast_to(jnp.eye(r, dtype=A.dtype), A.shape)
-    L_inv = jax.lax.linalg.triangular_solve(L, eye, left_side=True, lower=True)
-    A_inv = _mT(L_inv) @ L_inv
-    norm = lambda M: jnp.max(jnp.sum(jnp.abs(M), axis=-1), axis=-1)  # noqa: E731
-    kappa = norm(A) * norm(A_inv)
-    return A_inv, jnp.where(jnp.isfinite(kappa), kappa, jnp.inf)
-
-
-@_batch_polymorphic
-def _tikhonov_solve(A: jax.Array, B: jax.Array, mu: jax.Array) -> jax.Array:
-    """``B (A + μ I)⁻¹`` for symmetric positive semi-definite ``A (..., r, r)`` and ``μ > 0``
-    (``B (..., k, r)``, ``μ (...)``): the robust updates of ``W0`` and ``W1``.
-
-    Cholesky; LU where the Cholesky fails: ``A`` is formed in floating point, and when ``μ`` is
-    below its rounding (large Grams in float32) ``A + μ I`` can be numerically indefinite. LU
-    still returns the solution of the system as given, which is what the paper's update is.
-    The LU branch runs only when some member of the batch needs it.
-    """
-    r = A.shape[-1]
-    shifted = A + mu[..., None, None] * jnp.eye(r, dtype=A.dtype).reshape((1,) * (A.ndim - 2) + (r, r))
-    factor = jnp.linalg.cholesky(shifted)
-    ok = jnp.all(jnp.isfinite(factor), axis=(-2, -1))
-    by_cholesky = _mT(cho_solve((factor, True), _mT(B)))
-
-    def by_lu():
-        lu = _mT(jnp.linalg.solve(shifted, _mT(B)))
-        return jnp.where(ok[..., None, None], by_cholesky, lu)
-
-    return jax.lax.cond(jnp.all(ok), lambda: by_cholesky, by_lu)
-
-
-@_batch_polymorphic
-def _pinv_solve(A: jax.Array, B: jax.Array) -> jax.Array:
-    """``B A⁺`` for symmetric positive semi-definite ``A (..., r, r)``, ``B (..., k, r)``: the
-    paper's plain least squares (the G and R updates, and every update of the non-robust
-    CMTF-BSD/PD).
-
-    ``A`` is the Gram matrix ``KᵀK`` of ``min ‖M − X Kᵀ‖`` given in Gram–Hadamard form
-    (``B = M K``), so ``B A⁺`` is that problem's minimum-norm solution. The pseudo-inverse has
-    ``jnp.linalg.pinv``'s machine-precision cutoff: eigenvalues at or below
-    ``r · eps · max|λ|`` are dropped. The same rule holds for every basis.
-
-    Where no eigenvalue is near the cutoff, ``A⁺ = A⁻¹``: certified by ``κ∞(A) ≤ 1 / (2 r eps)``
-    (then ``λ_min / λ_max ≥ 1/κ₂ ≥ 1/κ∞ > r eps``, with a factor 2 for the rounding of the
-    computed inverse), and the solve is a Cholesky. Otherwise, and only then, the eigenvalue
-    decomposition applies the cutoff exactly. Where the caller knows the certificate cannot pass
-    (a Gram of rank below its size), :data:`_pinv_solve_by_eigh` skips the Cholesky attempt.
-    """
-    inverse, kappa = _spd_inverse(A)
-    ok = kappa <= 1 / (2 * _pinv_relative_cutoff(A))
-    by_cholesky = B @ inverse
-
-    def by_eigh():
-        return jnp.where(ok[..., None, None], by_cholesky, _pinv_by_eigh(A, B))
-
-    return jax.lax.cond(jnp.all(ok), lambda: by_cholesky, by_eigh)
-
-
-@_batch_polymorphic
-def _wide_least_squares(W1: jax.Array, F: jax.Array) -> jax.Array:
-    """``F W1 (W1ᵀW1)⁺`` for a wide ``W1 (..., n, r)``, ``r > n`` (``F (..., S, n)``): the R
-    update's minimum-norm least squares through the ``n × n`` Gram, ``F (W1 W1ᵀ)⁺ W1``.
-
-    The two are equal, pseudo-inverse cutoff included: with ``W1 = U Σ Vᵀ`` both are
-    ``F U Σ⁻¹ Vᵀ`` over the singular values kept, and ``W1ᵀW1`` and ``W1 W1ᵀ`` share their
-    nonzero eigenvalues ``Σ²``; the cutoff stays the ``r × r`` Gram's (``r · eps`` of the
-    largest). The eigenvalue decomposition is of an ``n × n`` matrix instead of an ``r × r`` one
-    (at n = 384, r = 765 on a 2-core CPU: 17 ms instead of 62 ms, the largest step of a
-    MiniLM-size sweep). No Cholesky attempt: ``W1 W1ᵀ`` is well enough conditioned for one
-    only sometimes (κ₂ 2e2 … 2e3 measured at r = 459 … 765, near the float32 certificate's
-    limit), and a failed attempt costs more than it saves."""
-    relative = W1.shape[-1] * jnp.finfo(W1.dtype).eps
-    return _pinv_by_eigh_cut(W1 @ _mT(W1), F, relative) @ W1
-
-
-def _pinv_relative_cutoff(A: jax.Array) -> float:
-    """Eigenvalues of ``A (..., r, r)`` at or below this times ``max|λ|`` are dropped (``r · eps``)."""
-    return A.shape[-1] * jnp.finfo(A.dtype).eps
-
-
-def _pinv_by_eigh(A: jax.Array, B: jax.Array) -> jax.Array:
-    """``B A⁺`` by the eigenvalue decomposition, with :func:`_pinv_solve`'s cutoff applied exactly."""
-    return _pinv_by_eigh_cut(A, B, _pinv_relative_cutoff(A))
-
-
-def _pinv_by_eigh_cut(A: jax.Array, B: jax.Array, relative: float) -> jax.Array:
-    """:func:`_pinv_by_eigh` with the relative cutoff ``relative`` (two positional arguments
-    only for the former: ``custom_vmap`` would pass a keyword's default to its batching rule)."""
-    w, Q = jnp.linalg.eigh(A)
-    cutoff = relative * jnp.maximum(jnp.max(jnp.abs(w), axis=-1, keepdims=True), jnp.finfo(A.dtype).tiny)
-    keep = w > cutoff
-    inv_w = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0)
-    return ((B @ Q) * inv_w[..., None, :]) @ _mT(Q)
-
-
-#: :func:`_pinv_solve` without the Cholesky attempt, for a Gram known to be (near) singular.
-_pinv_solve_by_eigh = _batch_polymorphic(_pinv_by_eigh)
-
-
-#: Largest coefficient count whose projection systems are solved by the unrolled Cholesky below.
-_UNROLLED_MAX = 16
-
-
-def _small_tikhonov_solve(A: jax.Array, b: jax.Array, mu: jax.Array) -> jax.Array:
-    """``(A + μ I)⁻¹ b`` for a batch of small symmetric positive semi-definite ``A (..., ν, ν)``,
-    ``b (..., ν)``, ``μ > 0``: the robust projection's coefficient systems.
-
-    One ``ν × ν`` system per rank (and per restart, per λ under vmap), ``ν = 4 … 11``:
-    unrolled Cholesky and substitutions over the static ``ν``, vectorized over the batch, a
-    few hundred elementwise operations that XLA fuses, instead of a LAPACK call per system
-    (whose per-call overhead dominated the sweep). Larger ``ν`` use a batched LAPACK Cholesky.
-
-    In exact arithmetic every pivot of ``A + μ I`` is at least ``μ``. Computed pivots carry a
-    rounding error of about ``ν · eps · max diag(A)``, which for a collapsed rank (activations
-    in an interval of width 1e-8, degree-10 splines: ``max diag(A) ~ 1e20``) dwarfs ``μ``; a
-    pivot that rounding drove below ``max(μ, ν · eps · max diag(A))`` is clamped to that floor,
-    which leaves every well-conditioned system as it is and keeps the factor's growth bounded
-    (clamping at ``μ`` alone let it overflow to inf).
-    """
-    nu = A.shape[-1]
-    eps = jnp.finfo(A.dtype).eps
-    scale = jnp.max(jnp.diagonal(A, axis1=-2, axis2=-1), axis=-1)
-    floor = jnp.maximum(jnp.maximum(mu, nu * eps * scale), jnp.finfo(A.dtype).tiny)
-    if nu > _UNROLLED_MAX:
-        factor = jnp.linalg.cholesky(A + mu * jnp.eye(nu, dtype=A.dtype).reshape((1,) * (A.ndim - 2) + (nu, nu)))
-        return cho_solve((factor, True), b[..., None])[..., 0]
-    zero = jnp.zeros_like(A[..., 0, 0])
-    L = [[None] * nu for _ in range(nu)]
-    for j in range(nu):
-        L[j][j] = jnp.sqrt(jnp.maximum(A[..., j, j] + mu - sum((L[j][k] ** 2 for k in range(j)), zero), floor))
-        inv = 1 / L[j][j]
-        for i in range(j + 1, nu):
-            L[i][j] = (A[..., i, j] - sum((L[i][k] * L[j][k] for k in range(j)), zero)) * inv
-    y = []
-    for i in range(nu):
-        y.append((b[..., i] - sum((L[i][k] * y[k] for k in range(i)), zero)) / L[i][i])
-    x = [None] * nu
-    for i in reversed(range(nu)):
-        x[i] = (y[i] - sum((L[k][i] * x[k] for k in range(i + 1, nu)), zero)) / L[i][i]
-    return jnp.stack(x, axis=-1)
-
-
-@_batch_polymorphic
-def _lstsq(A: jax.Array, b: jax.Array) -> jax.Array:
-    """Minimum-norm ``argmin_c ‖A c − b‖²`` (``A (..., k, ν)``, ``b (..., k)``), singular values
-    below ``max(k, ν) · eps · σ_max`` dropped (``jnp.linalg.lstsq(rcond=None)``).
-
-    Solved on ``A`` itself, not on ``AᵀA``: the normal equations would square the condition
-    number, which for monomials of degree 10 exceeds what float64 can hold.
-    """
-    return jnp.vectorize(lambda A, b: jnp.linalg.lstsq(A, b, rcond=None)[0], signature="(k,v),(k)->(v)")(A, b)
 
 
 # --------------------------------------------------------------------------- algorithm steps
@@ -481,14 +123,14 @@ def _project(
         gram = lambda M: jnp.sum(M[:, :, None, :] * M[:, None, :, :], axis=-1)  # noqa: E731
         A = gram(dBt) + lam * gram(Bt)
         b = jnp.sum(dBt * Gt[:, None, :], axis=-1) + lam * jnp.sum(Bt * Rt[:, None, :], axis=-1)
-        coef = _small_tikhonov_solve(A, b, config.mu_c)
+        coef = small_tikhonov_solve(A, b, config.mu_c)
     else:
         # The paper's CMTF-BSD/PD: plain least squares on the stacked system
         # [B'; √λ B] c ≈ [g; √λ r].
         root = jnp.sqrt(jnp.asarray(lam, B.dtype))
         stacked = jnp.concatenate([dB, root * B], axis=1)  # (r, 2S, ν)
         rhs = jnp.concatenate([Gt, root * Rt], axis=1)  # (r, 2S)
-        coef = jax.vmap(_lstsq)(stacked, rhs)
+        coef = jax.vmap(lstsq)(stacked, rhs)
     G = jnp.einsum("rsi,ri->sr", dB, coef)
     R = jnp.einsum("rsi,ri->sr", B, coef)
     return G, R, coef, knots
@@ -509,7 +151,7 @@ def _sweep(state: SolverState, problem: Problem, config: CMTFConfig, sq_norm_J: 
     ``⟨𝒥, 𝒥̂⟩ = Σ G ∘ M3``: ``M3`` is already computed for the G update (the projection moves
     G, not W0 or W1), so tracking the objective costs ``O(S r)`` instead of a third pass over
     𝒥. Its rounding floor is ``~eps · ‖𝒥‖²``; the final result is re-evaluated exactly
-    (:meth:`~jaxbsd.tensor.JacobianOperator.residual_sq_norm`).
+    (:meth:`~jaxbsd.solver.jacobians.JacobianOperator.residual_sq_norm`).
     """
     jac, F, X = problem
     lam, mu_w = config.lam, config.effective_mu_w
@@ -520,25 +162,25 @@ def _sweep(state: SolverState, problem: Problem, config: CMTFConfig, sq_norm_J: 
     # W1 ← (M1 + λ Fᵀ R)(GᵀG ∘ W0W0ᵀ + λ RᵀR + μ_W I)⁻¹
     gram_w1 = GtG * (W0 @ W0.T) + lam * (R.T @ R)
     rhs_w1 = jac.mttkrp_w1(W0, G) + lam * (F.T @ R)
-    W1 = _tikhonov_solve(gram_w1, rhs_w1, mu_w) if config.robust else _pinv_solve(gram_w1, rhs_w1)
+    W1 = tikhonov_solve(gram_w1, rhs_w1, mu_w) if config.robust else pinv_solve(gram_w1, rhs_w1)
     # W0ᵀ ← M2 (GᵀG ∘ W1ᵀW1 + μ_W I)⁻¹
-    # (M2 and M3 both contract 𝒥 with the new W1: done once, see jaxbsd.tensor.)
+    # (M2 and M3 both contract 𝒥 with the new W1: done once, see jaxbsd.solver.jacobians.)
     W1tW1 = W1.T @ W1
     U = jac.contract_w1(W1)
     rhs_w0 = jac.mttkrp_w0_from(U, G)
-    W0 = (_tikhonov_solve(GtG * W1tW1, rhs_w0, mu_w) if config.robust else _pinv_solve(GtG * W1tW1, rhs_w0)).T
+    W0 = (tikhonov_solve(GtG * W1tW1, rhs_w0, mu_w) if config.robust else pinv_solve(GtG * W1tW1, rhs_w0)).T
     # G ← M3 (W0W0ᵀ ∘ W1ᵀW1)⁻¹ ;  R ← F W1 (W1ᵀW1)⁻¹  (plain least squares in both variants)
     M3 = jac.mttkrp_g_from(U, W0)
-    G = _pinv_solve((W0 @ W0.T) * W1tW1, M3)
+    G = pinv_solve((W0 @ W0.T) * W1tW1, M3)
     # W1ᵀW1 (r × r) has rank at most n: at r > n it is singular (solved through the n × n Gram,
-    # _wide_least_squares) and at r = n ill-conditioned in practice (κ₂ 9.5e9 at the ViT-B
-    # benchmark, κ∞ 3e5 at the paper size), so the certified Cholesky of _pinv_solve would fail
+    # wide_least_squares) and at r = n ill-conditioned in practice (κ₂ 9.5e9 at the ViT-B
+    # benchmark, κ∞ 3e5 at the paper size), so the certified Cholesky of pinv_solve would fail
     # every sweep and only add its cost to the eigh's.
     n, r = W1.shape
     if r > n:
-        R = _wide_least_squares(W1, F)
+        R = wide_least_squares(W1, F)
     else:
-        R = (_pinv_solve_by_eigh if r == n else _pinv_solve)(W1tW1, F @ W1)
+        R = (pinv_solve_by_eigh if r == n else pinv_solve)(W1tW1, F @ W1)
     G, R, coef, knots = _project(X, W0, G, R, config)
     new = SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
     res_J = jnp.maximum(sq_norm_J - 2 * jnp.sum(G * M3) + cpd_sq_norm(W0, W1, G), 0)

@@ -14,7 +14,7 @@ The cases cover what the solver does: B-spline, degree-10 polynomial and ReLU ba
 robust (R-CMTF-BSD) and plain (CMTF-BSD, least squares by pseudo-inverse) variants, a dense
 and a structured (MLP) Jacobian operator, and two near-singular least-squares problems whose
 answers depend on the minimum-norm cutoffs (``_pinv_solve`` and ``_lstsq`` in
-:mod:`jaxbsd.cmtf`).
+:mod:`jaxbsd.solver.cmtf`).
 
 Every value is chosen to be insensitive to rounding: perturbing the inputs at rounding level
 moves no entry by more than a small fraction of :data:`RTOL` (``tests/test_results_fresh.py``
@@ -44,11 +44,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbsd.bases import BSpline, Polynomial, ReLU
-from jaxbsd.cmtf import CMTFConfig, SolverState, solve, sweep
-from jaxbsd.driver import problem as make_problem
+from jaxbsd.solver.bases import BSpline, Polynomial, ReLU
+from jaxbsd.solver.cmtf import CMTFConfig, SolverState, solve, sweep
+from jaxbsd.solver.driver import problem as make_problem
 from jaxbsd._files import source_hash, write_json_atomic
-from jaxbsd.tensor import StructuredJacobian
+from jaxbsd.solver.jacobians import StructuredJacobian
 
 __all__ = ["FINGERPRINT_VERSION", "RTOL", "ATOL", "solver_fingerprint", "compare_fingerprints", "CASES"]
 

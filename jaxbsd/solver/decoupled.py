@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxbsd.bases import Basis
+from jaxbsd.solver.bases import Basis
 
 __all__ = ["Decoupled"]
 

@@ -1,61 +1,258 @@
-"""The Jacobian of a gated MLP (SwiGLU, GeGLU) as a :class:`~jaxbsd.tensor.JacobianOperator`.
+"""The Jacobian tensor behind one small interface: dense, structured (an MLP's) and gated operators.
 
-A gated MLP (Llama, Qwen, Gemma, Mistral) computes ::
+The solver never touches the Jacobian tensor directly; it only needs
 
-    y = V1 (a(Vg x + bg) ⊙ (Vu x + bu)) + b1
+* ``mttkrp_w1(W0, G)``: ``M1 = Σ_s J[s] W0ᵀ diag(G[s])``, shape ``(n, r)``;
+* ``mttkrp_w0(W1, G)``: ``M2 = Σ_s J[s]ᵀ W1 diag(G[s])``, shape ``(m, r)``;
+* ``mttkrp_g(W0, W1)``: ``M3[s, i] = W1[:, i]ᵀ J[s] W0[i]ᵀ``, shape ``(S, r)``;
+* ``contract_w1(W1)``, ``mttkrp_w0_from(U, G)``, ``mttkrp_g_from(U, W0)``: the same ``M2`` and
+  ``M3`` from one shared contraction ``U`` of ``𝒥`` with ``W1`` (a sweep updates ``W0`` and then
+  ``G`` with the same ``W1``, so the dense path pays for the ``S·n·m·r`` product once, not twice);
+* ``sq_norm()``: ``‖𝒥‖²``; ``residual_sq_norm(W0, W1, G)``: ``‖𝒥 − [[W1, W0ᵀ, G]]‖²``.
 
-with ``Vg``, ``Vu`` of shape ``(H, m)`` (gate and up projections), ``V1`` of shape ``(n, H)``
-(down projection) and an elementwise activation ``a`` (SiLU for SwiGLU, GELU for GeGLU). Its
-Jacobian at a sample ``x⁽ˢ⁾`` is ::
+The interface is the :class:`JacobianOperator` protocol; any pytree with these methods works in
+``jaxbsd.decouple`` and ``jaxbsd.solver.solve``. Three implementations ship, all pytrees:
 
-    J[s] = V1 diag(Dg[s]) Vg + V1 diag(Du[s]) Vu,
-    Dg = a'(X Vgᵀ + bg) ⊙ (X Vuᵀ + bu),   Du = a(X Vgᵀ + bg)          (both (S, H)),
+* :class:`DenseJacobian` holds ``J`` of shape ``(S, n, m)``;
+* :class:`StructuredJacobian` holds an MLP's ``J[s] = V1 diag(D[s]) V0`` as the rank-H CPD
+  ``[[V1, V0ᵀ, D]]`` and computes everything from ``H``-sized products;
+* :class:`GatedJacobian` holds a gated MLP's (SwiGLU, GeGLU: ``y = V1 (a(Vg x + bg) ⊙ (Vu x + bu)) + b1``)
+  ``J[s] = V1 diag(Dg[s]) Vg + V1 diag(Du[s]) Vu`` with ``Dg = a'(X Vgᵀ + bg) ⊙ (X Vuᵀ + bu)`` and
+  ``Du = a(X Vgᵀ + bg)`` (both ``(S, H)``): two CPDs sharing their first factor. A sweep costs
+  ``O(H·r·(S + n + m))`` against ``O(S·n·m·r)`` dense; its squared norm, the one part quadratic in
+  ``H`` (``‖𝒥‖² = Σ V1ᵀV1 ∘ (DgᵀDg ∘ VgVgᵀ + 2 DgᵀDu ∘ VgVuᵀ + DuᵀDu ∘ VuVuᵀ)``), is computed in
+  blocks of :data:`GRAM_BLOCK` rows, and is loop-invariant inside a solve.
 
-the sum of two CPDs ``[[V1, Vgᵀ, Dg]] + [[V1, Vuᵀ, Du]]`` that share their first factor.
-:class:`GatedJacobian` computes everything the solver needs from these factors and never forms
-the ``(S, n, m)`` tensor (``S·n·m`` floats: 16 GiB in float32 at d = 4096 with S = 256).
-
-Costs, for rank ``r`` (the sweep's three MTTKRPs together):
-
-* ``mttkrp_w1``: ``2·H·m·r + 2·S·H·r + n·H·r`` multiply-adds;
-* ``contract_w1``: ``n·H·r``; ``mttkrp_w0_from``: ``2·S·H·r + 2·H·m·r``;
-  ``mttkrp_g_from``: ``2·H·m·r + 2·S·H·r``;
-
-so a sweep is ``O(H·r·(S + n + m))``, against ``O(S·n·m·r)`` for the dense tensor. The
-squared norm is the only quadratic-in-``H`` part: with the Gram identity ::
-
-    ‖𝒥‖² = Σ V1ᵀV1 ∘ (DgᵀDg ∘ VgVgᵀ + 2 DgᵀDu ∘ VgVuᵀ + DuᵀDu ∘ VuVuᵀ)
-
-(the cross term pairs the two CPDs; ``V1ᵀV1`` is symmetric, so the two mixed terms are equal),
-it costs ``H²·(n + 3m + 3S)`` multiply-adds and is computed in blocks of rows of these
-``H × H`` matrices (``O(block·H)`` memory, never ``O(H²)`` when ``H > block``). No form linear
-in ``H`` exists for general shapes: ``Σ_s ‖V1 M_s‖²`` with ``M_s = diag(Dg[s]) Vg +
-diag(Du[s]) Vu`` costs ``S·n·m·H``. Inside :func:`jaxbsd.solve` / :func:`jaxbsd.decouple`
-``‖𝒥‖²`` is loop-invariant and XLA computes it once, before the loop (checked in the compiled
-HLO on CPU, blocked form included); a lone :func:`jaxbsd.sweep` call pays it every time. At
-``H = 3d``, ``S = 128``, ``r = 64`` one evaluation costs ``9d²(4d + 384)`` multiply-adds and the
-MTTKRPs of one sweep ``192d(8d + 768)``: the norm is worth ``d/43`` sweeps' products, a one-off
-cost that a solve of hundreds of sweeps amortizes.
-
-This module is part of the solver core: arrays in, arrays out, no Flax. To build the operator
-from three ``nnx.Linear`` layers (kernels ``(in, out)``), transpose their kernels:
-``gated_mlp_jacobian(X, gate.kernel[...].T, up.kernel[...].T, down.kernel[...].T, jax.nn.silu,
-gate_bias=gate.bias[...], up_bias=up.bias[...])``.
+None forms the ``S·n·m`` tensor but the dense one. The Gram identities used throughout
+(``∘`` elementwise): ``‖[[A, B, C]]‖² = Σ (AᵀA ∘ BᵀB ∘ CᵀC)`` and
+``⟨[[A, B, C]], [[A', B', C']]⟩ = Σ (AᵀA' ∘ BᵀB' ∘ CᵀC')``. Arrays in, arrays out, no Flax: to build
+a gated operator from ``nnx.Linear`` layers (kernels ``(in, out)``), transpose their kernels.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbsd.tensor import cpd_sq_norm
+__all__ = ["DenseJacobian", "StructuredJacobian", "GatedJacobian", "JacobianOperator", "mlp_jacobian",
+           "gated_mlp", "gated_mlp_jacobian", "cpd_sq_norm"]
 
-__all__ = ["GatedJacobian", "gated_mlp", "gated_mlp_jacobian"]
+
+def cpd_sq_norm(W0: jax.Array, W1: jax.Array, G: jax.Array) -> jax.Array:
+    """``‖[[W1, W0ᵀ, G]]‖²`` from ``r × r`` Gram matrices."""
+    return jnp.sum((W1.T @ W1) * (W0 @ W0.T) * (G.T @ G))
+
+
+@runtime_checkable
+class JacobianOperator(Protocol):
+    """What the solver needs of the Jacobian tensor ``𝒥`` of shape ``(S, n, m)``.
+
+    An operator is a pytree (a ``NamedTuple`` of arrays is the easy way) so it passes through
+    ``jit``/``vmap``; ``r`` below is the rank of the decoupling. ``U`` is whatever
+    :meth:`contract_w1` returns: the solver only hands it back to the two ``*_from`` methods.
+    """
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(S, n, m)``."""
+
+    @property
+    def dtype(self) -> Any:
+        """Floating dtype of the operator's arrays."""
+
+    def mttkrp_w1(self, W0: jax.Array, G: jax.Array) -> jax.Array:
+        """``M1 = Σ_s J[s] W0ᵀ diag(G[s])``: ``W0 (r, m)``, ``G (S, r)`` -> ``(n, r)``."""
+
+    def contract_w1(self, W1: jax.Array) -> Any:
+        """A contraction of ``𝒥`` with ``W1 (n, r)`` shared by the next two methods."""
+
+    def mttkrp_w0_from(self, U: Any, G: jax.Array) -> jax.Array:
+        """``M2 = Σ_s J[s]ᵀ W1 diag(G[s])`` from ``U = contract_w1(W1)``: ``(m, r)``."""
+
+    def mttkrp_g_from(self, U: Any, W0: jax.Array) -> jax.Array:
+        """``M3[s, i] = W1[:, i]ᵀ J[s] W0[i]ᵀ`` from ``U = contract_w1(W1)``: ``(S, r)``."""
+
+    def sq_norm(self) -> jax.Array:
+        """``‖𝒥‖²`` (a scalar)."""
+
+    def residual_sq_norm(self, W0: jax.Array, W1: jax.Array, G: jax.Array) -> jax.Array:
+        """``‖𝒥 − [[W1, W0ᵀ, G]]‖²``, accurate even when the fit is (nearly) exact."""
+
+    def map_samples(self, fn: Callable[[jax.Array], jax.Array]) -> "JacobianOperator":
+        """The operator with ``fn`` applied to every array whose leading axis is the sample
+        axis ``S`` (how the driver shards samples over devices)."""
+
+
+def _per_rank_matvec(V: jax.Array, G: jax.Array) -> jax.Array:
+    """``out[i, a] = Σ_s V[i, s, a] G[s, i]`` for ``V (r, S, k)``, ``G (S, r)``: ``(r, k)``."""
+    return jax.lax.dot_general(V, G.T, (((1,), (1,)), ((0,), (0,))))
+
+
+class DenseJacobian(NamedTuple):
+    """A materialized Jacobian tensor.
+
+    Attributes:
+      J: ``(S, n, m)``, ``J[s] = ∂f/∂x (x⁽ˢ⁾)``.
+      J_out: ``(n, S, m)``, the same tensor output-axis first, or ``None``.
+      J_in: ``(m, S, n)``, the same tensor input-axis first, or ``None``.
+
+    With the two extra layouts both contractions of a sweep are plain row-major GEMMs,
+    ``W1ᵀ (r, n) @ (n, S·m)`` and ``W0 (r, m) @ (m, S·n)``, that write the rank-major blocks
+    the reductions after them want; :meth:`from_dense` fills them in (:func:`jaxbsd.problem`
+    does), at three times the memory. Without them the same products run as einsums.
+    """
+
+    J: jax.Array
+    J_out: jax.Array | None = None
+    J_in: jax.Array | None = None
+
+    @classmethod
+    def from_dense(cls, J: jax.Array) -> "DenseJacobian":
+        """``J (S, n, m)`` with the two layouts the solver's GEMMs read."""
+        J = jnp.asarray(J)
+        return cls(J, jnp.transpose(J, (1, 0, 2)), jnp.transpose(J, (2, 0, 1)))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.J.shape)
+
+    @property
+    def dtype(self):
+        return self.J.dtype
+
+    # Layout: the contractions produce rank-major ``(r, S, ·)`` blocks straight from one 2-d
+    # GEMM each, so the per-rank reductions that follow are batched matrix–vector products
+    # over contiguous rows (on CPU 5x faster than reducing an ``(S, ·, r)`` array over ``S``).
+
+    def mttkrp_w1(self, W0, G):
+        S, n, m = self.J.shape
+        if self.J_in is None:
+            V = jnp.einsum("sab,ib->isa", self.J, W0)
+        else:
+            V = (W0 @ self.J_in.reshape(m, S * n)).reshape(-1, S, n)  # V[i, s, a] = Σ_b W0[i, b] J[s, a, b]
+        return _per_rank_matvec(V, G).T  # Σ_s V[i, s, a] G[s, i]
+
+    def mttkrp_w0(self, W1, G):
+        return self.mttkrp_w0_from(self.contract_w1(W1), G)
+
+    def mttkrp_g(self, W0, W1):
+        return self.mttkrp_g_from(self.contract_w1(W1), W0)
+
+    def contract_w1(self, W1):
+        """``U[i, s, b] = Σ_a W1[a, i] J[s, a, b]``, shape ``(r, S, m)``."""
+        if self.J_out is None:
+            return jnp.einsum("sab,ai->isb", self.J, W1)
+        n, S, m = self.J_out.shape
+        return (W1.T @ self.J_out.reshape(n, S * m)).reshape(-1, S, m)
+
+    def mttkrp_w0_from(self, U, G):
+        return _per_rank_matvec(U, G).T  # Σ_s U[i, s, b] G[s, i]
+
+    def mttkrp_g_from(self, U, W0):
+        # Σ_b U[i, s, b] W0[i, b]
+        return jax.lax.dot_general(U, W0, (((2,), (1,)), ((0,), (0,)))).T
+
+    def sq_norm(self):
+        return jnp.sum(self.J**2)
+
+    def residual_sq_norm(self, W0, W1, G):
+        # Direct difference: exact to rounding even when the fit is (nearly) perfect.
+        J_hat = jnp.einsum("ai,si,ib->sab", W1, G, W0)
+        return jnp.sum((self.J - J_hat) ** 2)
+
+    def dense(self):
+        return self.J
+
+    def map_samples(self, fn):
+        # fn acts on a leading sample axis; the other layouts carry S second.
+        second = lambda x: None if x is None else jnp.swapaxes(fn(jnp.swapaxes(x, 0, 1)), 0, 1)  # noqa: E731
+        return DenseJacobian(fn(self.J), second(self.J_out), second(self.J_in))
+
+
+class StructuredJacobian(NamedTuple):
+    """Jacobian of ``f(x) = V1 h(V0 x + b0) + b1`` as the CPD ``[[V1, V0ᵀ, D]]``.
+
+    ``J[s] = V1 diag(D[s]) V0`` with ``D = h'(X V0ᵀ + b0)``; rank ``H`` (the hidden width).
+
+    Attributes:
+      V1: ``(n, H)`` output weights.
+      V0: ``(H, m)`` input weights.
+      D: ``(S, H)`` activation derivatives at the samples.
+    """
+
+    V1: jax.Array
+    V0: jax.Array
+    D: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.D.shape[0], self.V1.shape[0], self.V0.shape[1])
+
+    @property
+    def dtype(self):
+        return self.D.dtype
+
+    def mttkrp_w1(self, W0, G):
+        return self.V1 @ ((self.V0 @ W0.T) * (self.D.T @ G))
+
+    def mttkrp_w0(self, W1, G):
+        return self.mttkrp_w0_from(self.contract_w1(W1), G)
+
+    def mttkrp_g(self, W0, W1):
+        return self.mttkrp_g_from(self.contract_w1(W1), W0)
+
+    def contract_w1(self, W1):
+        """``V1ᵀ W1``, shape ``(H, r)``: all of ``W1`` the two MTTKRPs below need."""
+        return self.V1.T @ W1
+
+    def mttkrp_w0_from(self, U, G):
+        return self.V0.T @ (U * (self.D.T @ G))
+
+    def mttkrp_g_from(self, U, W0):
+        return self.D @ (U * (self.V0 @ W0.T))
+
+    def sq_norm(self):
+        return cpd_sq_norm(self.V0, self.V1, self.D)
+
+    def residual_sq_norm(self, W0, W1, G):
+        # ‖J‖² − 2⟨J, Ĵ⟩ + ‖Ĵ‖²; clamped since rounding can push a perfect fit below zero.
+        inner = jnp.sum(G * self.mttkrp_g(W0, W1))
+        value = self.sq_norm() - 2 * inner + cpd_sq_norm(W0, W1, G)
+        return jnp.maximum(value, 0)
+
+    def dense(self):
+        return jnp.einsum("ah,sh,hb->sab", self.V1, self.D, self.V0)
+
+    def map_samples(self, fn):
+        return self._replace(D=fn(self.D))
+
+
+def mlp_jacobian(
+    X: jax.Array,
+    V0: jax.Array,
+    b0: jax.Array,
+    V1: jax.Array,
+    activation_derivative: Callable[[jax.Array], jax.Array],
+) -> StructuredJacobian:
+    """Structured Jacobian of ``f(x) = V1 h(V0 x + b0) + b1`` at the rows of ``X``.
+
+    Args:
+      X: ``(S, m)`` sampling points.
+      V0: ``(H, m)``; b0: ``(H,)``; V1: ``(n, H)`` (the output bias does not enter ``J``).
+      activation_derivative: ``h'``, elementwise.
+
+    Returns:
+      A :class:`StructuredJacobian` with ``D = h'(X V0ᵀ + b0)`` of shape ``(S, H)``.
+    """
+    return StructuredJacobian(V1=V1, V0=V0, D=activation_derivative(X @ V0.T + b0[None, :]))
+
+
+# --------------------------------------------------------------------------- gated MLPs
 
 #: Rows of the ``H × H`` Gram matrices formed at a time by :meth:`GatedJacobian.sq_norm`.
 GRAM_BLOCK = 1024
@@ -151,7 +348,7 @@ class GatedJacobian(NamedTuple):
     def residual_sq_norm(self, W0, W1, G):
         """``‖𝒥 − [[W1, W0ᵀ, G]]‖² = ‖𝒥‖² − 2⟨𝒥, 𝒥̂⟩ + ‖𝒥̂‖²`` with ``⟨𝒥, 𝒥̂⟩ = Σ G ∘ M3``.
 
-        As for :class:`~jaxbsd.tensor.StructuredJacobian`, the rounding floor is about
+        As for :class:`~jaxbsd.solver.jacobians.StructuredJacobian`, the rounding floor is about
         ``eps · ‖𝒥‖²`` (the difference is never formed); the value is clamped at zero.
         """
         inner = jnp.sum(G * self.mttkrp_g(W0, W1))
