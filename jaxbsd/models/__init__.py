@@ -11,6 +11,11 @@ character language model whose ``block.mlp`` is a gated :class:`GatedMLP` (see
 reads pretrained BERT-family checkpoints from Hugging Face directories (an :class:`Encoder`, MLPs at
 ``bert.layers[i].mlp``);
 :func:`build_model` and :func:`config_for_dataset` pick them by name.
+
+One folder per model family (``vit``, ``deit``, ``swin``, ``lm``, ``bert``): its ``modeling.py``
+holds the config and the modules, and ``bert/params.py`` maps Hugging Face tensor names to NNX
+paths (``from_pretrained``, ``save_pretrained``). Building blocks the families share live beside
+them: :mod:`jaxbsd.models.layers`, :mod:`jaxbsd.models.capture`, :mod:`jaxbsd.models.decoupled_mlp`.
 """
 
 from __future__ import annotations
