@@ -3,7 +3,7 @@
 :func:`train` works on any model with ``model(images) -> logits``, including one whose
 ``block.mlp`` was replaced by a decoupled module (the compression pipeline fine-tunes that way);
 only ``nnx.Param`` variables are trained.  DeiT (``model.distilled``) is trained with hard
-distillation when a teacher is given (see :mod:`jaxbsd.models.deit`).  A
+distillation when a teacher is given (see :mod:`jaxbsd.models.deit.modeling`).  A
 :class:`jaxbsd.data.TextDataset` is handed to :func:`jaxbsd.training.lm.train_lm`.
 
 Reproducibility: batches come from :func:`jaxbsd.data.batches` seeded per epoch from ``seed``,

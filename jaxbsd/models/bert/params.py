@@ -1,4 +1,6 @@
-"""Hugging Face checkpoints of :mod:`jaxbsd.models.bert`: tensor names, loading and saving.
+"""Hugging Face checkpoints of the BERT encoders: tensor names, loading and saving.
+
+The modules are those of :mod:`jaxbsd.models.bert.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"bert"``,
 absolute positions), ``model.safetensors`` through ``safetensors``' numpy API (a ``bert.`` prefix,
