@@ -50,7 +50,8 @@ from flax import nnx  # noqa: E402
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
+from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
+from jaxbsd.evaluation import evaluate  # noqa: E402
 
 #: (name, checkpoint, data set)
 MODELS = (("ViT/Fashion-MNIST", "checkpoints/vit-fashion-mnist", "fashion-mnist"),

@@ -70,7 +70,7 @@ from jaxbsd.solver.fingerprint import solver_fingerprint  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
 from jaxbsd.models.decoupled_mlp import DecoupledMLP  # noqa: E402
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS  # noqa: E402
-from jaxbsd.train import evaluate  # noqa: E402
+from jaxbsd.evaluation import evaluate  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -284,7 +284,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
             finally:
                 model.blocks[0].mlp = original_mlp
             if abs(100 * ref - new_runs[-grid["restarts"]]["accuracy"]) > 1e-6:
-                raise RuntimeError("fast accuracy disagrees with jaxbsd.train.evaluate on a decoupled block")
+                raise RuntimeError("fast accuracy disagrees with jaxbsd.evaluation.evaluate on a decoupled block")
 
     return {
         "dataset": name,

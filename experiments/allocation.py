@@ -38,7 +38,7 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression import blockwise as compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.train import evaluate  # noqa: E402
+from jaxbsd.evaluation import evaluate  # noqa: E402
 
 ALLOCATIONS = ("uniform", "greedy")
 

@@ -151,7 +151,7 @@ def subset(dataset: Dataset, train: int | None = None, test: int | None = None, 
 
 def training_command(kind: str, dataset: str) -> tuple[list[str], str]:
     """``jaxbsd train`` arguments (without ``--out``/``--json``) for ``kind`` on ``dataset``,
-    and where they come from: the run recorded in ``training.json``, else ``jaxbsd.train.RECIPES``."""
+    and where they come from: the run recorded in ``training.json``, else ``jaxbsd.training.RECIPES``."""
     if TRAINING_JSON.exists():
         for run in read_json(TRAINING_JSON).get("runs", []):
             if run.get("model") == kind and run.get("dataset") == dataset and run.get("command"):
@@ -171,12 +171,12 @@ def training_command(kind: str, dataset: str) -> tuple[list[str], str]:
                     i = keep.index("--teacher") + 1
                     keep[i] = _renamed(keep[i])
                 return keep, f"{TRAINING_JSON.relative_to(ROOT)}: {run['command']}"
-    from jaxbsd.train import RECIPES
+    from jaxbsd.training import RECIPES
 
     if (kind, dataset) not in RECIPES:
         raise ValueError(f"no training recipe for {kind} on {dataset}; pass --checkpoint")
     extra = RECIPES[(kind, dataset)].cli_args()  # spelled out, so the recorded command says it all
-    return ["train", "--model", kind, "--dataset", dataset, *extra, "--no-progress"], "jaxbsd.train.RECIPES"
+    return ["train", "--model", kind, "--dataset", dataset, *extra, "--no-progress"], "jaxbsd.training.RECIPES"
 
 
 #: Model config overrides where the library has no preset: Swin's patch is image_size // 8,
@@ -193,9 +193,9 @@ def load_or_train(kind: str, dataset: str, *, checkpoint: str | os.PathLike | No
     * with ``quick_dir`` (CI): train ``quick_epochs`` on ``quick_limit`` training images (no
       teacher) and cache the weak model as ``<quick_dir>/<kind>-<dataset>-quick``;
     * otherwise train with the recorded ``jaxbsd train`` command (``training.json``, else the
-      recipe table jaxbsd.train.RECIPES), writing ``checkpoints/<kind>-<dataset>`` once it has finished.
+      recipe table jaxbsd.training.RECIPES), writing ``checkpoints/<kind>-<dataset>`` once it has finished.
     """
-    from jaxbsd.train import load_checkpoint
+    from jaxbsd.checkpoint import load_checkpoint
 
     if checkpoint is not None:
         path = pathlib.Path(checkpoint)
@@ -276,7 +276,8 @@ def train_from_args(args: list[str], path: pathlib.Path, *, overrides: dict | No
     appears only once training has finished (training writes ``<path>.partial`` each epoch)."""
     from jaxbsd import cli, data
     from jaxbsd.models import build_model, config_for_dataset, count_params
-    from jaxbsd.train import load_checkpoint, train
+    from jaxbsd.checkpoint import load_checkpoint
+    from jaxbsd.training import train
 
     ns = cli.build_parser().parse_args(args)
     cfg = cli.train_config_from_args(ns)

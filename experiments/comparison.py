@@ -78,7 +78,8 @@ from flax import nnx  # noqa: E402
 from jaxbsd.compression.blockwise import CompressionConfig, block_order, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
+from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
+from jaxbsd.evaluation import evaluate  # noqa: E402
 
 PAPER = {  # Table deit-usps: method -> (top-1 %, parameters, reduction %)
     "DeiT": (94.77, 668650, 0.0),

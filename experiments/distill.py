@@ -54,7 +54,8 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression import blockwise  # noqa: E402
 from jaxbsd.compression.distill import DISTILL_STREAM, _per_leaf, distill_model, teacher_outputs  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
+from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
+from jaxbsd.evaluation import evaluate  # noqa: E402
 
 VARIANTS = ("kl", "kl+blocks")
 # The headline recipe, from the probes (seed 0 of ViT/Fashion-MNIST at rho = 0.5, refined pruning): KL +

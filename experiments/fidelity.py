@@ -57,7 +57,7 @@ from scipy.special import log_softmax  # noqa: E402
 from jaxbsd.compression.blockwise import block_order, capture_indices, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.train import predict  # noqa: E402
+from jaxbsd.evaluation import predict  # noqa: E402
 
 METHODS = ("prune", "bsd-warm", "auto")
 #: The training-free study's DeiT/USPS protocol at the two budgets where the decoupling beats

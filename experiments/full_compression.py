@@ -41,7 +41,7 @@ both protocols, 2 orders × 3 seeds × 3 steps = 36 steps. ``--basis`` (repeatab
 paper's other bases, ``--paper-budget`` the paper's fine-tuning (5 epochs on the full split).
 
 ``--model vit --dataset cifar10`` runs ViT on CIFAR-10 (trained first with
-``jaxbsd.train.RECIPES[("vit", "cifar10")]`` if ``checkpoints/vit-cifar10`` does not exist;
+``jaxbsd.training.RECIPES[("vit", "cifar10")]`` if ``checkpoints/vit-cifar10`` does not exist;
 data from ``$JAXBSD_DATA/cifar10-jpg.zip``); its JSON holds the paper's appendix table
 (``paper``) beside ours. ``--budget-study`` runs ViT/Fashion-MNIST, BF, cubic, current capture at
 our budget (2 epochs on 10,000 images per step) and at the paper's (5 epochs on the full split),
@@ -87,7 +87,8 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.blockwise import CompressionConfig, compress  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.train import evaluate, load_checkpoint  # noqa: E402
+from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
+from jaxbsd.evaluation import evaluate  # noqa: E402
 
 MODELS = ("vit", "swin")
 DATASETS = ("fashion-mnist", "cifar10")

@@ -16,7 +16,7 @@ A seed sets the calibration windows (``calib_windows`` windows of ``context`` ch
 from the train split) and the solver key; runs with one seed are paired across methods. Every
 unit (method, ρ, seed) gives two runs: **training-free** (test bits per character right after
 the last replacement) and **fine-tuned** (then a short fine-tuning of the whole model with
-``jaxbsd.train.train_lm``, the recipe in ``plan["finetune"]``, the same for every method).
+``jaxbsd.training.train_lm``, the recipe in ``plan["finetune"]``, the same for every method).
 Bits per character are measured on a fixed subset of the test modules: ``test_segments``
 evenly spaced contiguous pieces, ``test_chars`` characters in all (recorded with their starts).
 
@@ -70,7 +70,9 @@ from jaxbsd.compression.surgery import get_submodule  # noqa: E402
 from jaxbsd.data import load_text_dataset  # noqa: E402
 from jaxbsd.models import LMConfig, build_model, config_for_dataset, count_params  # noqa: E402
 from jaxbsd.models.layers import MLP  # noqa: E402
-from jaxbsd.train import TrainConfig, evaluate_lm, load_checkpoint, save_checkpoint, train_lm  # noqa: E402
+from jaxbsd.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from jaxbsd.evaluation import evaluate_lm  # noqa: E402
+from jaxbsd.training import TrainConfig, train_lm  # noqa: E402
 
 METHODS = ("bsd", "svd", "drone", "prune")
 REFERENCE = "bsd"

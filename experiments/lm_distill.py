@@ -42,7 +42,8 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs  # noqa: E402
 from jaxbsd.data import load_text_dataset  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.train import evaluate_lm, load_checkpoint  # noqa: E402
+from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
+from jaxbsd.evaluation import evaluate_lm  # noqa: E402
 
 FULL = dict(study=lmc.FULL, budgets=(0.1, 0.2, 0.35), methods=("prune-ref300",), seeds=3, distill_windows=4096, steps=3000,
             batch=16, learning_rate=1e-3, schedule="cosine", temperature=2.0)

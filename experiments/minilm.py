@@ -32,7 +32,7 @@ add about 1.5 h of the study's 4; every other cell has 3 seeds.
 A seed sets the calibration draw (32 windows of 128 tokens from the calibration files, 4096 tokens
 per MLP) and the solver key together. Evaluation (fixed, seed-independent): 256 passages and 300
 title → section pairs of the evaluation files, embedded by the original and the compressed encoder
-(:func:`jaxbsd.models.bert.fidelity`: mean cosine, top-10 neighbour overlap, recall@1/@10).
+(:func:`jaxbsd.evaluation.fidelity`: mean cosine, top-10 neighbour overlap, recall@1/@10).
 
 Order of the units: seed by seed (a complete first seed early); within a seed the cheap methods
 first (prune, svd, drone at every ``s``), then the decoupling from the heaviest compression (s = 0.9, low
@@ -77,6 +77,7 @@ from jaxbsd.compression.methods import get_method  # noqa: E402
 from jaxbsd.compression.methods.auto import Auto  # noqa: E402
 from jaxbsd.compression.methods.base import Method  # noqa: E402
 from jaxbsd.compression.methods.prune import Prune  # noqa: E402
+from jaxbsd import evaluation  # noqa: E402
 from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
 from jaxbsd.models import bert as B  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
@@ -157,7 +158,7 @@ def evaluation_set(corpus, plan: dict) -> tuple[list, list]:
 
 
 def reference_embeddings(original, passages, pairs, cache: pathlib.Path, log) -> tuple[dict, str]:
-    """``(embeddings, tag)``: the original encoder's :func:`~jaxbsd.models.bert.embed_eval_set` of
+    """``(embeddings, tag)``: the original encoder's :func:`~jaxbsd.evaluation.embed_eval_set` of
     the evaluation set, read from ``cache`` when it holds this set (its ``tag``), else computed and saved."""
     tag = hashlib.sha256(repr((passages, pairs)).encode()).hexdigest()[:16]
     if cache.is_file():
@@ -165,7 +166,7 @@ def reference_embeddings(original, passages, pairs, cache: pathlib.Path, log) ->
             if str(f["tag"]) == tag:
                 return {k: f[k] for k in ("passages", "titles", "sections")}, tag
     t = common.Timer()
-    reference = B.embed_eval_set(original, passages, pairs)
+    reference = evaluation.embed_eval_set(original, passages, pairs)
     cache.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cache, tag=tag, **reference)
     log(f"reference embeddings: {t():.1f} s")
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
             continue
         seconds = t() + resumed
         t_eval = common.Timer()
-        scores = B.fidelity(reference, B.embed_eval_set(encoder, passages, pairs))
+        scores = evaluation.fidelity(reference, evaluation.embed_eval_set(encoder, passages, pairs))
         record = dict(method=name, base=method, refined=refined, share=share, seed=seed, rho=rho,
                       reduction=report.reduction, params=report.params_after, seconds=seconds, resumed_seconds=resumed,
                       build_seconds=clock.get("build"), builds_reused=clock.get("reused", 0),

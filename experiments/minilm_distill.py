@@ -61,6 +61,7 @@ from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.distill import DISTILL_STREAM, _per_leaf, distill_model, teacher_outputs  # noqa: E402
+from jaxbsd import evaluation  # noqa: E402
 from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
 from jaxbsd.models import bert as B  # noqa: E402
 from jaxbsd.models import count_params  # noqa: E402
@@ -230,8 +231,11 @@ def main(argv=None) -> int:
                         continue
                     timer = common.Timer()
                     if compressed is None:
-                        compressed, report = jb.compress_model(B.from_pretrained(model_dir), lambda m: m(ids, mask), mlps=None, reduction=rho, method=study.method_object(method, {}, {}, plan["max_iter"]), key=jax.random.key(seed), refine=jb.Refine(), execution=jb.Execution(state_dir=run_dir))
-                        refined_scores = B.fidelity(reference, B.embed_eval_set(compressed, passages, pairs))
+                        compressed, report = jb.compress_model(
+                            B.from_pretrained(model_dir), lambda m: m(ids, mask), mlps=None, reduction=rho,
+                            method=study.method_object(method, {}, {}, plan["max_iter"]), key=jax.random.key(seed),
+                            refine=jb.Refine(), execution=jb.Execution(state_dir=run_dir))
+                        refined_scores = evaluation.fidelity(reference, evaluation.embed_eval_set(compressed, passages, pairs))
                         refined_errors = layer_errors(compressed, original, error_ids)
                     seconds_compress = timer()
                     model = nnx.clone(compressed)  # each variant from the same refined model
@@ -250,7 +254,7 @@ def main(argv=None) -> int:
                     targets = teacher_outputs(original, batch, config.forward, batch_size=512)  # not one pass: gigabytes
                     info = distill_model(model, batch, targets, [r.path for r in report.mlps], config,
                                          jax.random.fold_in(jax.random.key(seed), DISTILL_STREAM))
-                    scores = B.fidelity(reference, B.embed_eval_set(model, passages, pairs))
+                    scores = evaluation.fidelity(reference, evaluation.embed_eval_set(model, passages, pairs))
                     record = dict(method=method, variant=variant, share=share, seed=seed, rho=rho,
                                   params=report.params_after, refined=refined_scores, distilled=scores, distill=info,
                                   # per layer (6), then the embedding's 1 - cos, on the error windows

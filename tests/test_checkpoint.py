@@ -16,7 +16,7 @@ from jaxbsd import baselines, checkpoint
 from jaxbsd.models import CONFIGS, build_model
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP
-from jaxbsd.train import load_checkpoint, read_checkpoint_header, save_checkpoint
+from jaxbsd.checkpoint import load_checkpoint, read_checkpoint_header, save_checkpoint
 
 forward = nnx.jit(lambda model, x: model(x))
 

@@ -16,7 +16,7 @@ from jaxbsd.data import Dataset
 from jaxbsd.models import ViTConfig, build_model, count_params
 from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.train import train
+from jaxbsd.training import train
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.

@@ -354,7 +354,7 @@ def test_the_blockwise_run_distills_after_its_last_step_on_unlabeled_training_im
     from jaxbsd.compression import blockwise
     from jaxbsd.data import Dataset
     from jaxbsd.models import ViTConfig, build_model
-    from jaxbsd.train import evaluate
+    from jaxbsd.evaluation import evaluate
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 10, 144).astype(np.int32)

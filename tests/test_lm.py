@@ -29,18 +29,9 @@ from jaxbsd.models import (
     model_kind,
 )
 from jaxbsd.models.lm import rotary_embedding
-from jaxbsd.train import (
-    RECIPES,
-    TrainConfig,
-    evaluate_lm,
-    lm_windows_loss,
-    load_checkpoint,
-    ngram_bpc,
-    read_checkpoint_header,
-    save_checkpoint,
-    train,
-    train_lm,
-)
+from jaxbsd.checkpoint import load_checkpoint, read_checkpoint_header, save_checkpoint
+from jaxbsd.evaluation import evaluate_lm, lm_windows_loss, ngram_bpc
+from jaxbsd.training import RECIPES, TrainConfig, train, train_lm
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.

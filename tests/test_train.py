@@ -14,14 +14,9 @@ from flax import nnx
 from jaxbsd import cli
 from jaxbsd.data import Dataset
 from jaxbsd.models import CONFIGS, build_model, config_for_dataset, config_to_dict
-from jaxbsd.train import (
-    RECIPES,
-    TrainConfig,
-    evaluate,
-    load_checkpoint,
-    random_shift,
-    train,
-)
+from jaxbsd.checkpoint import load_checkpoint
+from jaxbsd.evaluation import evaluate
+from jaxbsd.training import RECIPES, TrainConfig, random_shift, train
 
 
 def _synthetic(n_train=384, n_test=192, classes=3, seed=0, size=8):
@@ -272,7 +267,7 @@ def test_cli_defaults_are_the_recipe():
 
 
 def test_progress_bar_advances_through_the_batches(data, monkeypatch):
-    import jaxbsd.train as train_mod
+    import jaxbsd.training.loop as loop_mod
     from tqdm import tqdm
 
     bars = []
@@ -288,7 +283,7 @@ def test_progress_bar_advances_through_the_batches(data, monkeypatch):
             self.positions.append(self.n)
             return out
 
-    monkeypatch.setattr(train_mod, "tqdm", Recording)
+    monkeypatch.setattr(loop_mod, "tqdm", Recording)
     steps = []
     train(build_model("vit", TINY), data, epochs=2, lr=3e-3, batch_size=32, progress=True,
           on_step=lambda epoch, done: steps.append((epoch, done)), on_epoch=lambda r: None)

@@ -174,11 +174,11 @@ _FLAG_TYPES = {"int": int, "float": float, "str": str, "float | None": float, "i
 
 
 def add_train_config_flags(p: argparse.ArgumentParser) -> None:
-    """One ``--flag`` per :class:`jaxbsd.train.TrainConfig` field, with no argparse default:
+    """One ``--flag`` per :class:`jaxbsd.training.TrainConfig` field, with no argparse default:
     a flag left out keeps the (model, data set) recipe's value, and TrainConfig validates."""
     import dataclasses
 
-    from jaxbsd.train import TrainConfig
+    from jaxbsd.training import TrainConfig
 
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
@@ -191,7 +191,7 @@ def add_train_config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def train_config_from_args(args: argparse.Namespace):
-    """The :class:`~jaxbsd.train.TrainConfig` of parsed ``jaxbsd train`` arguments: the recipe
+    """The :class:`~jaxbsd.training.TrainConfig` of parsed ``jaxbsd train`` arguments: the recipe
     for ``args.model`` on ``args.dataset`` (``TrainConfig.recipe``), with the flags given.
 
     Raises:
@@ -199,7 +199,7 @@ def train_config_from_args(args: argparse.Namespace):
     """
     import dataclasses
 
-    from jaxbsd.train import TrainConfig
+    from jaxbsd.training import TrainConfig
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     return TrainConfig.recipe(args.model, args.dataset).replace(**given)

@@ -141,8 +141,10 @@ def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jaxbsd import data, train
+    from jaxbsd import data, training
+    from jaxbsd.checkpoint import load_checkpoint
     from jaxbsd.compression import blockwise as compress
+    from jaxbsd.evaluation import evaluate
     from jaxbsd.io import write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, count_params
 
@@ -151,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.out)
     # Everything is read and checked before anything is written: an error leaves --out as it was.
     if args.checkpoint:
-        model, _ = train.load_checkpoint(args.checkpoint)
+        model, _ = load_checkpoint(args.checkpoint)
     dataset = data.load_dataset(args.dataset, args.data_root)
     if args.checkpoint:
         _check_fits(model, dataset, args)
@@ -168,10 +170,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"loaded {args.checkpoint}", file=sys.stderr)
     else:
         print(f"training {args.model} on {args.dataset} for {args.train_epochs} epochs", file=sys.stderr)
-        train.train(model, dataset, epochs=args.train_epochs, lr=args.train_lr, schedule="cosine",
-                    warmup_epochs=2, seed=args.seed, progress=show_progress(args),
-                    checkpoint=out / "trained", metadata={"dataset": args.dataset})
-    acc_original = train.evaluate(model, dataset.test_images, dataset.test_labels)
+        training.train(model, dataset, epochs=args.train_epochs, lr=args.train_lr, schedule="cosine",
+                       warmup_epochs=2, seed=args.seed, progress=show_progress(args),
+                       checkpoint=out / "trained", metadata={"dataset": args.dataset})
+    acc_original = evaluate(model, dataset.test_images, dataset.test_labels)
     params_original = count_params(model)
     steps = compress.compress(model, dataset, order=args.order, config=config,
                               state_dir=out / "state", progress=show_progress(args))
@@ -211,7 +213,8 @@ def _export_and_verify(model, path: pathlib.Path, dataset, args) -> dict:
     images are bit-identical; raise if they are not."""
     import numpy as np
 
-    from jaxbsd import checkpoint, train
+    from jaxbsd import checkpoint
+    from jaxbsd.evaluation import predict
     from jaxbsd.models import build_model, config_for_dataset, count_params
 
     model.eval()
@@ -219,7 +222,7 @@ def _export_and_verify(model, path: pathlib.Path, dataset, args) -> dict:
     fresh = build_model(args.model, config_for_dataset(args.model, dataset), seed=args.seed + 1)
     restored = checkpoint.load_compressed(path, fresh)
     images = dataset.test_images[:512]
-    before, after = train.predict(model, images), train.predict(restored, images)
+    before, after = predict(model, images), predict(restored, images)
     if not np.array_equal(before, after):
         raise RuntimeError(f"{path}: the reloaded factored model's logits differ from the saved model's")
     print(f"factored checkpoint {path}: reloaded into a fresh {args.model}, logits bit-identical "

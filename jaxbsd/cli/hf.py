@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
     import jaxbsd as jb
-    from jaxbsd import checkpoint, data
+    from jaxbsd import checkpoint, data, evaluation
     from jaxbsd.io import write_json_atomic
     from jaxbsd.models import bert as B
     from jaxbsd.models import count_params
@@ -101,13 +101,13 @@ def _run(args: argparse.Namespace) -> int:
         _say(args, f"  {r.path}: {r.method} rank {r.rank}, output error {r.output_error:.3g} ({r.seconds:.1f} s)")
 
     _say(args, f"evaluating on {len(passages)} texts of {source} ...")
-    ref = B.embed_eval_set(original, passages, pairs)
-    new = B.embed_eval_set(encoder, passages, pairs)
+    ref = evaluation.embed_eval_set(original, passages, pairs)
+    new = evaluation.embed_eval_set(encoder, passages, pairs)
     k = min(10, len(passages) - 1)
     scores = {"mean_cosine": float(jb.solver.metrics.mean_cosine(ref["passages"], new["passages"])),
               f"neighbour_overlap@{k}": float(jb.solver.metrics.neighbour_overlap(ref["passages"], new["passages"], k=k))}
     if pairs:
-        scores.update({key: v for key, v in B.fidelity(ref, new).items() if "recall" in key})
+        scores.update({key: v for key, v in evaluation.fidelity(ref, new).items() if "recall" in key})
 
     try:
         written = {"huggingface": str(B.save_pretrained(encoder, out / "model"))}

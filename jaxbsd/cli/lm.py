@@ -1,10 +1,10 @@
 """``jaxbsd train --model lm --dataset pystdlib``: train the character language model.
 
 Called by :mod:`jaxbsd.cli.train`'s ``train`` command for ``--model lm`` (same flags: the settings
-default to ``jaxbsd.train.RECIPES[("lm", "pystdlib")]``). It prints and records, next to the
+default to ``jaxbsd.training.RECIPES[("lm", "pystdlib")]``). It prints and records, next to the
 training history, the bits per character of the model on the validation and test modules and
 those of two baselines fitted on the train modules: add-one smoothed unigram and bigram models
-(:func:`jaxbsd.train.ngram_bpc`). ``--limit N`` keeps the first N characters of each split.
+(:func:`jaxbsd.evaluation.ngram_bpc`). ``--limit N`` keeps the first N characters of each split.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def run_train_lm(args: argparse.Namespace) -> int:
     from jaxbsd.cli.args import show_progress, train_config_from_args
     from jaxbsd.io import provenance, write_json_atomic
     from jaxbsd.models import build_model, config_for_dataset, config_to_dict, count_params
-    from jaxbsd.train import evaluate_lm, ngram_bpc, save_checkpoint, train
+    from jaxbsd.checkpoint import save_checkpoint
+    from jaxbsd.evaluation import evaluate_lm, ngram_bpc
+    from jaxbsd.training import train
 
     if args.model != "lm" or args.dataset not in data.TEXT_DATASETS:
         raise ValueError(f"--model lm trains on a text data set {list(data.TEXT_DATASETS)}, and a text data set "

@@ -1,6 +1,6 @@
 """``jaxbsd train``: train a ViT, Swin or DeiT on a data set (``--model lm``: :mod:`jaxbsd.cli.lm`).
 
-The settings are a :class:`~jaxbsd.train.TrainConfig`: the project's recipe for the (model, data
+The settings are a :class:`~jaxbsd.training.TrainConfig`: the project's recipe for the (model, data
 set), with one flag per field (:func:`jaxbsd.cli.args.train_config_from_args`).
 """
 
@@ -25,7 +25,7 @@ __all__ = ["add_train_command", "validate_train_args"]
 
 def validate_train_args(args: argparse.Namespace):
     """Check ``jaxbsd train``'s arguments before any file is read or written; return the
-    :class:`~jaxbsd.train.TrainConfig`.
+    :class:`~jaxbsd.training.TrainConfig`.
 
     Raises:
         ValueError: a setting TrainConfig rejects, a missing ``--data-root`` or ``--teacher``,
@@ -44,14 +44,14 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> None:
     """``jaxbsd train``: train a ViT, Swin or DeiT on a data set."""
     from jaxbsd.data import DATASETS, TEXT_DATASETS
     from jaxbsd.models import MODELS
-    from jaxbsd.train import RECIPES
+    from jaxbsd.training import RECIPES
 
     recipes = ", ".join(f"{m}/{d}" for m, d in RECIPES)
     p = subparsers.add_parser(
         "train", help="train a vision transformer",
         description=(
             "Train a ViT, Swin or DeiT. Settings default to this project's recipe for the "
-            f"(model, data set) ({recipes}; see jaxbsd.train.RECIPES), otherwise to the paper's "
+            f"(model, data set) ({recipes}; see jaxbsd.training.RECIPES), otherwise to the paper's "
             "(Adam, lr 1e-4, batch 128, 20 epochs); every flag overrides its setting."
         ),
     )
@@ -75,7 +75,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from jaxbsd import data
     from jaxbsd.models import build_model, config_for_dataset, config_to_dict, count_params
-    from jaxbsd.train import load_checkpoint, train
+    from jaxbsd.checkpoint import load_checkpoint
+    from jaxbsd.training import train
 
     cfg = validate_train_args(args)
     if args.model == "lm" or args.dataset in data.TEXT_DATASETS:  # the character language model

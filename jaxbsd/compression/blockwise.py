@@ -56,7 +56,8 @@ from jaxbsd.models import count_params
 from jaxbsd.models.capture import mlp_inputs
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP
-from jaxbsd.train import evaluate, predict, train
+from jaxbsd.evaluation import evaluate, predict
+from jaxbsd.training import train
 from jaxbsd.warm_start import SELECTIONS
 
 __all__ = [

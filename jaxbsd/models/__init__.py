@@ -7,10 +7,15 @@ Every model has ``model.blocks`` (an ``nnx.List``) and each block holds its MLP 
 
 Models: :class:`ViT`, :class:`Swin`, :class:`DeiT` (images), and :class:`LM`, a decoder-only
 character language model whose ``block.mlp`` is a gated :class:`GatedMLP` (see
-:mod:`jaxbsd.models.lm`); each has a frozen config dataclass and presets. :mod:`jaxbsd.models.bert`
-reads pretrained BERT-family checkpoints from Hugging Face directories (an :class:`Encoder`, MLPs at
-``bert.layers[i].mlp``);
-:func:`build_model` and :func:`config_for_dataset` pick them by name.
+:mod:`jaxbsd.models.lm.modeling`); each has a frozen config dataclass and presets.
+:mod:`jaxbsd.models.bert.modeling` holds pretrained BERT-family encoders read from Hugging Face
+directories (an :class:`Encoder`, MLPs at ``bert.layers[i].mlp``); :func:`build_model` and
+:func:`config_for_dataset` pick them by name.
+
+One folder per model family (``vit``, ``deit``, ``swin``, ``lm``, ``bert``): its ``modeling.py``
+holds the config and the modules, and ``bert/params.py`` maps Hugging Face tensor names to NNX
+paths (``from_pretrained``, ``save_pretrained``). Building blocks the families share live beside
+them: :mod:`jaxbsd.models.layers`, :mod:`jaxbsd.models.capture`, :mod:`jaxbsd.models.decoupled_mlp`.
 """
 
 from __future__ import annotations

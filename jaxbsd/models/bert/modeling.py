@@ -1,4 +1,4 @@
-"""BERT-family encoders read from (and written back to) a Hugging Face directory.
+"""BERT-family encoders: the config, the modules and the sentence-embedding pipeline.
 
 Layout (post-LN BERT, Devlin et al. 2019; the ``BertModel`` of ``transformers``)::
 
@@ -8,15 +8,8 @@ Layout (post-LN BERT, Devlin et al. 2019; the ``BertModel`` of ``transformers``)
     BertLayer:   x = LayerNorm(x + attention(x, mask));  x = LayerNorm(x + mlp(x))
     mlp:         jaxbsd's own MLP, fc2(h(fc1(x))), so the engine knows its spec without looking
 
-**Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"bert"``,
-absolute positions), ``model.safetensors`` through ``safetensors``' numpy API (a ``bert.`` prefix,
-as ``BertFor…`` checkpoints have, is accepted), ``tokenizer.json`` through ``tokenizers``, and the
-sentence-transformers files where present: ``modules.json`` (a ``Normalize`` module),
-``1_Pooling/config.json`` (mean, CLS, max or mean-sqrt-len pooling) and
-``sentence_bert_config.json`` (``max_seq_length``). Without them the encoder mean-pools, as
-sentence-transformers does for a plain BERT. :func:`save_pretrained` writes the same layout back
-where the model is still a standard BERT: every MLP untouched, or all pruned to one width (a BERT
-with a smaller ``intermediate_size``).
+**Hugging Face layout.** :mod:`jaxbsd.models.bert.params` reads and writes the checkpoint directories
+(:func:`~jaxbsd.models.bert.params.from_pretrained`, :func:`~jaxbsd.models.bert.params.save_pretrained`).
 
 **Activations** by ``hidden_act``: ``"gelu"`` (exact, erf), ``"gelu_new"``, ``"gelu_pytorch_tanh"``
 and ``"gelu_fast"`` (the tanh approximation), ``"relu"``.
@@ -35,10 +28,7 @@ Parameters are float32; every broadcast is between arrays of equal rank
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import pathlib
 from typing import Any
 
 import jax
@@ -46,12 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.solver import metrics
 from jaxbsd.models.layers import MLP, PARAM_DTYPE, check_config_ints
 
 __all__ = ["BertConfig", "Bert", "BertLayer", "BertAttention", "BertEmbeddings", "Encoder", "Unused",
-           "POOLINGS", "HF_ACTIVATIONS", "from_pretrained", "save_pretrained", "hf_tensors", "calibration_windows",
-           "embed_eval_set", "fidelity"]
+           "POOLINGS", "HF_ACTIVATIONS", "pool", "calibration_windows"]
 
 #: ``hidden_act`` of a Hugging Face config -> the name in :data:`~jaxbsd.models.layers.ACTIVATIONS`.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -383,288 +371,3 @@ def calibration_windows(encoder: Encoder, texts, seq_len: int, count: int, *, se
     windows = stream[: n * body].reshape(n, body)[pick]
     edge = np.ones((count, 1), np.int32)
     return np.concatenate([edge * cls_id, windows, edge * sep_id], axis=1)
-
-
-# ----------------------------------------------------------------------------- fidelity
-
-
-def embed_eval_set(encoder: Encoder, passages, pairs, *, batch_size: int = 64) -> dict[str, np.ndarray]:
-    """The embeddings a fidelity evaluation needs: ``{"passages": (N, d), "titles": (Q, d),
-    "sections": (Q, d)}`` for ``passages`` (N texts) and ``pairs`` (Q ``(title, section text)``)."""
-    pairs = list(pairs)
-    return {"passages": encoder.encode(list(passages), batch_size=batch_size),
-            "titles": encoder.encode([t for t, _ in pairs], batch_size=batch_size),
-            "sections": encoder.encode([d for _, d in pairs], batch_size=batch_size)}
-
-
-def fidelity(reference: dict[str, np.ndarray], compressed: dict[str, np.ndarray], *, k: int = 10) -> dict[str, float]:
-    """Label-free fidelity of a compressed encoder against the original, from :func:`embed_eval_set`
-    of both on the same texts:
-
-    * ``mean_cosine``: mean cosine between compressed and original embeddings of the passages;
-    * ``neighbour_overlap``: mean share of each passage's ``k`` nearest passages both agree on;
-    * ``recall@1``, ``recall@10``: title → section retrieval with the compressed encoder (queries and
-      documents both embedded by it), and ``reference_recall@1``/``@10`` with the original.
-    """
-    out = {"mean_cosine": float(metrics.mean_cosine(reference["passages"], compressed["passages"])),
-           "neighbour_overlap": float(metrics.neighbour_overlap(reference["passages"], compressed["passages"], k=k))}
-    for prefix, emb in (("", compressed), ("reference_", reference)):
-        for cut, value in metrics.retrieval_recall(emb["titles"], emb["sections"], ks=(1, 10)).items():
-            out[f"{prefix}recall@{cut}"] = value
-    return out
-
-
-# ----------------------------------------------------------------------------- Hugging Face names
-
-
-def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
-    """``{our state path: (Hugging Face tensor name, transposed)}`` for every parameter of
-    :class:`Bert` (Flax kernels are ``(in, out)``, PyTorch weights ``(out, in)``)."""
-    names = {
-        ("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
-        ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
-        ("embeddings", "token_type", "embedding"): ("embeddings.token_type_embeddings.weight", False),
-        ("embeddings", "norm", "scale"): ("embeddings.LayerNorm.weight", False),
-        ("embeddings", "norm", "bias"): ("embeddings.LayerNorm.bias", False),
-    }
-    for i in range(config.num_hidden_layers):
-        hf = f"encoder.layer.{i}"
-        ours = {
-            ("attention", "query"): f"{hf}.attention.self.query",
-            ("attention", "key"): f"{hf}.attention.self.key",
-            ("attention", "value"): f"{hf}.attention.self.value",
-            ("attention", "output"): f"{hf}.attention.output.dense",
-            ("mlp", "fc1"): f"{hf}.intermediate.dense",
-            ("mlp", "fc2"): f"{hf}.output.dense",
-        }
-        for path, name in ours.items():
-            names[("layers", i, *path, "kernel")] = (f"{name}.weight", True)
-            names[("layers", i, *path, "bias")] = (f"{name}.bias", False)
-        for path, name in {("attention_norm",): f"{hf}.attention.output.LayerNorm",
-                           ("output_norm",): f"{hf}.output.LayerNorm"}.items():
-            names[("layers", i, *path, "scale")] = (f"{name}.weight", False)
-            names[("layers", i, *path, "bias")] = (f"{name}.bias", False)
-    return names
-
-
-# Older checkpoints name LayerNorm parameters gamma/beta.
-_ALIASES = {".weight": ".gamma", ".bias": ".beta"}
-
-
-def _lookup(tensors: dict, name: str):
-    for prefix in ("", "bert."):
-        if prefix + name in tensors:
-            return tensors[prefix + name]
-        if "LayerNorm" in name:
-            for new, old in _ALIASES.items():
-                if name.endswith(new) and prefix + name[: -len(new)] + old in tensors:
-                    return tensors[prefix + name[: -len(new)] + old]
-    return None
-
-
-def _read_json(path: pathlib.Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read {what} ({err})") from err
-
-
-def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, int | None]:
-    """``(pooling, normalize, max_seq_length)`` from the sentence-transformers files (defaults: mean,
-    no normalisation, no limit)."""
-    pooling, normalize, max_len = "mean", False, None
-    modules_file = root / "modules.json"
-    pooling_dir = "1_Pooling"
-    if modules_file.is_file():
-        modules = _read_json(modules_file, "the sentence-transformers modules")
-        if not isinstance(modules, list):
-            raise ValueError(f"{modules_file}: expected a JSON list of modules")
-        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-        normalize = "Normalize" in kinds
-        if "Pooling" in kinds:
-            pooling_dir = kinds["Pooling"].get("path") or pooling_dir
-        unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
-        if unknown:
-            raise ValueError(f"{modules_file}: module(s) {unknown} are not supported (Transformer, Pooling, "
-                             "Normalize are)")
-    pool_file = root / pooling_dir / "config.json"
-    if pool_file.is_file():
-        cfg = _read_json(pool_file, "the pooling config")
-        modes = [m for m in POOLINGS if cfg.get(f"pooling_mode_{m}_token" if m == "cls" else f"pooling_mode_{m}_tokens")]
-        others = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and
-                  k not in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
-                            "pooling_mode_mean_sqrt_len_tokens")]
-        if len(modes) != 1 or others:
-            raise ValueError(f"{pool_file}: exactly one of the pooling modes {POOLINGS} must be on, "
-                             f"got {modes + others}")
-        pooling = modes[0]
-        dim = cfg.get("word_embedding_dimension", hidden)
-        if dim != hidden:
-            raise ValueError(f"{pool_file}: word_embedding_dimension {dim} differs from hidden_size {hidden}")
-    st_file = root / "sentence_bert_config.json"
-    if st_file.is_file():
-        max_len = _read_json(st_file, "the sentence-transformers config").get("max_seq_length")
-    return pooling, normalize, max_len
-
-
-def from_pretrained(path: str | os.PathLike) -> Encoder:
-    """Load a Hugging Face BERT directory as an :class:`Encoder` (see the module docs).
-
-    Args:
-        path: a directory with ``config.json``, ``model.safetensors`` and ``tokenizer.json``
-            (and optionally the sentence-transformers files).
-
-    Raises:
-        ValueError: naming the path and what is missing or wrong: no such directory, no
-            ``config.json``, a ``model_type`` other than ``"bert"``, no ``model.safetensors`` (also
-            when only ``pytorch_model.bin`` is there), no ``tokenizer.json``, a tensor missing or of
-            the wrong shape. Nothing is returned half-loaded.
-    """
-    from safetensors.numpy import load_file
-    from tokenizers import Tokenizer
-
-    root = pathlib.Path(path)
-    if not root.is_dir():
-        raise ValueError(f"{root}: not a directory; expected a Hugging Face model directory "
-                         "(config.json, model.safetensors, tokenizer.json)")
-    config_file = root / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{root}: no config.json; expected a Hugging Face model directory")
-    config = BertConfig.from_hf(_read_json(config_file, "the model config"), str(config_file))
-    weights = root / "model.safetensors"
-    if not weights.is_file():
-        hint = (" (only pytorch_model.bin is there: convert it to model.safetensors, e.g. with "
-                "transformers' save_pretrained(safe_serialization=True); jaxbsd does not read pickles)"
-                if (root / "pytorch_model.bin").is_file() else "")
-        raise ValueError(f"{root}: no model.safetensors{hint}")
-    tokenizer_file = root / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise ValueError(f"{root}: no tokenizer.json (the fast tokenizer file of the tokenizers library)")
-    pooling, normalize, max_len = _sentence_transformers(root, config.hidden_size)
-    try:
-        tensors = load_file(str(weights))
-    except Exception as err:  # noqa: BLE001 — safetensors raises its own error types on corrupt files
-        raise ValueError(f"{weights}: cannot read ({type(err).__name__}: {err})") from err
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    except Exception as err:  # noqa: BLE001
-        raise ValueError(f"{tokenizer_file}: cannot read ({type(err).__name__}: {err})") from err
-
-    abstract = nnx.eval_shape(lambda: Bert(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    flat = dict(nnx.to_flat_state(state))
-    names = hf_tensors(config)
-    missing, wrong = [], []
-    values = {}
-    for key, var in flat.items():
-        name, transposed = names[key]
-        array = _lookup(tensors, name)
-        if array is None:
-            missing.append(name)
-            continue
-        array = np.asarray(array)
-        expected = var.shape[::-1] if transposed else var.shape
-        if array.shape != tuple(expected):
-            wrong.append(f"{name} has shape {array.shape}, expected {tuple(expected)}")
-            continue
-        values[key] = jnp.asarray(array.T if transposed else array, PARAM_DTYPE)
-    if missing or wrong:
-        problems = ([f"missing tensor(s) {missing[:4]}{' …' if len(missing) > 4 else ''}"] if missing else []) + wrong[:3]
-        raise ValueError(f"{weights}: {'; '.join(problems)} (config.json: hidden_size {config.hidden_size}, "
-                         f"intermediate_size {config.intermediate_size}, {config.num_hidden_layers} layers)")
-    for key, var in flat.items():
-        var.set_value(values[key])
-    bert = nnx.merge(graphdef, nnx.from_flat_state(flat))
-    kernel, bias = _lookup(tensors, "pooler.dense.weight"), _lookup(tensors, "pooler.dense.bias")
-    if kernel is not None and bias is not None:
-        d = config.hidden_size
-        if kernel.shape != (d, d) or bias.shape != (d,):
-            raise ValueError(f"{weights}: pooler.dense has shapes {kernel.shape}, {bias.shape}, expected "
-                             f"({d}, {d}), ({d},)")
-        bert.pooler_kernel = Unused(jnp.asarray(np.asarray(kernel).T, PARAM_DTYPE))
-        bert.pooler_bias = Unused(jnp.asarray(bias, PARAM_DTYPE))
-    if max_len is not None:
-        max_len = min(int(max_len), config.max_position_embeddings)
-    return Encoder(bert, tokenizer, pooling=pooling, normalize=normalize, max_seq_length=max_len)
-
-
-# ----------------------------------------------------------------------------- saving
-
-
-def _standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
-    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` with both biases and
-    the config's activation (jaxbsd's :class:`MLP` or a pruned one), else ``(None, why not)``."""
-    fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
-    name = type(module).__name__
-    if not (isinstance(fc1, nnx.Linear) and isinstance(fc2, nnx.Linear)):
-        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if fc1.bias is None or fc2.bias is None:
-        return None, f"{name} lacks a bias"
-    params = [p for p, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))]
-    if len(params) != 4:
-        return None, f"{name} holds parameters besides fc1 and fc2"
-    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
-        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
-    return int(fc1.out_features), ""
-
-
-def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
-    """Write ``encoder`` as a Hugging Face BERT directory (with the sentence-transformers files).
-
-    Possible where the encoder is still a standard BERT: every ``bert.layers[i].mlp`` an ordinary
-    two-layer MLP with biases and the config's activation, all of one hidden width (untouched, or
-    pruned uniformly: ``intermediate_size`` is then the pruned width). Writes ``config.json``,
-    ``model.safetensors`` (Hugging Face tensor names, float32), ``tokenizer.json``, ``modules.json``,
-    ``1_Pooling/config.json`` and ``sentence_bert_config.json``.
-
-    Returns the directory. Raises ``ValueError`` saying why for any other MLP (a decoupling, a
-    low-rank factorisation, uneven widths), pointing to :func:`jaxbsd.save_compressed`.
-    """
-    from safetensors.numpy import save_file
-
-    if not isinstance(encoder, Encoder):
-        raise ValueError(f"encoder must be a jaxbsd.models.bert.Encoder, got {type(encoder).__name__}")
-    bert = encoder.bert
-    config = bert.config
-    widths, reasons = set(), []
-    for i, layer in enumerate(bert.layers):
-        width, why = _standard_mlp(layer.mlp, config.hidden_size, config.activation)
-        if width is None:
-            reasons.append(f"bert.layers.{i}.mlp: {why}")
-        widths.add(width)
-    if reasons or len(widths) != 1:
-        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(widths)}"
-        raise ValueError(f"save_pretrained: the encoder is no longer a standard BERT ({why}); a BERT checkpoint "
-                         "holds uniform two-layer MLPs only. Save it with jaxbsd.save_compressed instead")
-    width = widths.pop()
-    if encoder.tokenizer is None:
-        raise ValueError("save_pretrained: the encoder has no tokenizer to write")
-    config = dataclasses.replace(config, intermediate_size=width)
-    root = pathlib.Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    flat = dict(nnx.to_flat_state(nnx.state(bert, nnx.Param)))
-    for key, (name, transposed) in hf_tensors(config).items():
-        a = np.asarray(flat[key][...], np.float32)
-        tensors[name] = np.ascontiguousarray(a.T if transposed else a)
-    if bert.pooler_kernel is not None:
-        tensors["pooler.dense.weight"] = np.ascontiguousarray(np.asarray(bert.pooler_kernel[...], np.float32).T)
-        tensors["pooler.dense.bias"] = np.asarray(bert.pooler_bias[...], np.float32)
-    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
-    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
-    encoder.tokenizer.save(str(root / "tokenizer.json"))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if encoder.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (root / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (root / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {"word_embedding_dimension": config.hidden_size,
-               **{("pooling_mode_cls_token" if m == "cls" else f"pooling_mode_{m}_tokens"): m == encoder.pooling
-                  for m in POOLINGS}}
-    (root / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
-    (root / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": encoder.max_seq_length, "do_lower_case": False}, indent=2) + "\n")
-    return root

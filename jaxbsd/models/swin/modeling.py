@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.layers import PARAM_DTYPE, Attention, Block, ImagePresets, PatchEmbed, check_vision_config
-from jaxbsd.models.vit import drop_path_rates
+from jaxbsd.models.vit.modeling import drop_path_rates
 
 __all__ = ["SwinConfig", "Swin", "WindowAttention", "PatchMerging", "shift_mask"]
 

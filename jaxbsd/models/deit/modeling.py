@@ -1,7 +1,7 @@
 """Data-efficient image Transformer (Touvron et al., 2021): ViT plus a distillation token.
 
 The model prepends two learned tokens, [CLS] and [DIST], and has two linear heads on
-them.  Training with hard distillation (see :mod:`jaxbsd.train`) minimises
+them.  Training with hard distillation (see :mod:`jaxbsd.training`) minimises
 
     ½ CE(head(cls), y) + ½ CE(head_dist(dist), argmax teacher(x)),
 
@@ -22,7 +22,7 @@ import jax
 from flax import nnx
 
 from jaxbsd.models.layers import PARAM_DTYPE
-from jaxbsd.models.vit import ViT, ViTConfig
+from jaxbsd.models.vit.modeling import ViT, ViTConfig
 
 __all__ = ["DeiTConfig", "DeiT"]
 
