@@ -15,7 +15,7 @@ the ranks up front), by four methods:
   fastest per parameter; same budget);
 * ``prune`` (ViT/Fashion-MNIST by default; ``--methods`` adds it elsewhere): structured pruning
   of the hidden units, keeping the ``k`` largest ``‖V1[:, j]‖ · RMS(h_j)`` on the calibration
-  tokens, with the output layer refitted by least squares (``jaxbsd.baselines.prune_weights``).
+  tokens, with the output layer refitted by least squares (``jaxbsd.compression.baselines.prune_weights``).
 
 Each (method, ρ, seed) is one run: all blocks back to front (BF), the whole model fine-tuned
 after every block with the *same* budget for every method (``--epochs`` epochs of Adam, lr 1e-4,

@@ -15,7 +15,7 @@ any step. Methods:
 * ``drone``: data-aware low rank of both layers from the layers' real inputs;
 * ``prune``: keep the ``k`` hidden units with the largest ``‖V1[:, j]‖ · RMS(h_j)`` on the
   calibration tokens and refit the output layer (weights and bias) by least squares
-  (``jaxbsd.baselines.prune_weights``): an ordinary narrower MLP with the original activation;
+  (``jaxbsd.compression.baselines.prune_weights``): an ordinary narrower MLP with the original activation;
 * ``auto``: per block, the better of a warm-started decoupling and a pruned MLP in the block's
   share of the budget, judged by the whole model's outputs (against the original model's) on
   2048 training images held out from the block's calibration images (``auto_judge="model"``,

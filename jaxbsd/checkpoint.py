@@ -26,9 +26,9 @@ shapes, dtypes), then verifies a SHA-256 over the header and all arrays. Missing
 truncation, bit flips, edited headers and mismatched models raise ``ValueError`` naming the path.
 
 **Compressed models.** :func:`save_compressed` stores, for every :class:`DecoupledMLP`,
-:class:`~jaxbsd.baselines.LowRankMLP`, :class:`~jaxbsd.baselines.PrunedMLP`, their gated
-forms (:class:`~jaxbsd.baselines.LowRankGatedMLP`, :class:`~jaxbsd.baselines.PrunedGatedMLP`) or stand-alone
-:class:`~jaxbsd.baselines.LowRankLinear`
+:class:`~jaxbsd.models.compressed.LowRankMLP`, :class:`~jaxbsd.models.compressed.PrunedMLP`, their gated
+forms (:class:`~jaxbsd.models.compressed.LowRankGatedMLP`, :class:`~jaxbsd.models.compressed.PrunedGatedMLP`) or stand-alone
+:class:`~jaxbsd.models.compressed.LowRankLinear`
 found anywhere in the module tree (``nnx.List`` items included), its path, kind, rank, basis
 (as data) and factor shapes; the factors themselves and every other variable of the model are
 in the state. :func:`load_compressed` takes a freshly built *original* model, puts modules of
@@ -51,7 +51,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.solver import bases as _bases
-from jaxbsd import baselines as _baselines
+from jaxbsd.models import compressed as _compressed
 from jaxbsd.io import fsync_dir
 from jaxbsd.models import MODELS, build_model, config_to_dict
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
@@ -117,7 +117,7 @@ def _shape_dtype(v: nnx.Variable) -> dict:
     return {"shape": list(a.shape), "dtype": np.dtype(a.dtype).str}
 
 
-def _lowrank_linear_record(layer: _baselines.LowRankLinear) -> dict:
+def _lowrank_linear_record(layer: _compressed.LowRankLinear) -> dict:
     # A layer without a bias (the gated baselines keep the original's) records None.
     return {name: None if getattr(layer, name) is None else _shape_dtype(getattr(layer, name))
             for name in ("A", "B", "bias")}
@@ -133,14 +133,14 @@ def _describe(module) -> dict | None:
     if isinstance(module, DecoupledMLP):
         return {"kind": "DecoupledMLP", "rank": int(module.W0[...].shape[0]), "basis": module.basis.to_dict(),
                 "factors": {name: _shape_dtype(getattr(module, name)) for name in ("W0", "W1", "coef", "knots")}}
-    if isinstance(module, _baselines.LowRankMLP):
+    if isinstance(module, _compressed.LowRankMLP):
         return {
             "kind": "LowRankMLP",
             "rank": [int(k) for k in module.ranks],
             "activation": module.activation,
             "factors": {"fc1": _lowrank_linear_record(module.fc1), "fc2": _lowrank_linear_record(module.fc2)},
         }
-    if isinstance(module, _baselines.PrunedMLP):
+    if isinstance(module, _compressed.PrunedMLP):
         return {
             "kind": "PrunedMLP",
             "rank": int(module.rank),
@@ -148,21 +148,21 @@ def _describe(module) -> dict | None:
             "factors": {layer: {name: _shape_dtype(getattr(getattr(module, layer), name)) for name in ("kernel", "bias")}
                         for layer in ("fc1", "fc2")},
         }
-    if isinstance(module, _baselines.LowRankGatedMLP):
+    if isinstance(module, _compressed.LowRankGatedMLP):
         return {
             "kind": "LowRankGatedMLP",
             "rank": [int(k) for k in module.ranks],
             "activation": module.activation,
             "factors": {layer: _lowrank_linear_record(getattr(module, layer)) for layer in ("gate", "up", "down")},
         }
-    if isinstance(module, _baselines.PrunedGatedMLP):
+    if isinstance(module, _compressed.PrunedGatedMLP):
         return {
             "kind": "PrunedGatedMLP",
             "rank": int(module.rank),
             "activation": module.activation,
             "factors": {layer: _linear_record(getattr(module, layer)) for layer in ("gate", "up", "down")},
         }
-    if isinstance(module, _baselines.LowRankLinear):
+    if isinstance(module, _compressed.LowRankLinear):
         return {"kind": "LowRankLinear", "rank": int(module.A[...].shape[1]), "factors": _lowrank_linear_record(module)}
     return None
 
@@ -192,7 +192,7 @@ def _placeholder(record: dict, where: str):
         return None if spec is None else jnp.zeros(tuple(spec["shape"]), np.dtype(spec["dtype"]))
 
     def lowrank_linear(f: dict):
-        return _baselines.LowRankLinear(zeros(f["A"]), zeros(f["B"]), zeros(f["bias"]))
+        return _compressed.LowRankLinear(zeros(f["A"]), zeros(f["B"]), zeros(f["bias"]))
 
     try:
         kind, f = record["kind"], record["factors"]
@@ -200,17 +200,17 @@ def _placeholder(record: dict, where: str):
             basis = _bases.Basis.from_dict(record["basis"])
             return DecoupledMLP(zeros(f["W0"]), zeros(f["W1"]), zeros(f["coef"]), zeros(f["knots"]), basis)
         if kind == "LowRankMLP":
-            return _baselines.LowRankMLP(lowrank_linear(f["fc1"]), lowrank_linear(f["fc2"]), record["activation"])
+            return _compressed.LowRankMLP(lowrank_linear(f["fc1"]), lowrank_linear(f["fc2"]), record["activation"])
         if kind == "LowRankLinear":
             return lowrank_linear(f)
         if kind == "LowRankGatedMLP":
-            return _baselines.LowRankGatedMLP(*(lowrank_linear(f[layer]) for layer in ("gate", "up", "down")),
+            return _compressed.LowRankGatedMLP(*(lowrank_linear(f[layer]) for layer in ("gate", "up", "down")),
                                               record["activation"])
         if kind == "PrunedGatedMLP":
             arrays = [zeros(f[layer][name]) for layer in ("gate", "up", "down") for name in ("kernel", "bias")]
-            return _baselines.PrunedGatedMLP(*arrays, record["activation"])
+            return _compressed.PrunedGatedMLP(*arrays, record["activation"])
         if kind == "PrunedMLP":
-            return _baselines.PrunedMLP(zeros(f["fc1"]["kernel"]), zeros(f["fc1"]["bias"]), zeros(f["fc2"]["kernel"]),
+            return _compressed.PrunedMLP(zeros(f["fc1"]["kernel"]), zeros(f["fc1"]["bias"]), zeros(f["fc2"]["kernel"]),
                                         zeros(f["fc2"]["bias"]), record["activation"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: invalid replaced-module record {record!r}: {e}") from None

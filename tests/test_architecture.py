@@ -174,3 +174,37 @@ def test_a_planted_import_breaks_the_contracts(report, importer, imported, broke
     # others may break too: an upward import usually closes a loop (acyclic), and can open an indirect
     # path from a lower to a higher layer elsewhere
     assert broken <= newly, f"{importer} -> {imported} should break {sorted(broken)}, broke {sorted(newly)}"
+
+
+def _picture() -> list[str]:
+    """The paths of docs/architecture.md's picture of the layers (its first ``text`` block), as
+    ``jaxbsd/...`` paths: folders end in ``/``."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
+    paths, stack = [], []
+    for line in block.splitlines()[1:]:  # the first line is the package, "jaxbsd/"
+        name = line.strip().split(" ", 1)[0]
+        if not name or not (name.endswith("/") or name.endswith(".py")):
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2 - 1
+        stack = stack[:depth] + [name]
+        paths.append("jaxbsd/" + "".join(stack))
+    return paths
+
+
+def test_the_architecture_picture_names_what_exists_and_every_module_has_a_place():
+    named = _picture()
+    assert "jaxbsd/solver/" in named and "jaxbsd/models/bert/" in named, named
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+    folders = {p for p in named if p.endswith("/")}
+    files = {p for p in named if p.endswith(".py")}
+    homeless = []
+    for module in sorted((ROOT / "jaxbsd").rglob("*.py")):
+        rel = module.relative_to(ROOT).as_posix()
+        if rel in files or rel == "jaxbsd/__init__.py":
+            continue
+        folder = rel.rsplit("/", 1)[0] + "/"
+        if folder not in folders:
+            homeless.append(rel)
+    assert not homeless, f"modules in no folder of docs/architecture.md's picture: {homeless}"

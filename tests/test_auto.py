@@ -21,14 +21,14 @@ from scipy.special import erf
 import importlib
 
 import jaxbsd as jb
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.solver import cmtf
 from jaxbsd.compression import blockwise as compress
 from jaxbsd.compression.methods import BSD, Auto, Prune, warm_init
 from jaxbsd.compression.sites import make_site, selection_tokens, site_jacobian
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.warm_start import choose_restart, decoupled_from_pruned
+from jaxbsd.compression.methods.warm_start import choose_restart, decoupled_from_pruned
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.

@@ -175,7 +175,7 @@ def test_save_pretrained_round_trip_is_exact(tmp_path):
 
 
 def _prune_all(enc, widths):
-    from jaxbsd.baselines import prune_mlp
+    from jaxbsd.compression.baselines import prune_mlp
 
     rng = np.random.default_rng(0)
     for layer, k in zip(enc.bert.layers, widths):
@@ -199,7 +199,7 @@ def test_save_refuses_what_a_bert_checkpoint_cannot_hold(tmp_path):
     _prune_all(enc, [12, 10])
     with pytest.raises(ValueError, match=r"different hidden widths \[10, 12\].*save_compressed"):
         B.save_pretrained(enc, tmp_path / "x")
-    from jaxbsd.baselines import svd_mlp
+    from jaxbsd.compression.baselines import svd_mlp
 
     enc = B.from_pretrained(write_tiny_bert(tmp_path / "m2"))
     enc.bert.layers[1].mlp = svd_mlp(enc.bert.layers[1].mlp, 4)

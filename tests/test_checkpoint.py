@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd import baselines, checkpoint
+from jaxbsd import checkpoint
+from jaxbsd.compression import baselines
 from jaxbsd.models import CONFIGS, build_model
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.models.layers import MLP

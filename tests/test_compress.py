@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.compression import blockwise as compress
 from jaxbsd.compression.methods import BSD
 from jaxbsd.data import Dataset

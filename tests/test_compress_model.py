@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd.baselines import LowRankMLP
+from jaxbsd.compression.baselines import LowRankMLP
 from jaxbsd.compression import budget
 from jaxbsd.compression.sites import make_site, site_jacobian
 from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodule

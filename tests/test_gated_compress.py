@@ -19,7 +19,7 @@ from flax import nnx
 from scipy.special import erf
 
 import jaxbsd as jb
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.checkpoint import read_checkpoint_header
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP

@@ -16,7 +16,7 @@ from flax import nnx
 from scipy.special import erf
 
 import jaxbsd as jb
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.compression import blockwise as compress
 from jaxbsd.compression.methods import Prune
 from jaxbsd.compression.sites import make_site

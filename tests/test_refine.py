@@ -96,7 +96,7 @@ def test_the_reported_heldout_error_is_that_of_the_returned_module(batch_size):
     ffn = FFN(d, h, rngs)
     X = jax.random.normal(jax.random.key(4), (200, d), jnp.float32)
     Y = ffn(X)
-    pruned, _ = jb.baselines.prune_mlp(ffn.inp.kernel[...], ffn.inp.bias[...], ffn.out.kernel[...],
+    pruned, _ = jb.compression.baselines.prune_mlp(ffn.inp.kernel[...], ffn.inp.bias[...], ffn.out.kernel[...],
                                        ffn.out.bias[...], "gelu", k, X[:50], Y[:50])
     config = jb.Refine(steps=60, learning_rate=3e-3, holdout=0.25, batch_size=batch_size)
     key = jax.random.key(9)
@@ -114,7 +114,7 @@ def test_the_reported_heldout_error_is_that_of_the_returned_module(batch_size):
     np.testing.assert_allclose(info["error_before"], rel(pruned), rtol=1e-4)
     np.testing.assert_allclose(info["error_after"], rel(refined), rtol=1e-4)
     assert info["error_after"] < 0.9 * info["error_before"]  # fitted on 50 tokens only: room to improve
-    assert isinstance(refined, jb.baselines.PrunedMLP) and count_params(refined) == count_params(pruned)
+    assert isinstance(refined, jb.compression.baselines.PrunedMLP) and count_params(refined) == count_params(pruned)
     # the module given is not changed (its variables as before), the one returned is
     for before, after in zip(given, jax.tree.leaves(nnx.state(pruned)), strict=True):
         np.testing.assert_array_equal(before, np.asarray(after))
@@ -154,7 +154,7 @@ def test_minibatches_are_evaluated_on_schedule_and_never_raise_the_heldout_error
     ffn = FFN(d, h, nnx.Rngs(7))
     X = jax.random.normal(jax.random.key(8), (200, d), jnp.float32)
     Y = ffn(X)
-    pruned, _ = jb.baselines.prune_mlp(ffn.inp.kernel[...], ffn.inp.bias[...], ffn.out.kernel[...],
+    pruned, _ = jb.compression.baselines.prune_mlp(ffn.inp.kernel[...], ffn.inp.bias[...], ffn.out.kernel[...],
                                        ffn.out.bias[...], "gelu", 6, X[:40], Y[:40])
     config = jb.Refine(steps=steps, learning_rate=3e-3, holdout=0.25, batch_size=batch_size, eval_every=eval_every)
     _, info = refine_mod.refine_module(pruned, X, Y, config, jax.random.key(1))

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd.baselines import LowRankMLP
+from jaxbsd.compression.baselines import LowRankMLP
 from jaxbsd.compression.specs import GatedMLPSpec, choose_spec, find_spec, match_tolerance
 from jaxbsd.compression.surgery import get_submodule
 

@@ -339,17 +339,10 @@ def compress_model(
       ``(model, report)``: the same model with the submodules replaced and a :class:`CompressionReport`.
 
     Raises:
-      ValueError: before anything compiles, naming the argument: a forward pass that fails on the
-        calibration or MLP tokens that are not finite (``calibration``; the model is left untouched),
-        a path that is not a token-wise module (``mlps``), both or neither of ``reduction`` and
-        ``ranks``, a budget the MLPs alone cannot meet (``reduction``), a wrong spec, method,
-        allocation, stage or execution option.
-
-    Example:
-      >>> model, report = jb.compress_model(model, x_calib, mlps=["blocks.0.mlp", "blocks.1.mlp"],
-      ...                                   reduction=0.3, key=jax.random.key(0))
-      >>> report.reduction >= 0.3
-      True
+      ValueError: before anything compiles, naming the argument (the model is left untouched): a
+        forward pass that fails on the calibration or tokens that are not finite, a path that is not a
+        token-wise module, both or neither of ``reduction`` and ``ranks``, a budget the MLPs alone
+        cannot meet, a wrong spec, method, allocation, stage or execution option.
     """
     execution = Execution() if execution is None else execution
     if not isinstance(execution, Execution):

@@ -12,7 +12,10 @@ from typing import Mapping, Sequence
 from jaxbsd.compression.methods import Method, largest_rank
 from jaxbsd.compression.sites import Site
 
-__all__ = ["GREEDY_SCALES", "budget_for", "check_budget", "uniform_ranks", "greedy_candidates", "greedy_ranks"]
+__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "budget_for", "check_budget", "uniform_ranks", "greedy_candidates", "greedy_ranks"]
+
+#: How a ``reduction`` budget is shared among the MLPs.
+ALLOCATIONS = ("uniform", "greedy")
 
 #: Candidate ranks of the greedy allocation, as multiples of each MLP's uniform rank.
 GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)

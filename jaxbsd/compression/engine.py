@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.compression import budget as budgets
+from jaxbsd.compression.budget import ALLOCATIONS
 from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices
 from jaxbsd.compression.methods import Method
@@ -42,8 +43,7 @@ __all__ = ["CalibrationSource", "Plan", "Step", "PLAN", "ALLOCATIONS", "run", "e
 
 #: The stage of the planning capture (on the original model); steps are numbered from 1.
 PLAN = 0
-#: How a ``reduction`` budget is shared among the MLPs.
-ALLOCATIONS = ("uniform", "greedy")
+
 
 
 class CalibrationSource(Protocol):

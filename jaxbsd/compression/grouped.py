@@ -53,7 +53,7 @@ from jaxbsd.compression.sites import Site, param_dtype, selection_tokens
 from jaxbsd.compression.surgery import output_judge
 from jaxbsd.solver.driver import restart_batching
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.warm_start import relative_output_error
+from jaxbsd.compression.methods.warm_start import relative_output_error
 
 __all__ = ["group_key", "groups", "build_together", "SEQUENTIAL_REASONS", "INDEPENDENT"]
 
@@ -94,7 +94,7 @@ def _solve_and_refine_block(block, shared, *, restarts: int, batch: str, selecti
                             steps: int, refine_batch: int | None, eval_every: int):
     """One block's decoupling and refinement in one program: the solve (restarts, warm start,
     :func:`jaxbsd.compression.devices.solve_block`), every restart's output error on the
-    selection tokens and the restart kept (as :func:`jaxbsd.warm_start.choose_restart`: the
+    selection tokens and the restart kept (as :func:`jaxbsd.compression.methods.warm_start.choose_restart`: the
     lowest finite error, the lower index on ties, by objective if none is finite), its
     :class:`DecoupledMLP` in ``dtype``, and the refinement loop on it
     (:func:`jaxbsd.compression.refine.refine_loop`)."""

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.compression.surgery import capture_tokenwise, child, parse_path
 from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS, MLP
 from jaxbsd.models.lm import GatedMLP

@@ -26,7 +26,7 @@ from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_
 from jaxbsd.compression.devices import Devices, decouple_group
 from jaxbsd.solver.driver import check_init, decouple, problem
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
+from jaxbsd.compression.methods.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
 
 __all__ = ["BSD", "DEFAULT_CONFIG", "warm_init"]
 
@@ -38,7 +38,7 @@ def warm_init(site: Site, rank: int, config: CMTFConfig):
     """The warm start of a rank-``rank`` decoupling of ``site``: its MLP pruned to ``rank − 1``
     hidden units (fitted on the same tokens as ``method="prune"``) plus one constant internal
     function for the output bias, written as a :class:`~jaxbsd.Decoupled` by
-    :func:`jaxbsd.warm_start.decoupled_from_pruned` on the solver's samples — so, before any sweep,
+    :func:`jaxbsd.compression.methods.warm_start.decoupled_from_pruned` on the solver's samples — so, before any sweep,
     it is that pruned MLP up to the basis's approximation of the activation. At rank 1: one unit,
     its output bias projected on its output column.
 

@@ -2,8 +2,8 @@
 
 ``"svd"`` truncates each kernel's SVD; ``"drone"`` (data-aware low rank) factors each layer for
 its inputs on the check tokens. A gated MLP has its three kernels factored
-(:func:`jaxbsd.baselines.lowrank_gated_mlp`), a two-layer one its two
-(:func:`jaxbsd.baselines.lowrank_mlp`). The rank is the factors' inner dimension.
+(:func:`jaxbsd.compression.baselines.lowrank_gated_mlp`), a two-layer one its two
+(:func:`jaxbsd.compression.baselines.lowrank_mlp`). The rank is the factors' inner dimension.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, ClassVar
 import jax
 from flax import nnx
 
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.solver import metrics
 from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
 from jaxbsd.compression.sites import (

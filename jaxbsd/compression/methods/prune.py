@@ -1,8 +1,8 @@
 """``method="prune"``: structured pruning of hidden units, with a least-squares refit of the output layer.
 
 The ``k`` hidden units of largest ``‖V1[:, j]‖ · RMS(h_j)`` on the calibration tokens are kept and
-the output layer is refitted (:func:`jaxbsd.baselines.prune_weights`; for a gated MLP ``h_j`` is
-the gated unit and ``down`` is refitted, :func:`jaxbsd.baselines.prune_gated_weights`). The rank
+the output layer is refitted (:func:`jaxbsd.compression.baselines.prune_weights`; for a gated MLP ``h_j`` is
+the gated unit and ``down`` is refitted, :func:`jaxbsd.compression.baselines.prune_gated_weights`). The rank
 is ``k``, the hidden units kept.
 """
 
@@ -15,7 +15,7 @@ from typing import Callable
 import jax
 from flax import nnx
 
-from jaxbsd import baselines
+from jaxbsd.compression import baselines
 from jaxbsd.solver import metrics
 from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
 from jaxbsd.compression.sites import (
@@ -34,7 +34,7 @@ __all__ = ["Prune", "fit_tokens", "pruned_mlp", "TOKENS_PER_COEF", "RIDGE"]
 #: the check tokens give.
 TOKENS_PER_COEF = 4
 #: The relative weight of the pull towards the original output weights when the calibration has
-#: fewer tokens than coefficients (``N < k + 1``): see :func:`jaxbsd.baselines.prune_weights`.
+#: fewer tokens than coefficients (``N < k + 1``): see :func:`jaxbsd.compression.baselines.prune_weights`.
 RIDGE = 1e-2
 
 
@@ -52,7 +52,7 @@ def pruned_mlp(site: Site, k: int, *, regularize: bool = True, purpose: str = ""
 
     With fewer calibration tokens than coefficients per output (``N < k + 1``) the plain least
     squares is not determined: the refit is then regularized towards the original output weights
-    (``ridge = RIDGE``, see :func:`jaxbsd.baselines.prune_weights`), and ``notes`` says so; with
+    (``ridge = RIDGE``, see :func:`jaxbsd.compression.baselines.prune_weights`), and ``notes`` says so; with
     ``regularize=False`` it is a ``ValueError`` naming ``calibration`` instead. ``purpose`` is
     added to that message (``" for a warm start"``).
     """

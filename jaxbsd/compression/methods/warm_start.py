@@ -1,6 +1,6 @@
 """A pruned MLP written as a decoupled model, and choosing among restarts by output error.
 
-A pruned MLP ``y = K2ᵀ h(K1ᵀ x + b1) + b2`` (:class:`~jaxbsd.baselines.PrunedMLP`, ``k`` hidden
+A pruned MLP ``y = K2ᵀ h(K1ᵀ x + b1) + b2`` (:class:`~jaxbsd.models.compressed.PrunedMLP`, ``k`` hidden
 units) is almost a decoupled function ``W1 g(W0 x)``: ``W0`` the kept rows of the first layer,
 ``g_i(u) = h(u + b1_i)`` and ``W1`` the refitted output layer. Two things differ:
 
@@ -54,7 +54,7 @@ def _fit_internal(basis: Basis, u: np.ndarray, values: np.ndarray) -> tuple[np.n
 def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int | None = None) -> Decoupled:
     """The decoupled model of a pruned MLP, to warm-start the solver (``jb.decouple(init=...)``).
 
-    For a :class:`~jaxbsd.baselines.PrunedMLP` ``y = h(x K1 + b1) K2 + b2`` with ``k`` units:
+    For a :class:`~jaxbsd.models.compressed.PrunedMLP` ``y = h(x K1 + b1) K2 + b2`` with ``k`` units:
 
     * ``W0[i] = K1[:, i]ᵀ`` for ``i < k`` (the kept rows of the first layer, unscaled);
     * ``g_i ≈ u ↦ h(u + b1_i) + c_i`` in ``basis``: knots ``basis.fit(u_i)`` and least-squares
@@ -69,7 +69,7 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
     ``e_i`` the basis's least-squares residual of ``g_i`` at ``u_i``.
 
     Args:
-      pruned: a :class:`~jaxbsd.baselines.PrunedMLP` with a named activation (or a callable).
+      pruned: a :class:`~jaxbsd.models.compressed.PrunedMLP` with a named activation (or a callable).
       X: ``(S, m)`` sampling points (the solver's; the knots are placed on their activations).
       basis: the solver's basis (``config.basis``).
       rank: ``k`` or ``k + 1`` (None: ``k``).
@@ -82,10 +82,10 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
       ValueError: naming the argument: ``pruned`` not a pruned MLP, ``X`` of the wrong shape,
         non-finite or with fewer rows than ``ν``, ``rank`` not ``k`` or ``k + 1``.
     """
-    from jaxbsd.baselines import PrunedMLP
+    from jaxbsd.models.compressed import PrunedMLP
 
     if not isinstance(pruned, PrunedMLP):
-        raise ValueError(f"pruned must be a jaxbsd.baselines.PrunedMLP, got {type(pruned).__name__}")
+        raise ValueError(f"pruned must be a jaxbsd.models.compressed.PrunedMLP, got {type(pruned).__name__}")
     if not isinstance(basis, Basis):
         raise ValueError(f"basis must be a jaxbsd basis, got {type(basis).__name__}")
     K1 = np.asarray(pruned.fc1.kernel[...], np.float64)
