@@ -15,13 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxbsd.models import GatedMLP, LMConfig
+from jaxbsd.models.layers import ACTIVATIONS, MLP
+
+import lm_compression as lc  # experiments/ is on sys.path: pyproject's pytest pythonpath
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import lm_compression as lc  # noqa: E402
-
-from jaxbsd.models import GatedMLP, LMConfig  # noqa: E402
-from jaxbsd.models.layers import ACTIVATIONS, MLP  # noqa: E402
 
 
 # --------------------------------------------------------------------------- calibration windows
@@ -190,7 +189,8 @@ def test_plain_checkpoint_loads_back_bit_for_bit(tmp_path):
 
 
 def _run_quick(out: pathlib.Path, tmp_path: pathlib.Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAXBSD_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "JAXBSD_CACHE": str(tmp_path / "cache"),  # this checkout's jaxbsd first
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "lm_compression.py"), "--quick", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-5000:]
