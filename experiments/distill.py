@@ -1,4 +1,4 @@
-"""Label-free distillation of the whole compressed model (issue 43): how close to the original it gets.
+"""Label-free distillation of the whole compressed model: how close to the original it gets.
 
 The protocol of ``training_free.py`` / ``refine_ablation.py --study main`` (a trained model, every MLP
 replaced back to front at a whole-model reduction ρ, 256 calibration images per block and seed,

@@ -1,7 +1,7 @@
 """The knobs of a training-free B-spline decoupling: basis size ν, samples S, sweeps, warm start.
 
-Issue 24 asks which settings of ``method="bsd"`` pay for themselves when a pretrained model is
-compressed with a calibration batch and no fine-tuning. This study runs the protocol of
+Which settings of ``method="bsd"`` pay for themselves when a pretrained model is compressed with
+a calibration batch and no fine-tuning? This study runs the protocol of
 ``training_free.py`` (every MLP replaced back to front at a whole-model reduction ρ, nothing
 trained, 256 calibration images per block and seed) for B-spline variants that each change one
 knob of the current defaults (cubic B-splines with ν = 4, ``S = max(128, 2r)``, 300 sweeps,

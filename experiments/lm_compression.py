@@ -1,4 +1,4 @@
-"""Issue 23 (4): B-spline decoupling on a character language model with gated (SwiGLU) MLPs.
+"""B-spline decoupling on a character language model with gated (SwiGLU) MLPs.
 
 The trained LM (``checkpoints/lm-pystdlib``: d = 128, 4 decoder blocks, SwiGLU MLPs 128 → 384 →
 128 without biases; ``experiments/results/training_lm_pystdlib.json``) has every gated MLP

@@ -1,4 +1,4 @@
-"""Label-free distillation of the compressed character LM (issue 43), paired with refinement alone.
+"""Label-free distillation of the compressed character LM, paired with refinement alone.
 
 The compression is a unit of ``experiments/lm_compression.py`` (its gated LM, every MLP back to
 front at a whole-model reduction ρ by ``jb.compress_model``, refined: ``prune-ref300`` by default;
@@ -7,8 +7,7 @@ study's). The compressed LM is then trained towards the original LM's next-chara
 T = 2) on ``distill_windows`` further windows of the training text (another draw; the text's next
 characters are never read as targets, only the original model's predictions are), through
 :func:`jaxbsd.compression.distill.distill_model`. Test bits per character on the study's test
-subset, refined and distilled: the pairing. Issue 43's target at ρ = 0.2: the distilled gap to the
-original at most half of refinement's.
+subset, refined and distilled: the pairing.
 
 Usage::
 

@@ -8,11 +8,9 @@ evaluation from the others (:func:`jaxbsd.data.load_docs_corpus`).
 
 **The axis is MLP-relative**, stated plainly: a unit removes a share ``s`` of the six MLPs'
 parameters, ``s`` ∈ {0.5, 0.6, 0.7, 0.8, 0.9}, i.e. a whole-model reduction ``ρ = s · P_mlp / P`` of
-0.157 … 0.283 (recorded per unit). Why not ρ ∈ {0.05, …, 0.25} of the model: at ρ = 0.05 the
-decoupling's rank would be ≈ 1290 of the hidden width 1536, which on this 2-core CPU costs hours per
-seed (issue 42 measured 18 min for the six MLPs at rank ≈ 620), while pruning loses almost nothing
-there. The axis above keeps every method's ranks in the regime where they differ (B-spline ranks
-765, 612, 459, 306, 153).
+0.157 … 0.283 (recorded per unit): at ρ = 0.05 of the model the decoupling's rank would be ≈ 1290
+of the hidden width 1536 (hours per seed on a 2-core CPU); the axis above keeps every method's ranks
+in the regime where they differ (B-spline ranks 765, 612, 459, 306, 153).
 
 Every method (``prune``, ``svd``, ``drone``, ``bsd``, ``auto``) compresses all six MLPs back to front
 with ``jb.compress_model`` (uniform allocation, the budget rule ``params <= (1 − ρ)·P``), unrefined
@@ -25,9 +23,8 @@ share a build: a refined run holds out a share of the calibration tokens to sele
 refinement step, so it decouples from the others.
 
 **The cut** (``slow_cells``, said on the results page): ``bsd`` and ``auto`` at the two lightest
-shares (0.5 and 0.6, ranks 765 and 612) run for the first seed only. Those builds cost 9–12 min for
-the six MLPs on this 2-core CPU, twice per cell (refined and not), so their two further seeds would
-add about 1.5 h of the study's 4; every other cell has 3 seeds.
+shares (0.5 and 0.6, ranks 765 and 612) run for the first seed only (their builds are the slowest,
+twice per cell: refined and not); every other cell has 3 seeds.
 
 A seed sets the calibration draw (32 windows of 128 tokens from the calibration files, 4096 tokens
 per MLP) and the solver key together. Evaluation (fixed, seed-independent): 256 passages and 300

@@ -1,4 +1,4 @@
-"""Label-free distillation of the compressed all-MiniLM-L6-v2 (issue 43), paired with refinement alone.
+"""Label-free distillation of the compressed all-MiniLM-L6-v2, paired with refinement alone.
 
 The compression is the real-model study's refined unit (``experiments/minilm.py``: every MLP back to
 front at a share ``s`` of the six MLPs' parameters removed, refined, 32 calibration windows of 128
