@@ -56,7 +56,6 @@ Resume: every (method, ρ, seed) run is one unit of state under
 recomputed; an unfinished one resumes after its last finished block (``compress(state_dir=...)``).
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -72,7 +71,6 @@ PAPER = {  # Table deit-usps: method -> (top-1 %, parameters, reduction %)
     "DRONE": (94.39, 318442, 52.38),
     "B-spline (50 %)": (94.41, 300010, 55.13),
 }
-
 
 METHODS = tuple(map(Setting, ("bsd", "svd", "drone", "bsd-greedy", "prune")))
 

@@ -72,6 +72,7 @@ def knob_suffix(plan: dict, base: dict, knobs: Sequence[str], sep: str, skip: Se
     result file with it, so it never overwrites the headline."""
     return "".join(sep + KNOB_TAGS[k](plan[k]) for k in knobs if k not in skip and plan[k] != base[k])
 
+
 def unit_done(path: str | os.PathLike, tag: str) -> dict | None:
     """The record of a finished unit of work saved at ``path`` by :func:`save_unit` under the
     same ``tag`` (the protocol it was computed with), else None."""

@@ -754,3 +754,25 @@ def test_minilm_distill_calibration_passages_are_the_tokenizers_own_truncated_an
     np.testing.assert_allclose(np.asarray(emb[0]), encoder.encode([texts[0]])[0], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="count"):
         minilm_distill.calibration_passages(encoder, texts, T, 6, seed=0)
+
+
+def test_every_committed_method_name_is_a_setting_whose_name_it_is():
+    """The studies derive a unit's method label from its :class:`refinement.Setting` in one place;
+    every label of a committed result reads back as a setting that derives the very same label, so
+    the committed files keep resolving (their unit names, state folders and tables)."""
+    from refinement import Refinement, Setting
+
+    names = set()
+    for path in (ROOT / "experiments" / "results").glob("*.json"):
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict):
+            continue
+        names |= {r["method"] for r in result.get("runs", []) if isinstance(r, dict) and isinstance(r.get("method"), str)}
+        methods = (result.get("plan") or {}).get("methods") if isinstance(result.get("plan"), dict) else None
+        names |= {m for m in methods or [] if isinstance(m, str)}
+    assert "prune-refc300b512" in names and "bsd-warm-ref150b512lr20" in names
+    for name in names:
+        assert Setting.parse(name).name == name
+    assert Setting.parse("prune-ref150b512lr20") == Setting("prune", Refinement(150, "local", 512, 2e-3))
+    assert Setting.parse("bsd-warm-refc300") == Setting("bsd-warm").with_refinement(300, "consistent")
+    assert Setting.parse("-ref300") == Setting("-ref300") and not Setting.parse("bsd-nu8").refined
