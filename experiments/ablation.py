@@ -25,7 +25,7 @@ Budget (2 shared CPU cores). The full grid is 2 data sets × 3 λ × 6 ranks × 
 (the solver keeps each restart's best iterate; Error(𝒥) is within a few per cent of its
 300-sweep value after 100 sweeps) and accuracy on 2000 test images (all of MNIST's held-out
 2000; a fixed random 2000 of Fashion-MNIST's 10,000). The three λ of a configuration run in one
-compiled program (see :func:`common.solve_lambdas`): 192 programs, cached on disk, so the second
+compiled program (see :func:`solve_lambdas`): 192 programs, cached on disk, so the second
 data set and reruns do not compile again. Measured: see ``wall_seconds`` in the JSON; run one
 data set per process (``--dataset mnist``) to keep each under an hour. Finished configurations
 are appended to ``<out>/state/`` and a rerun of the same command resumes after them.
@@ -47,30 +47,30 @@ each cell is the mean over the runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import pathlib
 import sys
+from typing import Sequence
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import common  # noqa: E402  (sets BLAS threads before numpy/JAX are imported)
+import jaxbsd as jb
+from jaxbsd.compression.blockwise import sample_tokens
+from jaxbsd.data import load_dataset
+from jaxbsd.solver.fingerprint import solver_fingerprint
+from jaxbsd.models import count_params
+from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS
+from jaxbsd.evaluation import evaluate
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression.blockwise import sample_tokens  # noqa: E402
-from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.solver.fingerprint import solver_fingerprint  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.models.decoupled_mlp import DecoupledMLP  # noqa: E402
-from jaxbsd.models.layers import ACTIVATION_DERIVATIVES, ACTIVATIONS  # noqa: E402
-from jaxbsd.evaluation import evaluate  # noqa: E402
+from checkout import RESULTS, enable_compilation_cache
+from output import Timer, command_line, jsonable, write_json
+from trained import load_or_train, subset
 
 jax.config.update("jax_enable_x64", True)
 
@@ -98,6 +98,34 @@ QUICK = dict(lams=(1e-6, 0.25), ranks=(32, 64), pd=(3,), dofs=(4,), spline_degre
              max_iter=30, eval_images=500, datasets=DATASETS)
 SMOKE = dict(lams=(1e-6, 0.25), ranks=(16,), pd=(3,), dofs=(4,), spline_degrees=(1,), restarts=2,
              max_iter=8, eval_images=200, datasets=("fashion-mnist",))
+
+
+@functools.partial(jax.jit, static_argnames="restarts")
+def _solve_lambdas(key, problem, lams, config, restarts):
+    keys = jax.random.split(key, restarts)  # the keys decouple(key=key, restarts=...) uses
+
+    def per_lam(lam):
+        cfg = config.replace(lam=lam)
+        return jax.vmap(lambda k: jb.solver.solve(k, problem, cfg))(keys)
+
+    return jax.vmap(per_lam)(lams)
+
+
+def solve_lambdas(jac, F, X, config: jb.CMTFConfig, lams: Sequence[float], *, key: jax.Array,
+                  restarts: int) -> list[jb.DecouplingResult]:
+    """``[decouple(jac, F, X, config.replace(lam=λ), key=key, restarts=restarts) for λ in lams]``,
+    as one compiled program: λ is a traced leaf of the config, so the ablation compiles one
+    program per (rank, basis, variant), vmapped over λ and over the restarts.
+
+    Each restart uses the same key and the same :func:`jaxbsd.solve` as ``decouple``; the best
+    restart is picked by :func:`jaxbsd.select_best`, as ``decouple`` does, so
+    ``res.restart_model(k)``, ``res.restarts.error_J``, ``res.model`` mean what they mean there.
+    """
+    problem = jb.solver.problem(jac, F, X)
+    lam_arr = jnp.asarray(np.asarray(lams, dtype=np.float64), dtype=problem.F.dtype)
+    runs = _solve_lambdas(key, problem, lam_arr, config, restarts)
+    return [jb.solver.select_best(jax.tree_util.tree_map(lambda x: x[i], runs), config.replace(lam=float(lam)))
+            for i, lam in enumerate(lams)]
 
 
 def bases(pd_degrees, dofs, spline_degrees) -> list[tuple[str, int, jb.Basis]]:
@@ -183,14 +211,14 @@ def protocol_key(protocol: dict) -> str:
 
 
 def run_dataset(name: str, grid: dict, args, log) -> dict:
-    timer = common.Timer()
+    timer = Timer()
     dataset = load_dataset(name)
-    model, source = common.load_or_train(
+    model, source = load_or_train(
         "vit", name, checkpoint=args.checkpoint if len(grid["datasets"]) == 1 else None,
         quick_dir=args.out / "checkpoints" if (args.quick or args.smoke) else None, log=log)
     model.eval()
     n_eval = min(grid["eval_images"], dataset.test_images.shape[0])
-    test = common.subset(dataset, test=n_eval, seed=args.seed)
+    test = subset(dataset, test=n_eval, seed=args.seed)
     fast = FastAccuracy(model, test.test_images, test.test_labels, batch=min(1000, n_eval))
     original_mlp = model.blocks[0].mlp
     acc_original, _ = fast(original_mlp)
@@ -239,10 +267,10 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
         if args.write_partial:
             missing.append(cfg_id)
             continue
-        t0 = common.Timer()
+        t0 = Timer()
         config = jb.CMTFConfig(rank=rank, basis=basis, robust=VARIANTS[variant], max_iter=grid["max_iter"],
                                tol=args.tol)
-        results = common.solve_lambdas(jac, F, X, config, grid["lams"], key=solve_key, restarts=grid["restarts"])
+        results = solve_lambdas(jac, F, X, config, grid["lams"], key=solve_key, restarts=grid["restarts"])
         p_bsd = jb.solver.metrics.params_bsd(m, n, rank, basis.num_coef)
         new_runs = []
         for lam, res in zip(grid["lams"], results):
@@ -271,7 +299,7 @@ def run_dataset(name: str, grid: dict, args, log) -> dict:
         for r in new_runs:
             r["seconds_config"] = seconds
         with open(state, "a") as f:
-            f.write(json.dumps(common.jsonable({"protocol": key, "config": cfg_id, "runs": new_runs})) + "\n")
+            f.write(json.dumps(jsonable({"protocol": key, "config": cfg_id, "runs": new_runs})) + "\n")
         runs += new_runs
         accs = {lam: np.mean([r["accuracy"] for r in new_runs if r["lam"] == lam]) for lam in grid["lams"]}
         log(f"[{name} {i}/{len(configs)}] {variant:6s} r={rank:3d} {col:8s} {'ν' if col != 'PD' else 'd'}={y}: "
@@ -458,7 +486,7 @@ def main(argv=None) -> int:
     parser.add_argument("--write-partial", action="store_true",
                         help="run nothing: write the result of the configurations already finished (resume "
                              "state), listing the missing ones")
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     grid = dict(SMOKE if args.smoke else QUICK if args.quick else FULL)
     for name in ("max_iter", "restarts", "eval_images"):
@@ -471,8 +499,8 @@ def main(argv=None) -> int:
     args.prefix = "ablation_smoke" if args.smoke else "ablation_quick" if args.quick else "ablation"
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_compile_cache:
-        common.enable_compilation_cache()
-    command = common.command_line("ablation.py", argv)
+        enable_compilation_cache()
+    command = command_line("ablation.py", argv)
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -492,13 +520,13 @@ def main(argv=None) -> int:
             "budget_note": budget_note(grid),
             "solver_note": ("the 3 λ of a configuration share one compiled program, vmapped over λ "
                             "(a traced leaf of CMTFConfig) and over the restarts: see "
-                            "experiments/common.py solve_lambdas"),
+                            "experiments/ablation.py solve_lambdas"),
             "paper": PAPER,
             "table": table,
             **result,
         }
         path = args.out / f"{args.prefix}_{name}.json"
-        common.write_json(path, payload)
+        write_json(path, payload)
         written.append(path)
         for metric in METRICS:
             png = args.out / f"{args.prefix}_{name}_{metric}.png"

@@ -25,28 +25,27 @@ import argparse
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import numpy as np
+from flax import nnx
 
-import common  # noqa: E402
+import jaxbsd as jb
+from jaxbsd.compression import blockwise as compress
+from jaxbsd.data import load_dataset
+from jaxbsd.models import count_params
+from jaxbsd.evaluation import evaluate
 
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression import blockwise as compress  # noqa: E402
-from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.evaluation import evaluate  # noqa: E402
+from checkout import RESULTS
+from output import Timer, command_line, write_json
+from trained import load_or_train, subset
+from verdicts import mean_std, paired_verdict
 
 ALLOCATIONS = ("uniform", "greedy")
 
 
 def verdict(greedy: np.ndarray, uniform: np.ndarray, alpha: float = 0.05) -> dict:
-    """Paired comparison over seeds (:func:`common.paired_verdict`): mean difference
+    """Paired comparison over seeds (:func:`paired_verdict`): mean difference
     (greedy − uniform), paired t-test, and "greedy better" / "uniform better" / "within noise"."""
-    v = common.paired_verdict(greedy, uniform, better="greedy better", worse="uniform better", alpha=alpha)
+    v = paired_verdict(greedy, uniform, better="greedy better", worse="uniform better", alpha=alpha)
     spread = len(v["diffs"]) >= 2 and np.std(v["diffs"]) > 0
     return {"mean_difference": v["mean_diff"], "differences": v["diffs"],
             "p_value_paired_t": v["p_ttest"] if spread else None, "verdict": v["verdict"]}
@@ -60,20 +59,20 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=1, help="fine-tuning epochs per step")
     parser.add_argument("--train-subset", type=int, default=10000)
     parser.add_argument("--max-iter", type=int, default=100)
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.epochs, args.train_subset, args.max_iter = 1, 0, 2000, 20
-    command = common.command_line("allocation.py", argv)
-    timer = common.Timer()
+    command = command_line("allocation.py", argv)
+    timer = Timer()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     dataset = load_dataset("fashion-mnist")
-    data = common.subset(dataset, train=args.train_subset, seed=0)
+    data = subset(dataset, train=args.train_subset, seed=0)
     if args.quick:
-        data = common.subset(dataset, train=args.train_subset, test=1000, seed=0)
+        data = subset(dataset, train=args.train_subset, test=1000, seed=0)
     prefix = "allocation_quick" if args.quick else "allocation"
     # One trained model, loaded and evaluated once; each run compresses its own copy.
-    original, source = common.load_or_train(
+    original, source = load_or_train(
         "vit", "fashion-mnist", quick_dir=args.out / "checkpoints" if args.quick else None, log=log)
     params_original = count_params(original)
     acc_original = evaluate(original, data.test_images, data.test_labels)
@@ -85,7 +84,7 @@ def main(argv=None) -> int:
                 method="bsd", basis=jb.BSpline(3, 4), reduction=args.reduction, allocation=allocation,
                 max_iter=args.max_iter, finetune_epochs=args.epochs, seed=seed)
             state = args.out / "state" / prefix / f"seed{seed}-{allocation}"
-            t = common.Timer()
+            t = Timer()
             steps = compress.compress(model, data, order="back-to-front", config=config, state_dir=state,
                                       progress=False)
             last = steps[-1]
@@ -99,7 +98,7 @@ def main(argv=None) -> int:
     summary = {}
     for allocation in ALLOCATIONS:
         sel = [r for r in runs if r["allocation"] == allocation]
-        summary[allocation] = {k: common.mean_std([r[k] for r in sel]) for k in ("acc_cmtf", "acc_ft", "params")}
+        summary[allocation] = {k: mean_std([r[k] for r in sel]) for k in ("acc_cmtf", "acc_ft", "params")}
     paired = {k: verdict([r[k] for r in runs if r["allocation"] == "greedy"],
                          [r[k] for r in runs if r["allocation"] == "uniform"]) for k in ("acc_cmtf", "acc_ft")}
     payload = {"command": command, "mode": "quick" if args.quick else "full", "model": source,
@@ -107,7 +106,7 @@ def main(argv=None) -> int:
                             "seeds": args.seeds, "finetune_epochs": args.epochs, "train_subset": args.train_subset,
                             "max_iter": args.max_iter, "test_images": int(data.test_images.shape[0])},
                "runs": runs, "summary": summary, "paired": paired, "wall_seconds": timer()}
-    path = common.write_json(args.out / f"{prefix}.json", payload)
+    path = write_json(args.out / f"{prefix}.json", payload)
     for k, v in paired.items():
         print(f"{k}: greedy − uniform = {v['mean_difference']:+.2f} points (p = {v['p_value_paired_t']}): {v['verdict']}")
     print(f"wrote {path}")

@@ -20,22 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
+from jaxbsd.solver import fingerprint as fp
+from jaxbsd.io import SOLVER_FILES, _git, source_hash
 
-from jaxbsd.solver import fingerprint as fp  # noqa: E402
-from jaxbsd.io import SOLVER_FILES, _git, source_hash  # noqa: E402
-from report import result_files  # noqa: E402
+from checkout import ROOT, require_checkout_jaxbsd
+from report import result_files
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
+    require_checkout_jaxbsd()
     current = source_hash(SOLVER_FILES)
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--", *SOLVER_FILES)  # run in jaxbsd/

@@ -1,4 +1,4 @@
-"""Label-free distillation of the whole compressed model (issue 43): how close to the original it gets.
+"""Label-free distillation of the whole compressed model: how close to the original it gets.
 
 The protocol of ``training_free.py`` / ``refine_ablation.py --study main`` (a trained model, every MLP
 replaced back to front at a whole-model reduction ρ, 256 calibration images per block and seed,
@@ -34,38 +34,38 @@ is saved (``unit.json``) once finished.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import common  # noqa: E402  (first: BLAS threads, the checkout's jaxbsd)
-import comparison  # noqa: E402
+import jaxbsd as jb
+from jaxbsd.compression import blockwise
+from jaxbsd.compression.distill import DISTILL_STREAM, per_leaf_loss, distill_model, teacher_outputs
+from jaxbsd.data import load_dataset
+from jaxbsd.evaluation import evaluate
+from jaxbsd.checkpoint import load_checkpoint
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression import blockwise  # noqa: E402
-from jaxbsd.compression.distill import DISTILL_STREAM, _per_leaf, distill_model, teacher_outputs  # noqa: E402
-from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
-from jaxbsd.evaluation import evaluate  # noqa: E402
+import compression_study
+from checkout import RESULTS, ROOT, enable_compilation_cache, rel_path
+from output import Timer, command_line, machine, write_json
+from refinement import Refinement, Setting
+from trained import checkpoint_key, load_or_train, subset
+from units import knob_suffix as shared_knob_suffix, protocol_key, resume_unit, save_unit
+from verdicts import mean_std, paired_verdict
 
 VARIANTS = ("kl", "kl+blocks")
 # The headline recipe, from the probes (seed 0 of ViT/Fashion-MNIST at rho = 0.5, refined pruning): KL +
 # blocks on 4,096 images, 3,000 steps at a constant 3e-4 kept its last step (still falling) at a gap of
 # 1.19 points; 16,384 images, 6,000 steps, a cosine schedule from 1e-3: 0.74. The ablations vary it.
-FULL = dict(model="vit", dataset="fashion-mnist", budgets=(0.5,), methods=("prune-ref300",), variants=("kl+blocks",),
+FULL = dict(model="vit", dataset="fashion-mnist", budgets=(0.5,), methods=(Setting("prune", Refinement(300)),), variants=("kl+blocks",),
             seeds=3, images=16384, steps=6000, learning_rate=1e-3, batch=64, epochs=0, train_subset=None,
             test_subset=None, blocks=None, max_iter=300, val_fraction=0.0, trainable="replaced",
             schedule="cosine", warmup=0)
-QUICK = dict(FULL, model="deit", dataset="usps", budgets=(0.2,), methods=("prune-ref20",), variants=("kl",), seeds=1,
+QUICK = dict(FULL, model="deit", dataset="usps", budgets=(0.2,), methods=(Setting("prune", Refinement(20)),), variants=("kl",), seeds=1,
              images=128, steps=20, test_subset=300, blocks=2, max_iter=10, capture_images=64)
 ERROR_IMAGES = 512
 
@@ -86,8 +86,8 @@ def logits_and_blocks(model, images):
 
 def kl_and_blocks(outputs, targets):
     """KL at T = 2 on the logits plus the blocks' relative squared errors, averaged over the blocks."""
-    blocks = [_per_leaf("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])]
-    return _per_leaf("kl", 2.0, outputs[0], targets[0]) + sum(blocks) / len(blocks)
+    blocks = [per_leaf_loss("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])]
+    return per_leaf_loss("kl", 2.0, outputs[0], targets[0]) + sum(blocks) / len(blocks)
 
 
 #: The distillation knobs a run may change from the full plan: each non-default one names its
@@ -97,7 +97,7 @@ KNOBS = ("images", "steps", "learning_rate", "trainable", "schedule", "warmup", 
 
 def knob_suffix(plan: dict, sep: str, skip: tuple = ()) -> str:
     """``sep``-joined tags of the knobs of ``plan`` that differ from :data:`FULL` (``""`` if none)."""
-    return common.knob_suffix(plan, FULL, KNOBS, sep, skip)
+    return shared_knob_suffix(plan, FULL, KNOBS, sep, skip)
 
 
 def distill_config(variant: str, plan: dict) -> jb.Distill:
@@ -118,17 +118,18 @@ def block_errors(model, original, images) -> list[float]:
     return errs
 
 
-def run_unit(method, variant, reduction, seed, *, plan, args, model_path, data, order, protocol_dir, log) -> dict:
-    config = comparison.unit_config(method, reduction, seed, plan, args)
+def run_unit(setting: Setting, variant, reduction, seed, *, plan, args, model_path, data, order, protocol_dir, log) -> dict:
+    config = compression_study.unit_config(setting, reduction, seed, plan, args)
+    method = setting.name
     distill = distill_config(variant, plan)
     rho = f"rho{int(round(1000 * reduction)):04d}-seed{seed}"
     name = f"{method}-dist-{variant}-n{plan['images']}{knob_suffix(plan, '-', skip=('images', 'variants'))}-{rho}"
     state = protocol_dir / name
     tag = json.dumps({"config": config.to_dict(), "order": list(order), "distill": distill.to_dict(),
                       "images": plan["images"]}, sort_keys=True)
-    if (done := common.resume_unit(state, tag, name, log)) is not None:
+    if (done := resume_unit(state, tag, name, log)) is not None:
         return done
-    timer = common.Timer()
+    timer = Timer()
     original = load_checkpoint(model_path)[0]
     model = load_checkpoint(model_path)[0]
     images = jnp.asarray(data.train_images[blockwise.distill_indices(data.train_images.shape[0], plan["images"], seed)])
@@ -149,9 +150,9 @@ def run_unit(method, variant, reduction, seed, *, plan, args, model_path, data, 
         "params": int(steps[-1]["params_model"]), "params_original": int(steps[-1]["params_original"]),
         "block_errors_refined": errors_before, "block_errors_distilled": block_errors(model, original, probe),
         "seconds_compress": seconds_compress, "seconds_distill": info["seconds"], "seconds": timer(),
-        "machine": common.machine(), "state_dir": common.rel_path(state),
+        "machine": machine(), "state_dir": rel_path(state),
     }
-    common.save_unit(state / "unit.json", tag, record)
+    save_unit(state / "unit.json", tag, record)
     log(f"  {name}: {record['accuracy_refined']:.2f} % refined -> {accuracy:.2f} % distilled (held-out loss "
         f"{info['loss_before']:.4g} -> {info['loss_after']:.4g}, step {info['steps_kept']}), {timer():.0f} s")
     return record
@@ -163,9 +164,9 @@ def summarize(units: list[dict], acc_original: float) -> list[dict]:
     for method, variant, reduction in keys:
         us = sorted((u for u in units if (u["method"], u["variant"], u["reduction"]) == (method, variant, reduction)),
                     key=lambda u: u["seed"])
-        mean, std = common.mean_std([u["accuracy"] for u in us])
-        ref_mean, ref_std = common.mean_std([u["accuracy_refined"] for u in us])
-        verdict = common.paired_verdict([u["accuracy"] for u in us], [u["accuracy_refined"] for u in us],
+        mean, std = mean_std([u["accuracy"] for u in us])
+        ref_mean, ref_std = mean_std([u["accuracy_refined"] for u in us])
+        verdict = paired_verdict([u["accuracy"] for u in us], [u["accuracy_refined"] for u in us],
                                         better="distillation raises accuracy", worse="distillation lowers accuracy")
         rows.append({"method": method, "variant": variant, "reduction": reduction, "seeds": [u["seed"] for u in us],
                      "accuracy_mean": mean, "accuracy_std": std, "accuracy_refined_mean": ref_mean,
@@ -183,7 +184,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=("vit", "deit"), default=None, help="default vit")
     parser.add_argument("--dataset", default=None, help="default fashion-mnist (deit: usps)")
     parser.add_argument("--budgets", type=float, nargs="+", default=None)
-    parser.add_argument("--methods", nargs="+", default=None, help="study method names (default prune-ref300)")
+    parser.add_argument("--methods", nargs="+", type=Setting.parse, default=None,
+                        help="study method names (default prune-ref300)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None)
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="first seed")
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--schedule", choices=("constant", "cosine"), default=None,
                         help=f"the learning-rate schedule (default {FULL['schedule']})")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps of the cosine schedule")
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL)
     if args.model is not None:
@@ -207,36 +209,36 @@ def main(argv=None) -> int:
                 "warmup"):
         if (value := getattr(args, key)) is not None:
             plan[key] = tuple(value) if isinstance(value, list) else value
-    # comparison.unit_config's options: the studies' B-spline settings, S = max(128, 2r)
+    # compression_study.unit_config's options: the studies' B-spline settings, S = max(128, 2r)
     args.degree, args.dof, args.samples = 3, 4, None
     kind, name = plan["model"], plan["dataset"]
     prefix = "distill_quick" if args.quick else f"distill_{kind}_{name}"
     stem = prefix  # the units' state (compressions shared by every setting)
     if not args.quick:
         prefix += knob_suffix(plan, "_")  # an ablation: its own result file
-    command = common.command_line("distill.py", argv)
-    common.enable_compilation_cache()
-    timer = common.Timer()
+    command = command_line("distill.py", argv)
+    enable_compilation_cache()
+    timer = Timer()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     quick_dir = args.out / "checkpoints" if args.quick else None
-    model, model_info = common.load_or_train(kind, name, quick_dir=quick_dir, log=log)
-    data = common.subset(load_dataset(name), train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
+    model, model_info = load_or_train(kind, name, quick_dir=quick_dir, log=log)
+    data = subset(load_dataset(name), train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
     model_path = pathlib.Path(model_info["checkpoint"])
-    model_path = model_path if model_path.is_absolute() else common.ROOT / model_path
+    model_path = model_path if model_path.is_absolute() else ROOT / model_path
     order = list(blockwise.block_order("back-to-front", len(model.blocks)))[: plan["blocks"] or None]
     acc_original = 100 * evaluate(model, data.test_images, data.test_labels)
-    protocol = {"model": kind, "dataset": name, "checkpoint": common.checkpoint_key(model_info["checkpoint"]),
+    protocol = {"model": kind, "dataset": name, "checkpoint": checkpoint_key(model_info["checkpoint"]),
                 "train": plan["train_subset"], "test": plan["test_subset"], "data_seed": args.seed, "order": order}
-    key = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:10]
+    key = protocol_key(protocol)
     protocol_dir = args.out / "state" / stem / f"protocol-{key}"
     log(f"{kind}/{name}: test accuracy {acc_original:.2f} % on {data.test_images.shape[0]} images; blocks {order}")
-    units = [run_unit(method, variant, reduction, seed, plan=plan, args=args, model_path=model_path, data=data,
+    units = [run_unit(setting, variant, reduction, seed, plan=plan, args=args, model_path=model_path, data=data,
                       order=order, protocol_dir=protocol_dir, log=log)
-             for reduction in plan["budgets"] for method in plan["methods"] for variant in plan["variants"]
+             for reduction in plan["budgets"] for setting in plan["methods"] for variant in plan["variants"]
              for seed in range(args.seed, args.seed + plan["seeds"])]
     rows = summarize(units, acc_original)
     for r in rows:
@@ -259,7 +261,7 @@ def main(argv=None) -> int:
         "blocks": order, "rows": rows, "runs": units,
         "machines": sorted({u["machine"] for u in units if u.get("machine")}), "wall_seconds": timer(),
     }
-    out = common.write_json(args.out / f"{prefix}.json", payload)
+    out = write_json(args.out / f"{prefix}.json", payload)
     print(f"wrote {out} ({timer():.0f} s)")
     return 0
 

@@ -1,9 +1,9 @@
 """Is the more accurate compressed model the more faithful one? Training-free, on the test inputs.
 
 ``method="auto"`` keeps, per block, the candidate whose whole model is closer to the original
-model's outputs on held-out training images (``auto_judge="model"``). Issue 24 asks whether that
-rule can ever miss the more accurate model. This study rebuilds training-free units exactly as
-``experiments/training_free.py`` configures them (:func:`comparison.unit_config`: same methods,
+model's outputs on held-out training images (``auto_judge="model"``). Can that rule miss the more
+accurate model? This study rebuilds training-free units exactly as
+``experiments/training_free.py`` configures them (:func:`compression_study.unit_config`: same methods,
 budgets, seeds, calibration draws and solver keys) and measures, for each compressed model, its
 distance to the original model:
 
@@ -38,35 +38,34 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
-import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import numpy as np
+from scipy.special import log_softmax
 
-import comparison  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
-import common  # noqa: E402
-import training_free  # noqa: E402
+from jaxbsd.compression.blockwise import block_order, capture_indices, compress
+from jaxbsd.data import load_dataset
+from jaxbsd.models import count_params
+from jaxbsd.evaluation import predict
 
-import numpy as np  # noqa: E402
-from scipy.special import log_softmax  # noqa: E402
+import compression_study
+import training_free
+from checkout import ROOT, enable_compilation_cache
+from output import Timer, command_line, machine, write_json
+from refinement import Setting
+from trained import checkpoint_key, load_or_train, subset
+from units import protocol_key, resume_unit, save_infeasible, save_unit
+from verdicts import mean_std
 
-from jaxbsd.compression.blockwise import block_order, capture_indices, compress  # noqa: E402
-from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.evaluation import predict  # noqa: E402
-
-METHODS = ("prune", "bsd-warm", "auto")
+METHODS = tuple(map(Setting, ("prune", "bsd-warm", "auto")))
 #: The training-free study's DeiT/USPS protocol at the two budgets where the decoupling beats
-#: pruning on test (issue 24's open cell is ρ = 0.35).
+#: pruning on test.
 FULL = dict(training_free.FULL, budgets=(0.35, 0.5), methods=METHODS, heldout_images=None)
 FULL_VIT = dict(FULL, model="vit", dataset="fashion-mnist")
 #: CI: the training-free quick protocol (2 blocks, 64 calibration images, 300 test images, 10
 #: sweeps), one seed, 256 held-out training images.
-QUICK = dict(training_free.QUICK, methods=("bsd", "prune"), seeds=1, heldout_images=256)
+QUICK = dict(training_free.QUICK, methods=(Setting("bsd"), Setting("prune")), seeds=1, heldout_images=256)
 #: Evaluation batch: one compiled shape per model structure.
 EVAL_BATCH = 512
 
@@ -102,30 +101,30 @@ def heldout_indices(num_images: int, n_capture: int, seed: int, steps: int, limi
     return rest
 
 
-def run_unit(method: str, reduction: float, seed: int, *, model_path, data, order, plan, args, references: dict,
+def run_unit(setting: Setting, reduction: float, seed: int, *, model_path, data, order, plan, args, references: dict,
              protocol_dir: pathlib.Path, log) -> dict:
-    """One (method, ρ, seed) model, compressed as the training-free study's unit of that name
+    """One (setting, ρ, seed) model, compressed as the training-free study's unit of that name
     and measured against the original on the test inputs and the seed's held-out training images
     (``references[seed]``: ``(held-out indices, the original's logits on them)``; ``references["test"]``:
     the original's test logits). Its saved record if it finished before under the same tag."""
-    config, name, state, tag = comparison.unit_identity(method, reduction, seed, plan, args, order, protocol_dir,
-                                                        heldout=plan["heldout_images"])
-    if (done := common.resume_unit(state, tag, name, log)) is not None:
+    config, name, state, tag = compression_study.unit_identity(setting, reduction, seed, plan, args, order,
+                                                               protocol_dir, heldout=plan["heldout_images"])
+    if (done := resume_unit(state, tag, name, log)) is not None:
         return done
-    t0, model, record = comparison.begin_unit(model_path, method, reduction, seed, config, state)
+    t0, model, record = compression_study.begin_unit(model_path, setting, reduction, seed, config, state)
     try:
         steps = compress(model, data, order=order, config=config, state_dir=state, progress=False)
     except ValueError as err:
-        return common.save_infeasible(err, record, state / "unit.json", tag, name, t0(), log)
+        return save_infeasible(err, record, state / "unit.json", tag, name, t0(), log)
     heldout, heldout_reference = references[seed]
     test = fidelity(predict(model, data.test_images, EVAL_BATCH), references["test"], data.test_labels)
     train = fidelity(predict(model, data.train_images[heldout], EVAL_BATCH), heldout_reference,
                      data.train_labels[heldout])
     params = count_params(model)
     record.update(status="ok", accuracy=test["accuracy"], params=params, reduction_achieved=1 - params / record["params_original"],
-                  kept={str(s["block"]): s.get("method", method) for s in steps}, test=test, heldout_train=train,
-                  heldout_images=int(heldout.size), machine=common.machine(), seconds=t0())
-    common.save_unit(state / "unit.json", tag, record)
+                  kept={str(s["block"]): s.get("method", setting.name) for s in steps}, test=test, heldout_train=train,
+                  heldout_images=int(heldout.size), machine=machine(), seconds=t0())
+    save_unit(state / "unit.json", tag, record)
     log(f"  {name}: {test['accuracy']:.2f} %; on the test inputs relative error {test['relative_error']:.4f}, "
         f"agreement {test['agreement']:.2f} %; held out {train['relative_error']:.4f} ({t0():.0f} s)")
     return record
@@ -141,12 +140,12 @@ def summarize(units: list[dict], plan: dict) -> list[dict]:
     candidates per seed (``auto``: ``"b"``/``"p"`` per block, in the order of compression)."""
     rows = []
     for reduction in plan["budgets"]:
-        for method in plan["methods"]:
+        for method in (m.name for m in plan["methods"]):
             ok = [u for u in units if u["method"] == method and u["reduction"] == reduction and u["status"] == "ok"]
-            row = {"method": method, "name": comparison.method_name(method), "reduction": reduction, "seeds": len(ok),
+            row = {"method": method, "name": compression_study.method_name(method), "reduction": reduction, "seeds": len(ok),
                    "kept": ["".join(m[0] for m in u["kept"].values()) for u in ok]}
             for part, metric in COLUMNS:
-                row[f"{part}_{metric}_mean"], row[f"{part}_{metric}_std"] = common.mean_std(
+                row[f"{part}_{metric}_mean"], row[f"{part}_{metric}_std"] = mean_std(
                     [u[part][metric] for u in ok])
             rows.append(row)
     return rows
@@ -186,7 +185,7 @@ def plot(units: list[dict], path: pathlib.Path, acc_original: float, title: str)
         for method, color in colors.items():
             us = [u for u in ok if u["method"] == method and u["reduction"] == reduction]
             ax.scatter([u["test"]["relative_error"] for u in us], [u["accuracy"] for u in us], color=color,
-                       label=comparison.method_name(method), s=22)
+                       label=compression_study.method_name(method), s=22)
         ax.axhline(acc_original, color="k", lw=0.8, ls="--", label="original")
         ax.set_title(f"ρ = {reduction}", fontsize=9)
         ax.set_xlabel("relative logit error on the test inputs")
@@ -202,26 +201,26 @@ def plot(units: list[dict], path: pathlib.Path, acc_original: float, title: str)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size (DeiT/USPS, 2 blocks, 1 ρ, 1 seed, 2 methods)")
-    comparison.add_arguments(parser, training_free.METHODS, quick="deit/usps", budgets="0.35 0.5")
+    compression_study.add_arguments(parser, training_free.METHODS, quick="deit/usps", budgets="0.35 0.5")
     args = parser.parse_args(argv)
     plan = dict(QUICK if args.quick else FULL_VIT if args.model == "vit" else FULL)
-    plan = comparison.apply_overrides(plan, args, ("model", "dataset", "budgets", "methods", "seeds", "max_iter",
+    plan = compression_study.apply_overrides(plan, args, ("model", "dataset", "budgets", "methods", "seeds", "max_iter",
                                                    "test_subset"))
     kind, name = plan["model"], plan["dataset"]
     prefix = "fidelity_quick" if args.quick else f"fidelity_{kind}_{name}"
     args.out.mkdir(parents=True, exist_ok=True)
-    command = common.command_line("fidelity.py", argv)
-    common.enable_compilation_cache()
-    timer = common.Timer()
+    command = command_line("fidelity.py", argv)
+    enable_compilation_cache()
+    timer = Timer()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
     quick_dir = args.out / "checkpoints" if args.quick else None
-    model, model_info = common.load_or_train(kind, name, checkpoint=args.checkpoint, quick_dir=quick_dir, log=log)
-    data = common.subset(load_dataset(name), train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
+    model, model_info = load_or_train(kind, name, checkpoint=args.checkpoint, quick_dir=quick_dir, log=log)
+    data = subset(load_dataset(name), train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
     model_path = pathlib.Path(model_info["checkpoint"])
-    model_path = model_path if model_path.is_absolute() else common.ROOT / model_path
+    model_path = model_path if model_path.is_absolute() else ROOT / model_path
     order = list(block_order("back-to-front", len(model.blocks)))[: plan["blocks"] or None]
     capture = plan.get("capture_images", 256)
     seeds = range(args.seed, args.seed + plan["seeds"])
@@ -230,9 +229,9 @@ def main(argv=None) -> int:
     for seed in seeds:
         heldout = heldout_indices(data.train_images.shape[0], capture, seed, len(order), plan["heldout_images"])
         references[seed] = (heldout, predict(model, data.train_images[heldout], EVAL_BATCH))
-    protocol = {"model": kind, "dataset": name, "checkpoint": common.checkpoint_key(model_info["checkpoint"]),
+    protocol = {"model": kind, "dataset": name, "checkpoint": checkpoint_key(model_info["checkpoint"]),
                 "test": plan["test_subset"], "data_seed": args.seed, "order": order}
-    key = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:10]
+    key = protocol_key(protocol)
     protocol_dir = args.out / "state" / prefix / f"protocol-{key}"
     log(f"{kind}/{name}: original {acc_original:.2f} % on {data.test_images.shape[0]} test images; blocks {order}; "
         f"{references[args.seed][0].size} held-out training images for seed {args.seed}")
@@ -242,7 +241,7 @@ def main(argv=None) -> int:
     rows = summarize(units, plan)
     table = format_table(rows)
     print(table)
-    common.write_json(args.out / f"{prefix}.json", {
+    write_json(args.out / f"{prefix}.json", {
         "command": command, "mode": "quick" if args.quick else "full",
         "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()},
         "protocol": (f"{kind}/{name}; each unit is the training-free study's unit of the same method, ρ and seed "

@@ -35,7 +35,7 @@ Claim (2), BF beats FB, is tested under two capture protocols (``--capture``, de
   decoupled at those points.
 
 Per protocol and basis the final test accuracy of BF and FB is compared paired over seeds
-(``common.paired_verdict``: "BF better" / "FB better" / "within noise", paired t-test p < 0.05,
+(``paired_verdict``: "BF better" / "FB better" / "within noise", paired t-test p < 0.05,
 sign test beside it). The full mode's default is the protocol study: cubic B-splines (ν = 4),
 both protocols, 2 orders × 3 seeds × 3 steps = 36 steps. ``--basis`` (repeatable) selects the
 paper's other bases, ``--paper-budget`` the paper's fine-tuning (5 epochs on the full split).
@@ -75,20 +75,20 @@ import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import numpy as np
 
-import common  # noqa: E402  (sets BLAS threads before numpy/JAX are imported)
+import jaxbsd as jb
+from jaxbsd.compression.blockwise import CompressionConfig, compress
+from jaxbsd.data import load_dataset
+from jaxbsd.models import count_params
+from jaxbsd.evaluation import evaluate
+from jaxbsd.checkpoint import load_checkpoint
 
-import numpy as np  # noqa: E402
-
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression.blockwise import CompressionConfig, compress  # noqa: E402
-from jaxbsd.data import load_dataset  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
-from jaxbsd.evaluation import evaluate  # noqa: E402
+from checkout import RESULTS, ROOT, enable_compilation_cache, rel_path
+from output import Timer, command_line, machine, write_json
+from trained import checkpoint_key, load_or_train, subset
+from units import resume_unit, save_unit
+from verdicts import mean_std, paired_verdict
 
 MODELS = ("vit", "swin")
 DATASETS = ("fashion-mnist", "cifar10")
@@ -139,7 +139,7 @@ PAPER = _paper_tables()
 
 def _ckpt(info: dict) -> pathlib.Path:
     path = pathlib.Path(info["checkpoint"])
-    return path if path.is_absolute() else common.ROOT / path
+    return path if path.is_absolute() else ROOT / path
 
 
 def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_name: str, capture: str, seed: int,
@@ -151,7 +151,7 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
         max_iter=plan["max_iter"], restarts=1, num_samples=args.samples,
         capture_images=plan["capture_images"], finetune_epochs=epochs, seed=seed, capture=capture,
     )
-    tag = json.dumps({"config": config.to_dict(), "order": order, "ckpt": common.checkpoint_key(info["checkpoint"]),
+    tag = json.dumps({"config": config.to_dict(), "order": order, "ckpt": checkpoint_key(info["checkpoint"]),
                       "train": int(data.train_images.shape[0]), "test": int(data.test_images.shape[0])},
                      sort_keys=True)
     digest = hashlib.sha256(tag.encode()).hexdigest()[:8]
@@ -160,32 +160,32 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
     label = f"{kind}/{name} {capture} {order_name} {basis_name} seed {seed}"
     # A finished run is kept as unit.json (tracked in git, unlike the step checkpoints), so a
     # study that spans sessions or machines resumes from its finished runs.
-    if (kept := common.resume_unit(state, tag, label, log)) is not None:
+    if (kept := resume_unit(state, tag, label, log)) is not None:
         return kept
-    t0 = common.Timer()
+    t0 = Timer()
     model = load_checkpoint(_ckpt(info))[0]
     steps = compress(model, data, order=order, config=config, state_dir=state, progress=False)
     accs = "  ".join(f"{100 * s['acc_cmtf']:.2f}/{100 * s['acc_ft']:.2f}" for s in steps)
     log(f"  {label}: CMTF/FT per step {accs}  ({t0():.0f} s)")
     record = {"order": order_name, "basis": basis_name, "capture": capture, "seed": seed, "epochs": epochs,
               "train_images": int(data.train_images.shape[0]), "config": config.to_dict(),
-              "state_dir": common.rel_path(state), "seconds": t0(), "machine": common.machine(),
+              "state_dir": rel_path(state), "seconds": t0(), "machine": machine(),
               # compress() keeps validation accuracies per fine-tuning epoch (test accuracy is only
               # measured once per step, as acc_ft, so it never steers anything).
               "steps": [{k: v for k, v in s.items() if k != "finetune"}
                         | {"finetune_val_acc": [h.get("val_acc", h.get("test_acc")) for h in s.get("finetune", [])]}
                         for s in steps]}
-    common.save_unit(state / "unit.json", tag, record)
+    save_unit(state / "unit.json", tag, record)
     return record
 
 
 def run_pair(kind: str, name: str, plan: dict, args, log) -> dict:
     """All capture protocols × orders × bases × runs for one model and data set."""
-    timer = common.Timer()
+    timer = Timer()
     small = args.quick or args.smoke
     dataset = load_dataset(name)
-    model, info = common.load_or_train(kind, name, quick_dir=args.out / "checkpoints" if small else None, log=log)
-    data = common.subset(dataset, train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
+    model, info = load_or_train(kind, name, quick_dir=args.out / "checkpoints" if small else None, log=log)
+    data = subset(dataset, train=plan["train_subset"], test=plan["test_subset"], seed=args.seed)
     acc_original = evaluate(model, data.test_images, data.test_labels)
     params_original = count_params(model)
     log(f"{kind}/{name}: {params_original} parameters, test accuracy {100 * acc_original:.2f} % on "
@@ -220,7 +220,7 @@ def order_verdict(runs: list[dict]) -> dict:
     """BF against FB on the final test accuracy (after the last fine-tuning), paired by (basis, seed)."""
     final = {(r["order"], r["basis"], r["seed"]): 100 * r["steps"][-1]["acc_ft"] for r in runs}
     pairs = sorted((b, s) for (o, b, s) in final if o == "BF" and ("FB", b, s) in final)
-    v = common.paired_verdict([final[("BF", *k)] for k in pairs], [final[("FB", *k)] for k in pairs],
+    v = paired_verdict([final[("BF", *k)] for k in pairs], [final[("FB", *k)] for k in pairs],
                               better="BF better", worse="FB better")
     v["seeds"] = sorted({s for _, s in pairs})
     v["pairs"] = len(pairs)
@@ -239,7 +239,7 @@ def summarize(runs, plan, depth) -> dict:
                 for basis in plan["bases"]:
                     vals = [100 * s[key] for r in runs if r["order"] == order and r["basis"] == basis
                             for s in r["steps"] if s["step"] == k]
-                    mean, std = common.mean_std(vals)
+                    mean, std = mean_std(vals)
                     out[order][label][basis] = {"mean": mean, "std": std, "values": vals}
     return out
 
@@ -336,7 +336,7 @@ def plot(result: dict, plan: dict, path: pathlib.Path) -> None:
 
 def budget_study(plan: dict, args, command: str, log) -> pathlib.Path:
     """ViT/Fashion-MNIST, BF, cubic: the final accuracy at our fine-tuning budget and at the paper's."""
-    timer = common.Timer()
+    timer = Timer()
     study = dict(BUDGET_STUDY)
     budgets = BUDGET_STUDY_SMALL if (args.quick or args.smoke) else study["budgets"]
     budgets = {k: dict(v) for k, v in budgets.items()}
@@ -347,28 +347,28 @@ def budget_study(plan: dict, args, command: str, log) -> pathlib.Path:
     kind, name = study["model"], study["dataset"]
     dataset = load_dataset(name)
     small = args.quick or args.smoke
-    model, info = common.load_or_train(kind, name, quick_dir=args.out / "checkpoints" if small else None, log=log)
+    model, info = load_or_train(kind, name, quick_dir=args.out / "checkpoints" if small else None, log=log)
     results = {}
     for label, budget in budgets.items():
-        data = common.subset(dataset, train=budget["train_subset"], test=plan["test_subset"], seed=args.seed)
+        data = subset(dataset, train=budget["train_subset"], test=plan["test_subset"], seed=args.seed)
         log(f"budget {label}: {budget['epochs']} epoch(s) on {data.train_images.shape[0]} images per step")
         runs = [run_one(kind, name, info, data, order_name=study["order"], basis_name=study["basis"],
                         capture=study["capture"], seed=seed, epochs=budget["epochs"], plan=plan, args=args,
                         state_root=args.out / "state" / args.prefix / f"budget-{label}", log=log)
                 for seed in range(args.seed, args.seed + plan["runs"])]
         finals = [100 * r["steps"][-1]["acc_ft"] for r in runs]
-        mean, std = common.mean_std(finals)
+        mean, std = mean_std(finals)
         results[label] = {"epochs": budget["epochs"], "train_subset": budget["train_subset"],
                           "train_images": int(data.train_images.shape[0]),
                           "image_epochs_per_step": budget["epochs"] * int(data.train_images.shape[0]),
                           "final_accuracy": finals, "mean": mean, "std": std, "runs": runs,
                           "seconds": sum(r["seconds"] for r in runs)}
     seeds = list(range(args.seed, args.seed + plan["runs"]))
-    verdict = common.paired_verdict(results["paper"]["final_accuracy"], results["ours"]["final_accuracy"],
+    verdict = paired_verdict(results["paper"]["final_accuracy"], results["ours"]["final_accuracy"],
                                     better="paper budget better", worse="our budget better")
     verdict["seeds"] = seeds
     acc_original = evaluate(model, *(lambda d: (d.test_images, d.test_labels))(
-        common.subset(dataset, test=plan["test_subset"], seed=args.seed)))
+        subset(dataset, test=plan["test_subset"], seed=args.seed)))
     text = "\n".join([f"{kind}/{name}, BF, {study['basis']}, {study['capture']} capture; original "
                       f"{100 * acc_original:.2f} %"] + [
         f"  {label:<6} {r['epochs']} epoch(s) x {r['train_images']} images per step: final "
@@ -379,7 +379,7 @@ def budget_study(plan: dict, args, command: str, log) -> pathlib.Path:
     print(text)
     stem = args.prefix.replace("full_compression", "full_compression_budget_study")
     path = args.out / f"{stem}.json"
-    common.write_json(path, {
+    write_json(path, {
         "command": command, "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
         "study": {k: v for k, v in study.items() if k != "budgets"}, "budgets": budgets,
         "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()},
@@ -413,7 +413,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-iter", type=int, default=None, help="R-CMTF sweeps per block (full: 300)")
     parser.add_argument("--samples", type=int, default=128, help="S per block")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.paper_budget and (args.epochs is not None or args.train_subset is not None):
         parser.error("--paper-budget sets --epochs and --train-subset; give one or the other")
@@ -433,8 +433,8 @@ def main(argv=None) -> int:
     args.prefix = ("full_compression_smoke" if args.smoke else "full_compression_quick" if args.quick else
                    "full_compression_paper_budget" if args.paper_budget else "full_compression")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = common.command_line("full_compression.py", argv)
-    common.enable_compilation_cache()
+    command = command_line("full_compression.py", argv)
+    enable_compilation_cache()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -479,7 +479,7 @@ def main(argv=None) -> int:
                 "table": text,
                 **result,
             }
-            common.write_json(args.out / f"{stem}.json", payload)
+            write_json(args.out / f"{stem}.json", payload)
             write_csv(result, plan, args.out / f"{stem}.csv")
             plot(result, plan, args.out / f"{stem}.png")
             written += [args.out / f"{stem}.{ext}" for ext in ("json", "csv", "png")]

@@ -1,7 +1,7 @@
 """The knobs of a training-free B-spline decoupling: basis size ν, samples S, sweeps, warm start.
 
-Issue 24 asks which settings of ``method="bsd"`` pay for themselves when a pretrained model is
-compressed with a calibration batch and no fine-tuning. This study runs the protocol of
+Which settings of ``method="bsd"`` pay for themselves when a pretrained model is compressed with
+a calibration batch and no fine-tuning? This study runs the protocol of
 ``training_free.py`` (every MLP replaced back to front at a whole-model reduction ρ, nothing
 trained, 256 calibration images per block and seed) for B-spline variants that each change one
 knob of the current defaults (cubic B-splines with ν = 4, ``S = max(128, 2r)``, 300 sweeps,
@@ -33,29 +33,24 @@ Writes ``<out>/knobs_<model>_<dataset>.json`` (+ ``.csv``, ``.png``), resuming u
 
 from __future__ import annotations
 
-import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import training_free
+from refinement import Setting
 
-import training_free  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
-
-VARIANTS = ("bsd", "bsd-nu8", "bsd-nu12", "bsd-s4", "bsd-it100", "bsd-warm", "bsd-warm-nu8", "bsd-warm-s4", "bsd-warm-lam4",
-            "prune")
+VARIANTS = tuple(map(Setting, ("bsd", "bsd-nu8", "bsd-nu12", "bsd-s4", "bsd-it100", "bsd-warm", "bsd-warm-nu8",
+                               "bsd-warm-s4", "bsd-warm-lam4", "prune")))
 
 FULL_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.5), methods=VARIANTS)
 FULL_DEIT = dict(training_free.FULL, budgets=(0.2, 0.5), methods=VARIANTS)
 #: CI: the committed DeiT/USPS model, its last two blocks, 64 calibration images, ρ = 0.1, one seed,
 #: the defaults against one variant of each kind (10 sweeps).
-QUICK = dict(training_free.QUICK, budgets=(0.1,), seeds=1, methods=("bsd", "bsd-warm-nu8", "bsd-s4-it5"))
+QUICK = dict(training_free.QUICK, budgets=(0.1,), seeds=1, methods=tuple(map(Setting, ("bsd", "bsd-warm-nu8", "bsd-s4-it5"))))
 
 
 def main(argv=None) -> int:
-    return training_free.main(argv, presets={"deit": FULL_DEIT, "vit": FULL_VIT, "quick": QUICK,
-                                                          "default": FULL_VIT}, stem="knobs",
-                              doc=__doc__)
+    return training_free.main(argv, presets={"deit": FULL_DEIT, "vit": FULL_VIT, "quick": QUICK, "default": FULL_VIT},
+                              stem="knobs", doc=__doc__)
 
 
 if __name__ == "__main__":

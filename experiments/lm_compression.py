@@ -1,4 +1,4 @@
-"""Issue 23 (4): B-spline decoupling on a character language model with gated (SwiGLU) MLPs.
+"""B-spline decoupling on a character language model with gated (SwiGLU) MLPs.
 
 The trained LM (``checkpoints/lm-pystdlib``: d = 128, 4 decoder blocks, SwiGLU MLPs 128 → 384 →
 128 without biases; ``experiments/results/training_lm_pystdlib.json``) has every gated MLP
@@ -46,38 +46,38 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import hashlib
 import json
 import math
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
 
-import common  # noqa: E402  (sets the checkout's jaxbsd first on sys.path)
-import comparison  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jaxbsd as jb
+from jaxbsd.compression.methods import DEFAULT_CONFIG
+from jaxbsd.compression.surgery import get_submodule
+from jaxbsd.data import load_text_dataset
+from jaxbsd.models import LMConfig, build_model, config_for_dataset, count_params
+from jaxbsd.models.layers import MLP
+from jaxbsd.evaluation import evaluate_lm
+from jaxbsd.checkpoint import load_checkpoint, save_checkpoint
+from jaxbsd.training import TrainConfig, train_lm
 
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression.methods import DEFAULT_CONFIG  # noqa: E402
-from jaxbsd.compression.surgery import get_submodule  # noqa: E402
-from jaxbsd.data import load_text_dataset  # noqa: E402
-from jaxbsd.models import LMConfig, build_model, config_for_dataset, count_params  # noqa: E402
-from jaxbsd.models.layers import MLP  # noqa: E402
-from jaxbsd.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from jaxbsd.evaluation import evaluate_lm  # noqa: E402
-from jaxbsd.training import TrainConfig, train_lm  # noqa: E402
+from checkout import RESULTS, ROOT, enable_compilation_cache, rel_path
+from compression_study import apply_overrides, method_name
+from output import Timer, command_line, machine, read_json, write_json
+from refinement import Setting
+from units import protocol_key, resume_unit, save_infeasible, save_unit
+from verdicts import mean_std, paired_verdict
 
-METHODS = ("bsd", "svd", "drone", "prune")
+METHODS = tuple(map(Setting, ("bsd", "svd", "drone", "prune")))
 REFERENCE = "bsd"
 SETTINGS = ("training-free", "fine-tuned")
-TRAINING_JSON = common.RESULTS / "training_lm_pystdlib.json"
+TRAINING_JSON = RESULTS / "training_lm_pystdlib.json"
 
 #: Fine-tuning after the last replacement, every method: Adam, constant lr 1e-4, 100 steps of
 #: 16 windows of 128 characters (~205k characters, 5.5 % of one epoch); validation bpc on the
@@ -98,7 +98,7 @@ QUICK = dict(
     tiny=dict(config=dict(context=32, dim=32, depth=2, num_heads=2, mlp_dim=96),
               recipe=dict(epochs=1, steps=150, lr=3e-3, batch_size=16, schedule="cosine", warmup_epochs=0.01,
                           weight_decay=0.1, eval_batch_size=64)),
-    budgets=(0.2,), methods=("bsd", "prune"), seeds=2, calib_windows=8, test_chars=8192, test_segments=4,
+    budgets=(0.2,), methods=(Setting("bsd"), Setting("prune")), seeds=2, calib_windows=8, test_chars=8192, test_segments=4,
     val_chars=1024, max_iter=10, finetune=dict(FINETUNE, steps=10), fit=dict(ranks=(4,), seeds=2),
 )
 
@@ -179,18 +179,19 @@ def summarize(runs: list[dict], plan: dict) -> tuple[list[dict], dict]:
     and per setting and ρ the paired verdict of every method against bsd ("holds": bsd's bpc is
     lower, paired t-test p < 0.05; ``mean_diff`` = method − bsd, in bits per character)."""
     rows, verdicts = [], {}
+    methods = [m.name for m in plan["methods"]]
     for setting in SETTINGS:
         for reduction in plan["budgets"]:
             by = {m: {r["seed"]: r for r in runs if (r["setting"], r["method"], r["reduction"]) == (setting, m, reduction)}
-                  for m in plan["methods"]}
+                  for m in methods}
             vkey = f"{setting} {reduction!r}"
             verdicts[vkey] = {}
-            for method in plan["methods"]:
+            for method in methods:
                 ok = [r for r in by[method].values() if r["status"] == "ok"]
-                row = {"setting": setting, "method": method, "name": comparison.method_name(method),
+                row = {"setting": setting, "method": method, "name": method_name(method),
                        "reduction": reduction, "seeds": len(ok), "status": "ok" if ok else "infeasible"}
                 if ok:
-                    bpc = common.mean_std([r["test_bpc"] for r in ok])
+                    bpc = mean_std([r["test_bpc"] for r in ok])
                     errs = [e for r in ok for e in r["output_errors"].values() if e is not None]
                     row.update(bpc_mean=bpc[0], bpc_std=bpc[1], params_mean=float(np.mean([r["params"] for r in ok])),
                                reduction_achieved_mean=float(np.mean([r["reduction_achieved"] for r in ok])),
@@ -200,10 +201,10 @@ def summarize(runs: list[dict], plan: dict) -> tuple[list[dict], dict]:
                     continue
                 seeds = sorted(s for s in by[method] if s in by[REFERENCE] and by[method][s]["status"] == "ok"
                                and by[REFERENCE][s]["status"] == "ok")
-                v = common.paired_verdict([by[method][s]["test_bpc"] for s in seeds],
+                v = paired_verdict([by[method][s]["test_bpc"] for s in seeds],
                                           [by[REFERENCE][s]["test_bpc"] for s in seeds],
                                           better="holds", worse="does not hold")
-                v["claim"] = f"B-spline has lower test bpc than {comparison.method_name(method)} ({setting}, ρ = {reduction})"
+                v["claim"] = f"B-spline has lower test bpc than {method_name(method)} ({setting}, ρ = {reduction})"
                 verdicts[vkey][method] = v
                 row["verdict_vs_bsd"] = v["verdict"] if v["n"] else None
     return rows, verdicts
@@ -221,7 +222,7 @@ def fit_summary(fits: list[dict]) -> tuple[list[dict], str]:
             row = {"kind": kind, "rank": rank, "seeds": len(sel), "params_mlp": sel[0]["params_mlp"],
                    "params_decoupled": sel[0]["params_decoupled"]}
             for key in ("error_J", "error_F", "output_error"):
-                row[f"{key}_mean"], row[f"{key}_std"] = common.mean_std([f[key] for f in sel])
+                row[f"{key}_mean"], row[f"{key}_std"] = mean_std([f[key] for f in sel])
             rows.append(row)
     parts = []
     for rank in sorted({r["rank"] for r in rows}):
@@ -248,7 +249,7 @@ def fit_summary(fits: list[dict]) -> tuple[list[dict], str]:
 
 def recipe_of_checkpoint() -> TrainConfig:
     """The training recipe of ``checkpoints/lm-pystdlib``, as recorded in its result file."""
-    return TrainConfig(**common.read_json(TRAINING_JSON)["train_config"])
+    return TrainConfig(**read_json(TRAINING_JSON)["train_config"])
 
 
 def build_lm(config: LMConfig, mlp: str, seed: int = 0):
@@ -284,15 +285,15 @@ def load_or_train_lm(path: pathlib.Path, config: LMConfig, mlp: str, recipe: Tra
     with ``recipe`` (``train_lm``) and saved there. Returns ``(model, info)``."""
     if path.exists():
         model = load_lm(path, mlp)
-        return model, {"checkpoint": common.rel_path(path), "trained_now": False, "mlp": mlp}
-    log(f"training {common.rel_path(path)} ({mlp} MLPs): {recipe}")
+        return model, {"checkpoint": rel_path(path), "trained_now": False, "mlp": mlp}
+    log(f"training {rel_path(path)} ({mlp} MLPs): {recipe}")
     model = build_lm(config, mlp, seed=recipe.seed)
-    timer = common.Timer()
+    timer = Timer()
     history = train_lm(model, dataset, recipe, progress=False)
     save_checkpoint(path, model, {"dataset": dataset.name, "train": recipe.to_dict(), "history": history, "mlp": mlp,
                                   "written_by": "experiments/lm_compression.py"})
     log(f"  trained in {timer():.0f} s: validation {history[-1]['val_bpc']:.4f} bpc")
-    return model, {"checkpoint": common.rel_path(path), "trained_now": True, "mlp": mlp, "recipe": recipe.to_dict(),
+    return model, {"checkpoint": rel_path(path), "trained_now": True, "mlp": mlp, "recipe": recipe.to_dict(),
                    "validation_bpc": history[-1]["val_bpc"], "seconds": timer()}
 
 
@@ -305,7 +306,7 @@ def models_for(plan: dict, dataset, out: pathlib.Path, log) -> tuple[dict, dict]
     else:
         recipe = recipe_of_checkpoint()
         base = config_for_dataset("lm", dataset)
-        paths = {"gated": common.ROOT / plan["checkpoint"], "plain": common.ROOT / plan["plain_checkpoint"]}
+        paths = {"gated": ROOT / plan["checkpoint"], "plain": ROOT / plan["plain_checkpoint"]}
     info = {kind: load_or_train_lm(paths[kind], base, kind, recipe, dataset, log)[1] for kind in paths}
     return paths, info
 
@@ -323,11 +324,11 @@ def samples_for(params_total: int, mlp_params: list[int], config, reduction: flo
     return min(max(128, 2 * rank), plan["calib_windows"] * config.context)
 
 
-def refine_of(method: str) -> tuple[str, jb.Refine | None]:
-    """``(base method, its Refine or None)`` of a study method name (``"bsd-ref300"``)."""
-    base, steps, target, batch, lr = comparison.split_refine(method)
-    return base, (jb.Refine(steps=steps, target=target, batch_size=batch,
-                            learning_rate=lr or jb.Refine.learning_rate) if steps else None)
+def refine_of(setting: Setting) -> tuple[str, jb.Refine | None]:
+    """``(base method, its Refine or None)`` of a study's method setting."""
+    r = setting.refine
+    return setting.base, (jb.Refine(steps=r.steps, target=r.target, batch_size=r.batch,
+                                    learning_rate=r.learning_rate or jb.Refine.learning_rate) if r.steps else None)
 
 
 def solver_config(plan: dict) -> jb.CMTFConfig:
@@ -335,21 +336,24 @@ def solver_config(plan: dict) -> jb.CMTFConfig:
     return DEFAULT_CONFIG.replace(lam=0.25, max_iter=plan["max_iter"])
 
 
-def _method(value: str) -> str:
-    """argparse type of ``--methods``: one of :data:`METHODS`, optionally refined (``bsd-ref300``)."""
-    if comparison.split_refine(value)[0] not in METHODS:
-        raise argparse.ArgumentTypeError(f"invalid method {value!r} (choose from {', '.join(METHODS)}, "
+def _method(value: str) -> Setting:
+    """argparse type of ``--methods``: the :class:`Setting` a name stands for, its base one of
+    :data:`METHODS` (``bsd-ref300``: ``bsd`` refined)."""
+    setting = Setting.parse(value)
+    if Setting(setting.base) not in METHODS:
+        raise argparse.ArgumentTypeError(f"invalid method {value!r} (choose from {', '.join(map(str, METHODS))}, "
                                          "each optionally with -ref<n>)")
-    return value
+    return setting
 
 
-def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict, log) -> dict:
-    """One (method, ρ, seed) unit: compress every listed MLP back to front, test bpc; fine-tune,
+def run_unit(setting: Setting, reduction: float, seed: int, *, ctx: dict, plan: dict, log) -> dict:
+    """One (setting, ρ, seed) unit: compress every listed MLP back to front, test bpc; fine-tune,
     test bpc again. Its saved record if it finished before under the same tag."""
+    method = setting.name
     name = f"{method}-rho{int(round(1000 * reduction)):04d}-seed{seed}"
     state = ctx["protocol_dir"] / name
     finetune = TrainConfig(**plan["finetune"], seed=seed)
-    base, refine = refine_of(method)
+    base, refine = refine_of(setting)
     # the settings added with minibatches are left out of the tag at their full-batch values, so the
     # units saved before they existed keep their tags
     refine_tag = refine and {k: v for k, v in refine.to_dict().items()
@@ -357,20 +361,20 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
     tag = json.dumps({"method": method, "reduction": reduction, "seed": seed, "max_iter": plan["max_iter"],
                       "num_samples": ctx["num_samples"][reduction], "finetune": finetune.to_dict(),
                       **({"refine": refine_tag} if refine else {})}, sort_keys=True)
-    if (done := common.resume_unit(state, tag, name, log)) is not None:
+    if (done := resume_unit(state, tag, name, log)) is not None:
         return done
-    timer = common.Timer()
+    timer = Timer()
     model = load_checkpoint(ctx["model_path"])[0]
     record = {"method": method, "reduction": reduction, "seed": seed, "params_original": ctx["params_original"],
-              "num_samples": ctx["num_samples"][reduction], "machine": common.machine()}
+              "num_samples": ctx["num_samples"][reduction], "machine": machine()}
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     try:
         model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=jb.get_method(base, config=solver_config(plan) if base in ("bsd", "auto") else None, num_samples=ctx["num_samples"][reduction]), key=jax.random.key(seed), refine=refine)
     except ValueError as err:
-        return common.save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)
+        return save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)
     free_bpc = evaluate_lm(model, ctx["test_ids"])
     seconds_free = timer()
-    tune_timer = common.Timer()
+    tune_timer = Timer()
     history = train_lm(model, ctx["finetune_data"], finetune, progress=False)
     tuned_bpc = evaluate_lm(model, ctx["test_ids"])
     record.update(
@@ -383,7 +387,7 @@ def run_unit(method: str, reduction: float, seed: int, *, ctx: dict, plan: dict,
                                  "train_bpc": history[-1]["train_bpc"], "val_bpc": history[-1]["val_bpc"]}},
         seconds=timer(),
     )
-    common.save_unit(state / "unit.json", tag, record)
+    save_unit(state / "unit.json", tag, record)
     log(f"  {name}: {free_bpc:.4f} bpc training-free, {tuned_bpc:.4f} after fine-tuning, {record['params']} "
         f"parameters ({100 * report.reduction:.2f} % fewer), ranks {sorted(set(record['ranks'].values()))}, "
         f"{timer():.0f} s")
@@ -397,9 +401,9 @@ def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> 
     samples = min(max(128, 2 * rank), plan["calib_windows"] * ctx["context"])
     tag = json.dumps({"kind": kind, "rank": rank, "seed": seed, "max_iter": plan["max_iter"], "num_samples": samples},
                      sort_keys=True)
-    if (done := common.resume_unit(state, tag, name, log)) is not None:
+    if (done := resume_unit(state, tag, name, log)) is not None:
         return done
-    timer = common.Timer()
+    timer = Timer()
     model = load_lm(ctx["paths"][kind], kind)
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     params_mlp = count_params(get_submodule(model, ctx["fit_mlp"]))
@@ -408,8 +412,8 @@ def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> 
     record = {"kind": kind, "rank": rank, "seed": seed, "mlp": ctx["fit_mlp"], "num_samples": samples,
               "params_mlp": params_mlp, "params_decoupled": r.params_after, "error_J": r.error_J, "error_F": r.error_F,
               "output_error": r.output_error, "jacobian": r.jacobian, "spec": r.spec, "seconds": timer(),
-              "machine": common.machine()}
-    common.save_unit(state / "unit.json", tag, record)
+              "machine": machine()}
+    save_unit(state / "unit.json", tag, record)
     log(f"  {name}: Error(J) {r.error_J:.4g}, Error(F) {r.error_F:.4g}, output error {r.output_error:.4g} "
         f"({r.jacobian} Jacobian), {timer():.0f} s")
     return record
@@ -463,7 +467,7 @@ def plot(rows: list[dict], path: pathlib.Path, bpc_original: float, params_origi
             if ok:
                 ax.errorbar([r["params_mean"] for r in ok], [r["bpc_mean"] for r in ok],
                             yerr=[r["bpc_std"] for r in ok], color=colors.get(method), marker="o", ms=4, capsize=3,
-                            lw=1, label=comparison.method_name(method))
+                            lw=1, label=method_name(method))
         ax.axhline(bpc_original, color="k", lw=0.8, ls="--", label=f"original ({params_original:,} params)")
         ax.set_title(setting, fontsize=9)
         ax.set_xlabel("parameters of the compressed model")
@@ -487,16 +491,16 @@ def main(argv=None) -> int:
                         help="methods (full: all four); any may end in -ref<n> (refined, n steps)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, ρ) and per fit (full: 3)")
     parser.add_argument("--max-iter", type=int, default=None, help="R-CMTF sweeps per MLP (full: 300)")
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
-    plan = comparison.apply_overrides(QUICK if args.quick else FULL, args, ("budgets", "methods", "seeds", "max_iter"))
+    plan = apply_overrides(QUICK if args.quick else FULL, args, ("budgets", "methods", "seeds", "max_iter"))
     if args.seeds is not None:
         plan["fit"] = dict(plan["fit"], seeds=args.seeds)
     prefix = "lm_compression_quick" if args.quick else "lm_compression"
     args.out.mkdir(parents=True, exist_ok=True)
-    command = common.command_line("lm_compression.py", argv)
-    common.enable_compilation_cache()
-    timer = common.Timer()
+    command = command_line("lm_compression.py", argv)
+    enable_compilation_cache()
+    timer = Timer()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -521,13 +525,13 @@ def main(argv=None) -> int:
     protocol = {"checkpoint": model_info["gated"]["checkpoint"], "plain": model_info["plain"]["checkpoint"],
                 "limit": plan["limit"], "mlps": mlps, "calib_windows": plan["calib_windows"],
                 "test": [plan["test_chars"], plan["test_segments"]], "val_chars": plan["val_chars"]}
-    key = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:10]
+    key = protocol_key(protocol)
     ctx = {"protocol_dir": args.out / "state" / prefix / f"protocol-{key}", "model_path": paths["gated"],
            "paths": paths, "data": data, "context": context, "mlps": mlps, "num_samples": num_samples,
            "params_original": params_original, "test_ids": test_ids, "fit_mlp": mlps[0],
            "finetune_data": dataclasses.replace(data, validation=data.validation[: plan["val_chars"]])}
-    units = [run_unit(method, rho, seed, ctx=ctx, plan=plan, log=log)
-             for rho in plan["budgets"] for method in plan["methods"] for seed in range(plan["seeds"])]
+    units = [run_unit(setting, rho, seed, ctx=ctx, plan=plan, log=log)
+             for rho in plan["budgets"] for setting in plan["methods"] for seed in range(plan["seeds"])]
     runs = [run for u in units for run in runs_of(u)]
     rows, verdicts = summarize(runs, plan)
     fits = [fit_unit(kind, rank, seed, ctx=ctx, plan=plan, log=log)
@@ -571,7 +575,7 @@ def main(argv=None) -> int:
         # each unit's own time once (a fine-tuned run's seconds include its training-free part)
         "run_seconds_total": sum(u.get("seconds") or 0 for u in [*units, *fits]),
     }
-    common.write_json(args.out / f"{prefix}.json", payload)
+    write_json(args.out / f"{prefix}.json", payload)
     write_csv(rows, args.out / f"{prefix}.csv")
     plot(rows, args.out / f"{prefix}.png", bpc_original, params_original,
          f"character LM (pystdlib), gated MLPs compressed back to front: test bpc against parameters "

@@ -1,4 +1,4 @@
-"""Label-free distillation of the compressed character LM (issue 43), paired with refinement alone.
+"""Label-free distillation of the compressed character LM, paired with refinement alone.
 
 The compression is a unit of ``experiments/lm_compression.py`` (its gated LM, every MLP back to
 front at a whole-model reduction ρ by ``jb.compress_model``, refined: ``prune-ref300`` by default;
@@ -7,8 +7,7 @@ study's). The compressed LM is then trained towards the original LM's next-chara
 T = 2) on ``distill_windows`` further windows of the training text (another draw; the text's next
 characters are never read as targets, only the original model's predictions are), through
 :func:`jaxbsd.compression.distill.distill_model`. Test bits per character on the study's test
-subset, refined and distilled: the pairing. Issue 43's target at ρ = 0.2: the distilled gap to the
-original at most half of refinement's.
+subset, refined and distilled: the pairing.
 
 Usage::
 
@@ -27,25 +26,24 @@ import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import common  # noqa: E402  (first: the checkout's jaxbsd)
-import lm_compression as lmc  # noqa: E402
+import jaxbsd as jb
+from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs
+from jaxbsd.data import load_text_dataset
+from jaxbsd.models import count_params
+from jaxbsd.evaluation import evaluate_lm
+from jaxbsd.checkpoint import load_checkpoint
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import lm_compression as lmc
+from checkout import RESULTS, enable_compilation_cache
+from output import Timer, command_line, machine, write_json
+from refinement import Refinement, Setting
+from units import resume_unit, save_unit
 
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs  # noqa: E402
-from jaxbsd.data import load_text_dataset  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
-from jaxbsd.checkpoint import load_checkpoint  # noqa: E402
-from jaxbsd.evaluation import evaluate_lm  # noqa: E402
-
-FULL = dict(study=lmc.FULL, budgets=(0.1, 0.2, 0.35), methods=("prune-ref300",), seeds=3, distill_windows=4096, steps=3000,
+FULL = dict(study=lmc.FULL, budgets=(0.1, 0.2, 0.35), methods=(Setting("prune", Refinement(300)),), seeds=3, distill_windows=4096, steps=3000,
             batch=16, learning_rate=1e-3, schedule="cosine", temperature=2.0)
 QUICK = dict(FULL, study=lmc.QUICK, seeds=1, distill_windows=64, steps=10, batch=8)
 
@@ -53,9 +51,9 @@ QUICK = dict(FULL, study=lmc.QUICK, seeds=1, distill_windows=64, steps=10, batch
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size")
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--budgets", type=float, nargs="+")
-    parser.add_argument("--methods", nargs="+")
+    parser.add_argument("--methods", nargs="+", type=Setting.parse)
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--steps", type=int)
     args = parser.parse_args(argv)
@@ -65,10 +63,10 @@ def main(argv=None) -> int:
             plan[name] = tuple(value) if isinstance(value, list) else value
     study = plan["study"]
     stem = "lm_distill_quick" if args.quick else "lm_distill"
-    command = common.command_line("lm_distill.py", argv)
-    common.enable_compilation_cache()
+    command = command_line("lm_distill.py", argv)
+    enable_compilation_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    wall = common.Timer()
+    wall = Timer()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -88,8 +86,9 @@ def main(argv=None) -> int:
     records = []
     for rho in plan["budgets"]:
         num_samples = lmc.samples_for(P, mlp_params, original.config, rho, study)
-        for method in plan["methods"]:
-            base, refine = lmc.refine_of(method)
+        for setting in plan["methods"]:
+            method = setting.name
+            base, refine = lmc.refine_of(setting)
             for seed in range(plan["seeds"]):
                 name = f"{method}-dist-rho{int(round(1000 * rho)):04d}-seed{seed}"
                 config = jb.Distill(loss="kl", temperature=plan["temperature"], steps=plan["steps"],
@@ -101,10 +100,10 @@ def main(argv=None) -> int:
                                   "distill": config.to_dict(), "distill_windows": plan["distill_windows"]},
                                  sort_keys=True)
                 state = args.out / "state" / stem / name
-                if (kept := common.resume_unit(state, tag, name, log)) is not None:
+                if (kept := resume_unit(state, tag, name, log)) is not None:
                     records.append(kept)
                     continue
-                timer = common.Timer()
+                timer = Timer()
                 calib = jnp.asarray(lmc.calibration_windows(data.train, study["calib_windows"], context, seed))
                 model, report = jb.compress_model(load_checkpoint(paths["gated"])[0], calib, mlps=mlps, reduction=rho, method=jb.get_method(base, config=lmc.solver_config(study) if base in ("bsd", "auto") else None, num_samples=num_samples), key=jax.random.key(seed), refine=refine)
                 bpc_refined = evaluate_lm(model, test_ids)
@@ -119,15 +118,15 @@ def main(argv=None) -> int:
                               bpc_original=bpc_original, bpc_refined=bpc_refined, bpc=bpc,
                               gap_refined=bpc_refined - bpc_original, gap=bpc - bpc_original, distill=info,
                               distill_windows=int(windows.shape[0]), seconds_compress=seconds_compress,
-                              seconds_distill=info["seconds"], seconds=timer(), machine=common.machine())
-                common.save_unit(state / "unit.json", tag, record)
+                              seconds_distill=info["seconds"], seconds=timer(), machine=machine())
+                save_unit(state / "unit.json", tag, record)
                 records.append(record)
                 log(f"  {name}: {bpc_refined:.4f} bpc refined -> {bpc:.4f} distilled (original {bpc_original:.4f}; "
                     f"held-out loss {info['loss_before']:.4g} -> {info['loss_after']:.4g}, step {info['steps_kept']}), "
                     f"{timer():.0f} s")
     rows = []
     for rho in plan["budgets"]:
-        for method in plan["methods"]:
+        for method in (m.name for m in plan["methods"]):
             rs = [r for r in records if r["method"] == method and r["reduction"] == rho]
             if rs:
                 rows.append(dict(method=method, reduction=rho, seeds=[r["seed"] for r in rs],
@@ -135,7 +134,7 @@ def main(argv=None) -> int:
                                  gap_mean=float(np.mean([r["gap"] for r in rs])),
                                  bpc_mean=float(np.mean([r["bpc"] for r in rs])),
                                  bpc_refined_mean=float(np.mean([r["bpc_refined"] for r in rs]))))
-    common.write_json(args.out / f"{stem}.json", {
+    write_json(args.out / f"{stem}.json", {
         "command": command, "plan": dict(plan, study=dataclasses.asdict(study) if dataclasses.is_dataclass(study)
                                          else study),
         "model": model_info, "bpc_original": bpc_original, "test_characters": len(test_ids), "rows": rows,

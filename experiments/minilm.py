@@ -8,11 +8,9 @@ evaluation from the others (:func:`jaxbsd.data.load_docs_corpus`).
 
 **The axis is MLP-relative**, stated plainly: a unit removes a share ``s`` of the six MLPs'
 parameters, ``s`` ∈ {0.5, 0.6, 0.7, 0.8, 0.9}, i.e. a whole-model reduction ``ρ = s · P_mlp / P`` of
-0.157 … 0.283 (recorded per unit). Why not ρ ∈ {0.05, …, 0.25} of the model: at ρ = 0.05 the
-decoupling's rank would be ≈ 1290 of the hidden width 1536, which on this 2-core CPU costs hours per
-seed (issue 42 measured 18 min for the six MLPs at rank ≈ 620), while pruning loses almost nothing
-there. The axis above keeps every method's ranks in the regime where they differ (B-spline ranks
-765, 612, 459, 306, 153).
+0.157 … 0.283 (recorded per unit): at ρ = 0.05 of the model the decoupling's rank would be ≈ 1290
+of the hidden width 1536 (hours per seed on a 2-core CPU); the axis above keeps every method's ranks
+in the regime where they differ (B-spline ranks 765, 612, 459, 306, 153).
 
 Every method (``prune``, ``svd``, ``drone``, ``bsd``, ``auto``) compresses all six MLPs back to front
 with ``jb.compress_model`` (uniform allocation, the budget rule ``params <= (1 − ρ)·P``), unrefined
@@ -25,9 +23,8 @@ share a build: a refined run holds out a share of the calibration tokens to sele
 refinement step, so it decouples from the others.
 
 **The cut** (``slow_cells``, said on the results page): ``bsd`` and ``auto`` at the two lightest
-shares (0.5 and 0.6, ranks 765 and 612) run for the first seed only. Those builds cost 9–12 min for
-the six MLPs on this 2-core CPU, twice per cell (refined and not), so their two further seeds would
-add about 1.5 h of the study's 4; every other cell has 3 seeds.
+shares (0.5 and 0.6, ranks 765 and 612) run for the first seed only (their builds are the slowest,
+twice per cell: refined and not); every other cell has 3 seeds.
 
 A seed sets the calibration draw (32 windows of 128 tokens from the calibration files, 4096 tokens
 per MLP) and the solver key together. Evaluation (fixed, seed-independent): 256 passages and 300
@@ -62,25 +59,23 @@ import pathlib
 import sys
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import jax
+import numpy as np
+from flax import nnx
 
-import common  # noqa: E402  (first: the checkout's jaxbsd)
+import jaxbsd as jb
+from jaxbsd.compression.methods import get_method
+from jaxbsd.compression.methods.auto import Auto
+from jaxbsd.compression.methods.base import Method
+from jaxbsd.compression.methods.prune import Prune
+from jaxbsd.data import load_docs_corpus, minilm_dir
+from jaxbsd import evaluation
+from jaxbsd.models import bert as B
+from jaxbsd.models import count_params
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression.methods import get_method  # noqa: E402
-from jaxbsd.compression.methods.auto import Auto  # noqa: E402
-from jaxbsd.compression.methods.base import Method  # noqa: E402
-from jaxbsd.compression.methods.prune import Prune  # noqa: E402
-from jaxbsd import evaluation  # noqa: E402
-from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
-from jaxbsd.models import bert as B  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
+from checkout import RESULTS, enable_compilation_cache
+from output import Timer, command_line, machine, write_json
+from units import resume_unit, resumed_seconds, save_infeasible, save_unit
 
 METHODS = ("prune", "svd", "drone", "bsd", "auto")
 CHEAP = ("prune", "svd", "drone")
@@ -165,7 +160,7 @@ def reference_embeddings(original, passages, pairs, cache: pathlib.Path, log) ->
         with np.load(cache) as f:
             if str(f["tag"]) == tag:
                 return {k: f[k] for k in ("passages", "titles", "sections")}, tag
-    t = common.Timer()
+    t = Timer()
     reference = evaluation.embed_eval_set(original, passages, pairs)
     cache.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cache, tag=tag, **reference)
@@ -214,7 +209,7 @@ def _cut(plan: dict, method: str, share: float, seed: int) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size")
-    parser.add_argument("--out", default=str(common.RESULTS))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--methods", nargs="+", choices=METHODS)
     parser.add_argument("--shares", nargs="+", type=float)
     parser.add_argument("--seeds", type=int)
@@ -223,8 +218,8 @@ def main(argv=None) -> int:
     for name in ("methods", "shares", "seeds"):
         if getattr(args, name) is not None:
             plan[name] = tuple(getattr(args, name)) if name != "seeds" else args.seeds
-    command = common.command_line("minilm.py", argv)
-    common.enable_compilation_cache()
+    command = command_line("minilm.py", argv)
+    enable_compilation_cache()
     out = pathlib.Path(args.out)
     stem = "minilm_quick" if args.quick else "minilm"
     result_path = out / f"{stem}.json"
@@ -234,7 +229,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, flush=True)
 
-    wall = common.Timer()
+    wall = Timer()
     model_dir = minilm_dir()
     original = B.from_pretrained(model_dir)
     P = count_params(original)
@@ -269,10 +264,10 @@ def main(argv=None) -> int:
     cache_for = None
 
     def write():
-        common.write_json(result_path, {
+        write_json(result_path, {
             "command": command, "description": describe, "plan": plan, "params": P, "params_mlp": P_mlp,
             "model_dir_sha256_safetensors": "53aa5117…", "units_planned": len(units), "units_done": len(records),
-            "runs": records, "wall_seconds": wall(), "machine": common.machine()})
+            "runs": records, "wall_seconds": wall(), "machine": machine()})
         plot(records, plan, result_path.with_suffix(".png"))
 
     for method, share, seed, refined in units:
@@ -281,7 +276,7 @@ def main(argv=None) -> int:
         unit_dir = state_root / f"{name}_s{share}_seed{seed}"
         unit_dir.mkdir(parents=True, exist_ok=True)
         tag = repr((method, share, seed, refined, plan["windows"], plan["seq_len"], plan["max_iter"], tag_eval))
-        kept = common.resume_unit(unit_dir, tag, label, log)
+        kept = resume_unit(unit_dir, tag, label, log)
         if kept is not None:
             records.append(kept)
             continue
@@ -294,17 +289,17 @@ def main(argv=None) -> int:
         mask = np.ones_like(ids)
         encoder = B.from_pretrained(model_dir)
         load_start = os.getloadavg()[0]  # the times are wall seconds: what else ran beside them
-        resumed = common.resumed_seconds(unit_dir / "run")  # steps an interrupted process finished
-        t = common.Timer()
+        resumed = resumed_seconds(unit_dir / "run")  # steps an interrupted process finished
+        t = Timer()
         try:
             encoder, report = jb.compress_model(encoder, lambda m: m(ids, mask), mlps=None, reduction=rho, method=method_object(method, cache, clock,
                                                                                                plan["max_iter"]), key=jax.random.key(seed), refine=jb.Refine() if refined else None, execution=jb.Execution(state_dir=unit_dir / "run"))
         except ValueError as err:
             record = dict(method=name, share=share, seed=seed, rho=rho)
-            records.append(common.save_infeasible(err, record, unit_dir / "unit.json", tag, label, t(), log))
+            records.append(save_infeasible(err, record, unit_dir / "unit.json", tag, label, t(), log))
             continue
         seconds = t() + resumed
-        t_eval = common.Timer()
+        t_eval = Timer()
         scores = evaluation.fidelity(reference, evaluation.embed_eval_set(encoder, passages, pairs))
         record = dict(method=name, base=method, refined=refined, share=share, seed=seed, rho=rho,
                       reduction=report.reduction, params=report.params_after, seconds=seconds, resumed_seconds=resumed,
@@ -315,8 +310,8 @@ def main(argv=None) -> int:
                                  {k: r.refine.get(k) for k in ("steps", "steps_kept", "error_before", "error_after",
                                                                 "seconds")})
                             for r in report.mlps],
-                      load_1min=[load_start, os.getloadavg()[0]], machine=common.machine())
-        common.save_unit(unit_dir / "unit.json", tag, record)
+                      load_1min=[load_start, os.getloadavg()[0]], machine=machine())
+        save_unit(unit_dir / "unit.json", tag, record)
         records.append(record)
         log(f"  {label}: rho={rho:.3f} cos={scores['mean_cosine']:.4f} nn10={scores['neighbour_overlap']:.3f} "
             f"R@10={scores['recall@10']:.3f} ({seconds:.0f} s + eval {record['eval_seconds']:.0f} s)")

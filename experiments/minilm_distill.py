@@ -1,4 +1,4 @@
-"""Label-free distillation of the compressed all-MiniLM-L6-v2 (issue 43), paired with refinement alone.
+"""Label-free distillation of the compressed all-MiniLM-L6-v2, paired with refinement alone.
 
 The compression is the real-model study's refined unit (``experiments/minilm.py``: every MLP back to
 front at a share ``s`` of the six MLPs' parameters removed, refined, 32 calibration windows of 128
@@ -47,24 +47,23 @@ import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
 
-import common  # noqa: E402  (first: the checkout's jaxbsd)
-import minilm as study  # noqa: E402
+from checkout import RESULTS, enable_compilation_cache
+from output import Timer, command_line, machine, write_json
+from units import knob_suffix as shared_knob_suffix, resume_unit, save_unit
+import minilm as study
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jaxbsd as jb  # noqa: E402
-from jaxbsd.compression.distill import DISTILL_STREAM, _per_leaf, distill_model, teacher_outputs  # noqa: E402
-from jaxbsd import evaluation  # noqa: E402
-from jaxbsd.data import load_docs_corpus, minilm_dir  # noqa: E402
-from jaxbsd.models import bert as B  # noqa: E402
-from jaxbsd.models import count_params  # noqa: E402
+import jaxbsd as jb
+from jaxbsd.compression.distill import DISTILL_STREAM, per_leaf_loss, distill_model, teacher_outputs
+from jaxbsd.data import load_docs_corpus, minilm_dir
+from jaxbsd import evaluation
+from jaxbsd.models import bert as B
+from jaxbsd.models import count_params
 
 VARIANTS = ("emb", "emb+layers")
 FULL = dict(shares=(0.8,), methods=("prune", "auto"), variants=("emb+layers",), seeds=1, windows=32, seq_len=128,
@@ -82,7 +81,7 @@ LENGTHS = ("full", "mixed", "passages")
 def knob_suffix(plan: dict, sep: str, base: dict = FULL, skip: tuple = ()) -> str:
     """``sep``-joined tags of the knobs of ``plan`` that differ from ``base`` (``""`` if none), but
     those in ``skip``."""
-    return common.knob_suffix(plan, base, KNOBS, sep, skip)
+    return shared_knob_suffix(plan, base, KNOBS, sep, skip)
 
 
 def embedding_and_layers(encoder: B.Encoder, batch: dict):
@@ -149,8 +148,8 @@ def embedding_only(encoder: B.Encoder, batch: dict):
 
 def loss_emb_and_layers(outputs, targets):
     """``1 − cos`` of the embeddings plus the layers' relative squared errors, averaged over the layers."""
-    layers = [_per_leaf("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])]
-    return _per_leaf("cosine", 1.0, outputs[0], targets[0]) + sum(layers) / len(layers)
+    layers = [per_leaf_loss("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])]
+    return per_leaf_loss("cosine", 1.0, outputs[0], targets[0]) + sum(layers) / len(layers)
 
 
 def distill_config(variant: str, plan: dict) -> jb.Distill:
@@ -164,7 +163,7 @@ def distill_config(variant: str, plan: dict) -> jb.Distill:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size")
-    parser.add_argument("--out", default=str(common.RESULTS))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--shares", nargs="+", type=float)
     parser.add_argument("--methods", nargs="+", choices=study.METHODS)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS)
@@ -181,8 +180,8 @@ def main(argv=None) -> int:
                  "lengths"):
         if (value := getattr(args, name)) is not None:
             plan[name] = tuple(value) if isinstance(value, list) else value
-    command = common.command_line("minilm_distill.py", argv)
-    common.enable_compilation_cache()
+    command = command_line("minilm_distill.py", argv)
+    enable_compilation_cache()
     out = pathlib.Path(args.out)
     stem = "minilm_distill_quick" if args.quick else "minilm_distill"
     base = QUICK if args.quick else FULL
@@ -190,7 +189,7 @@ def main(argv=None) -> int:
     study_stem = "minilm_quick" if args.quick else "minilm"
     state_root = out / "state" / stem
     state_root.mkdir(parents=True, exist_ok=True)
-    wall = common.Timer()
+    wall = Timer()
 
     def log(msg):
         print(msg, flush=True)
@@ -226,10 +225,10 @@ def main(argv=None) -> int:
                         "distill": config.to_dict(), "distill_windows": plan["distill_windows"],
                         # a knob later than the first runs: in the tag only where it is not the default
                         **({"lengths": plan["lengths"]} if plan["lengths"] != "full" else {})}, sort_keys=True)
-                    if (kept := common.resume_unit(state_root / name, tag, name, log)) is not None:
+                    if (kept := resume_unit(state_root / name, tag, name, log)) is not None:
                         records.append(kept)
                         continue
-                    timer = common.Timer()
+                    timer = Timer()
                     if compressed is None:
                         compressed, report = jb.compress_model(
                             B.from_pretrained(model_dir), lambda m: m(ids, mask), mlps=None, reduction=rho,
@@ -263,14 +262,14 @@ def main(argv=None) -> int:
                                   trainable=plan["trainable"], learning_rate=plan["learning_rate"],
                                   lengths=plan["lengths"],
                                   distill_windows=int(windows.shape[0]), seconds_compress=seconds_compress,
-                                  seconds_distill=info["seconds"], seconds=timer(), machine=common.machine())
-                    common.save_unit(state_root / name / "unit.json", tag, record)
+                                  seconds_distill=info["seconds"], seconds=timer(), machine=machine())
+                    save_unit(state_root / name / "unit.json", tag, record)
                     records.append(record)
                     log(f"  {name}: cos {refined_scores['mean_cosine']:.4f} refined -> {scores['mean_cosine']:.4f} "
                         f"distilled, R@10 {refined_scores['recall@10']:.3f} -> {scores['recall@10']:.3f} (held-out "
                         f"loss {info['loss_before']:.4g} -> {info['loss_after']:.4g}, step {info['steps_kept']}), "
                         f"{timer():.0f} s")
-    common.write_json(out / f"{result_stem}.json", {
+    write_json(out / f"{result_stem}.json", {
         "command": command, "plan": plan, "params": P, "params_mlp": P_mlp, "runs": records,
         "reference_recall@10": records[0]["distilled"]["reference_recall@10"] if records else None,
         "wall_seconds": wall(), "machines": sorted({r["machine"] for r in records})})

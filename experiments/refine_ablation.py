@@ -1,9 +1,10 @@
-"""Label-free refinement: how many steps, and which target (issue 37's ablation).
+"""Label-free refinement: how many steps, which target, which batch and learning rate.
 
 The protocol of ``training_free.py`` (a trained model, every MLP replaced at a whole-model
 reduction ρ, nothing trained with labels, 256 calibration images per block and seed), with each
 replacement refined for ``n`` Adam steps to reproduce the original MLP's outputs on the
-calibration tokens (``-ref<n>``; :class:`jaxbsd.Refine`), the best step on 20 % held-out tokens kept:
+calibration tokens (a :class:`refinement.Refinement`, named ``-ref<n>``; :class:`jaxbsd.Refine`), the
+best step on 20 % held-out tokens kept:
 
 * ``--study steps`` (default): ``n`` ∈ {0, 50, 100, 300, 1000} for the warm-started B-spline
   decoupling and for pruning, at ρ = 0.5, back to front (the order of every study);
@@ -43,34 +44,32 @@ import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import compression_study
+import training_free
+from refinement import Refinement, Setting
 
-import training_free  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
-import comparison  # noqa: E402
-import refine_names  # noqa: E402
-
+BASES = (Setting("bsd-warm"), Setting("prune"))
+BSD_WARM, PRUNE = BASES
 STEPS = (50, 100, 300, 1000)
-STEP_METHODS = ("bsd-warm", "prune", *(f"{m}-ref{n}" for m in ("bsd-warm", "prune") for n in STEPS))
-TARGET_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "bsd-warm-refc300", "prune-ref300", "prune-refc300",
+STEP_METHODS = (*BASES, *(m.with_refinement(n) for m in BASES for n in STEPS))
+TARGET_METHODS = (*BASES, *(m.with_refinement(300, target) for m in BASES for target in ("local", "consistent")),
                   # the default loop (minibatches of 512), at 300 and 1000 steps, consistent target
-                  *(f"{m}-refc{n}b512" for n in (300, 1000) for m in ("bsd-warm", "prune")))
+                  *(m.with_refinement(n, "consistent", 512) for n in (300, 1000) for m in BASES))
 
 STEPS_VIT = dict(training_free.FULL_VIT, budgets=(0.5,), methods=STEP_METHODS)
 STEPS_DEIT = dict(training_free.FULL, budgets=(0.5,), methods=STEP_METHODS)
-MAIN_METHODS = ("bsd-warm", "prune", "auto", "bsd-warm-ref300", "prune-ref300", "auto-ref300")
+MAIN_METHODS = (*BASES, Setting("auto"), *(m.with_refinement(300) for m in (*BASES, Setting("auto"))))
 MAIN_DEIT = dict(training_free.FULL, budgets=(0.1, 0.2, 0.35, 0.5), methods=MAIN_METHODS)
 MAIN_VIT = dict(training_free.FULL_VIT, budgets=(0.2, 0.35, 0.5), methods=MAIN_METHODS)
 TARGETS_VIT = dict(STEPS_VIT, methods=TARGET_METHODS, order="front-to-back")
 TARGETS_DEIT = dict(STEPS_DEIT, methods=TARGET_METHODS, order="front-to-back")
-BATCH_METHODS = ("bsd-warm", "prune", "bsd-warm-ref300", "prune-ref300", "bsd-warm-ref300b512", "prune-ref300b512",
-                 "bsd-warm-ref300b256", "prune-ref300b256",
-                 # half the steps, and twice the learning rate (lr20: 2e-3), with minibatches of 512
-                 *(f"{m}-ref{v}" for v in ("150b512", "150b512lr20", "300b512lr20") for m in ("bsd-warm", "prune")))
-BATCH_VIT = dict(STEPS_VIT, methods=(*BATCH_METHODS, "bsd-warm-ref1000b512", "prune-ref1000b512"))
+BATCH_METHODS = (*BASES, *(m.with_refinement(300, batch=b) for b in (None, 512, 256) for m in BASES),
+                 # half the steps, and twice the learning rate (2e-3), with minibatches of 512
+                 *(Setting(m.base, r) for r in (Refinement(150, batch=512), Refinement(150, batch=512, learning_rate=2e-3),
+                                                Refinement(300, batch=512, learning_rate=2e-3)) for m in BASES))
+BATCH_VIT = dict(STEPS_VIT, methods=(*BATCH_METHODS, *(m.with_refinement(1000, batch=512) for m in BASES)))
 BATCH_DEIT = dict(STEPS_DEIT, methods=BATCH_METHODS)
-QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=("prune", "prune-ref20", "prune-refc20"),
+QUICK = dict(training_free.QUICK, budgets=(0.2,), seeds=1, methods=(PRUNE, PRUNE.with_refinement(20), PRUNE.with_refinement(20, "consistent")),
              order="front-to-back")
 
 
@@ -79,9 +78,9 @@ VARIABLE = {"steps": "refinement steps (full batch, local target)", "targets": "
             "batch": "refinement (steps, tokens per step, learning rate)"}
 
 
-def _variant(method: str, study: str) -> str:
-    """The x-axis label of a method name's refinement (``"none"`` for the method as built)."""
-    r = refine_names.split_refine(method)
+def _variant(setting: Setting, study: str) -> str:
+    """The x-axis label of a setting's refinement (``"none"`` for the method as built)."""
+    r = setting.refine
     if not r.steps:
         return "none" if study != "steps" else "0"
     if study == "steps":
@@ -93,8 +92,8 @@ def _variant(method: str, study: str) -> str:
     return "\n".join(parts)
 
 
-def _order(method: str):
-    r = refine_names.split_refine(method)
+def _order(setting: Setting):
+    r = setting.refine
     return (r.steps > 0, r.target, r.batch is not None, r.batch or 0, r.steps, r.learning_rate or 1e-3)
 
 
@@ -110,18 +109,20 @@ def plot_study(rows: list[dict], path: pathlib.Path, acc_original: float, params
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    bases = list(dict.fromkeys(refine_names.split_refine(r["method"]).base for r in ok))
-    labels = list(dict.fromkeys(_variant(r["method"], study) for r in sorted(ok, key=lambda r: _order(r["method"]))))
+    settings = {r["method"]: Setting.parse(r["method"]) for r in ok}  # the rows name their settings
+    bases = list(dict.fromkeys(settings[r["method"]].base for r in ok))
+    labels = list(dict.fromkeys(_variant(settings[r["method"]], study)
+                                for r in sorted(ok, key=lambda r: _order(settings[r["method"]]))))
     styles = [("tab:green", "o"), ("tab:red", "s"), ("tab:purple", "^"), ("tab:blue", "D"), ("tab:orange", "v")]
     width = max(6.4, 1.0 * len(labels) + 2)
     fig, ax = plt.subplots(figsize=(width, 4.6))
     for k, base in enumerate(bases):
-        mine = {_variant(r["method"], study): r for r in ok if refine_names.split_refine(r["method"]).base == base}
+        mine = {_variant(settings[r["method"]], study): r for r in ok if settings[r["method"]].base == base}
         xs = [i + (k - (len(bases) - 1) / 2) * 0.12 for i, lab in enumerate(labels) if lab in mine]
         got = [mine[lab] for lab in labels if lab in mine]
         colour, marker = styles[k % len(styles)]
         ax.errorbar(xs, [r["accuracy_mean"] for r in got], yerr=[r["accuracy_std"] for r in got], color=colour,
-                    marker=marker, ms=6, capsize=3, lw=1.2, label=comparison.method_name(base))
+                    marker=marker, ms=6, capsize=3, lw=1.2, label=compression_study.method_name(Setting(base)))
     ax.axhline(acc_original, color="k", lw=0.8, ls="--", label=f"original ({params_original:,} parameters)")
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlim(-0.5, len(labels) - 0.5)
@@ -157,8 +158,10 @@ def main(argv=None) -> int:
     if "--replot" in argv:  # python experiments/refine_ablation.py --study batch --replot RESULT.json
         replot(pathlib.Path(argv[argv.index("--replot") + 1]), study)
         return 0
+    plotter = None
     if study in VARIABLE:  # the study's own plot instead of accuracy against parameters
-        comparison.plot = lambda rows, path, acc, params, title: plot_study(rows, path, acc, params, title, study)
+        def plotter(rows, path, acc, params, title):
+            plot_study(rows, path, acc, params, title, study)
     presets = {"steps": (STEPS_VIT, STEPS_DEIT), "targets": (TARGETS_VIT, TARGETS_DEIT), "main": (MAIN_VIT, MAIN_DEIT),
                "batch": (BATCH_VIT, BATCH_DEIT)}
     if study not in presets:
@@ -166,7 +169,8 @@ def main(argv=None) -> int:
     vit, deit = presets[study]
     default = deit if study == "main" else vit
     return training_free.main(argv, presets={"deit": deit, "vit": vit, "quick": QUICK, "default": default},
-                              stem=f"refine_{study}", doc=__doc__, script=f"refine_ablation.py --study {study}")
+                              stem=f"refine_{study}", doc=__doc__, script=f"refine_ablation.py --study {study}",
+                              plotter=plotter)
 
 
 if __name__ == "__main__":

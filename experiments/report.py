@@ -47,7 +47,7 @@ import types
 from reporting import committed, figures, formats, names, pages, registry, stale, stats
 
 # This script is the package's entry point and its one import for tests and scripts
-# (``sys.path.insert(0, "experiments"); import report``). The package, by job:
+# (``import report`` with experiments/ on sys.path, as pytest's pythonpath puts it). The package, by job:
 #   committed   where the results are, loading one, the provenance line of a table
 #   stale       the staleness guard (the only module that imports jaxbsd, lazily)
 #   formats     table cells and the formatters of figures in prose

@@ -38,17 +38,14 @@ import dataclasses
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import common  # noqa: E402
+import jaxbsd as jb
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jaxbsd as jb  # noqa: E402
+from checkout import RESULTS
+from output import Timer, command_line, write_json
 
 jax.config.update("jax_enable_x64", True)
 
@@ -131,7 +128,7 @@ def run(budget: dict, train: int, test: int, seed: int, log=print):
                  "e_outside": (X_outside, jax.vmap(target)(X_outside))}
         for strategy in STRATEGIES:
             for name, basis in METHODS.items():
-                timer = common.Timer()
+                timer = Timer()
                 model, restarts = solve(strategy, J, F, X, basis, k_solve, budget)
                 r = results[strategy][name]
                 for metric, (points, values) in truth.items():
@@ -200,13 +197,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 draw, 1200 sweeps per solve")
     parser.add_argument("--draws", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=common.RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     budget = dict(QUICK if args.quick else FULL)
     if args.draws is not None:
         budget["draws"] = args.draws
-    command = common.command_line("synthetic.py", argv)
-    timer = common.Timer()
+    command = command_line("synthetic.py", argv)
+    timer = Timer()
     results, models = run(budget, 200, 1000, args.seed, log=lambda m: print(m, file=sys.stderr, flush=True))
     for metric in METRICS:
         print(f"\n{metric}:\n" + table(results, metric))
@@ -222,7 +219,7 @@ def main(argv=None) -> int:
         "wall_seconds": timer(),
     }
     name = "synthetic_quick" if args.quick else "synthetic"
-    json_path = common.write_json(args.out / f"{name}.json", payload)
+    json_path = write_json(args.out / f"{name}.json", payload)
     plot(models, args.out / f"{name}.png")
     print(f"wrote {json_path} and {args.out / (name + '.png')}")
     return 0

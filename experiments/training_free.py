@@ -24,7 +24,7 @@ any step. Methods:
   (``auto_judge="block"``, the rule before);
 * ``bsd-warm``: ``bsd`` plus one restart warm-started from the pruned MLP, the restart kept by
   its output error on held-out calibration tokens; other B-spline variants can be named on the
-  command line (``--methods bsd-nu8 bsd-warm-it100 …``, see ``comparison.bsd_variant``).
+  command line (``--methods bsd-nu8 bsd-warm-it100 …``, see :func:`compression_study.bsd_variant`).
 
 A seed sets the calibration sample (256 training images per block, drawn per step) and the
 solver key; runs with one seed are paired across methods. S (the solver's sampling points)
@@ -33,7 +33,7 @@ grows with the rank, ``S = max(128, 2r)``, as in ``comparison.py``. Each run rec
 and the relative output error on up to 8192 calibration tokens.
 
 The units, resume, summary, paired verdicts against ``bsd``, CSV and plot are those of
-``experiments/comparison.py`` (:func:`comparison.run_study`) with 0 fine-tuning epochs and no
+``experiments/comparison.py`` (:func:`compression_study.run_study`) with 0 fine-tuning epochs and no
 validation hold-out (nothing is selected on it).
 
 Usage::
@@ -52,16 +52,12 @@ once finished; an unfinished one resumes after its last finished block).
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import compression_study
+from refinement import Setting
 
-import comparison  # noqa: E402  (imports common first: BLAS threads, the checkout's jaxbsd)
-
-METHODS = ("bsd", "svd", "drone", "prune", "bsd-greedy", "auto", "bsd-warm", "auto-block")
+METHODS = tuple(map(Setting, ("bsd", "svd", "drone", "prune", "bsd-greedy", "auto", "bsd-warm", "auto-block")))
 
 #: Training-free presets: no fine-tuning (``epochs`` 0), no hold-out, no teacher; the whole
 #: training split is the pool the calibration images are drawn from.
@@ -70,21 +66,22 @@ FULL = dict(model="deit", dataset="usps", budgets=(0.1, 0.2, 0.35, 0.5), methods
 FULL_VIT = dict(FULL, model="vit", dataset="fashion-mnist")
 #: CI: the committed DeiT/USPS model (data under $JAXBSD_DATA), its last two blocks, 64
 #: calibration images, 300 test images, one ρ, two seeds, B-spline (10 sweeps) against pruning.
-QUICK = dict(FULL, budgets=(0.2,), methods=("bsd", "prune"), seeds=2, test_subset=300, blocks=2, max_iter=10,
+QUICK = dict(FULL, budgets=(0.2,), methods=(Setting("bsd"), Setting("prune")), seeds=2, test_subset=300, blocks=2, max_iter=10,
              capture_images=64)
 
 
 def main(argv=None, *, presets: dict | None = None, stem: str = "training_free", doc: str | None = None,
-         script: str | None = None) -> int:
+         script: str | None = None, plotter=None) -> int:
     """Run the study. ``presets`` (``{"deit"|"vit"|"quick"|"default": plan}``) and ``stem``
-    (the output name ``<stem>_<model>_<dataset>``) let another study reuse it (``knobs.py``)."""
+    (the output name ``<stem>_<model>_<dataset>``) let another study reuse it (``knobs.py``,
+    ``refine_ablation.py``); ``plotter``: its plot (:func:`compression_study.run_study`)."""
     presets = presets or {"deit": FULL, "vit": FULL_VIT, "quick": QUICK, "default": FULL}
     parser = argparse.ArgumentParser(description=(doc or __doc__).split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size (DeiT/USPS, 2 blocks, 1 ρ, 2 seeds, 2 methods)")
-    comparison.add_arguments(parser, METHODS, quick="deit/usps", budgets="0.1 0.2 0.35 0.5")
+    compression_study.add_arguments(parser, METHODS, quick="deit/usps", budgets="0.1 0.2 0.35 0.5")
     args = parser.parse_args(argv)
     plan = dict(presets["quick"] if args.quick else presets[args.model or "default"])
-    plan = comparison.apply_overrides(plan, args, ("model", "dataset", "budgets", "methods", "seeds", "max_iter",
+    plan = compression_study.apply_overrides(plan, args, ("model", "dataset", "budgets", "methods", "seeds", "max_iter",
                                                    "test_subset"))
     kind, name = plan["model"], plan["dataset"]
     prefix = f"{stem}_quick" if args.quick else f"{stem}_{kind}_{name}"
@@ -100,9 +97,9 @@ def main(argv=None, *, presets: dict | None = None, stem: str = "training_free",
                 + (f"S = {args.samples} per block" if args.samples else "S = max(128, 2r) per block")
                 + "; a seed sets the calibration images and the solver key")
 
-    return comparison.run_study(args, plan, prefix, script=script or f"{stem}.py", argv=argv,
-                                mode="quick" if args.quick else "full", describe=describe,
-                                title=f"{kind} on {name}, training-free")
+    return compression_study.run_study(args, plan, prefix, script=script or f"{stem}.py", argv=argv,
+                                       mode="quick" if args.quick else "full", describe=describe,
+                                       title=f"{kind} on {name}, training-free", plotter=plotter)
 
 
 if __name__ == "__main__":

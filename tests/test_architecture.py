@@ -16,9 +16,7 @@ import tomllib
 import grimp
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # on sys.path: pyproject's pytest pythonpath
 PACKAGES = ("jaxbsd", "benchmarks", "experiments.reporting")  # experiments/: a namespace package
 CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 NAMES = {c["id"]: c["name"] for c in CONTRACTS}

@@ -248,8 +248,8 @@ class ViTCalib:
 def _features_and_logits_loss(outputs, targets):
     logits, feats = outputs
     t_logits, t_feats = targets
-    return (distill_mod._per_leaf("kl", 2.0, logits, t_logits)
-            + distill_mod._per_leaf("relative", 1.0, feats, t_feats))
+    return (distill_mod.per_leaf_loss("kl", 2.0, logits, t_logits)
+            + distill_mod.per_leaf_loss("relative", 1.0, feats, t_feats))
 
 
 @pytest.mark.slow
@@ -390,8 +390,8 @@ def _logits_and_blocks(model, images):
 
 
 def _kl_and_blocks(outputs, targets):
-    return (distill_mod._per_leaf("kl", 2.0, outputs[0], targets[0])
-            + sum(distill_mod._per_leaf("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])))
+    return (distill_mod.per_leaf_loss("kl", 2.0, outputs[0], targets[0])
+            + sum(distill_mod.per_leaf_loss("relative", 1.0, o, t) for o, t in zip(outputs[1], targets[1])))
 
 
 @pytest.mark.slow

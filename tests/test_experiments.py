@@ -24,8 +24,7 @@ import pytest
 
 from jaxbsd.data import default_root
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # experiments/ is on sys.path: pyproject's pytest pythonpath
 slow = pytest.mark.slow
 
 needs_cifar10 = pytest.mark.skipif(
@@ -40,7 +39,10 @@ needs_fashion_mnist = pytest.mark.skipif(
 
 
 def _env(tmp_path: pathlib.Path) -> dict:
+    """The scripts' environment: this checkout's ``jaxbsd`` first (an editable install may be another
+    tree's) and its ``experiments/`` (the dry-resume script imports the studies)."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "experiments"), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["JAXBSD_CACHE"] = env.get("JAXBSD_CACHE") or str(tmp_path / "cache")
     return env
@@ -130,25 +132,25 @@ def _kill_after(args: list[str], out: pathlib.Path, pattern: str, tmp_path: path
 
 
 def test_paired_verdict_on_constructed_data():
-    import common
+    import verdicts
 
     kw = dict(better="holds", worse="does not hold")
-    win = common.paired_verdict([95.1, 94.8, 95.3, 95.0], [93.0, 92.9, 93.4, 92.7], **kw)
+    win = verdicts.paired_verdict([95.1, 94.8, 95.3, 95.0], [93.0, 92.9, 93.4, 92.7], **kw)
     assert win["verdict"] == "holds" and win["p_ttest"] < 0.05 and win["wins"] == 4 and win["losses"] == 0
     assert win["mean_diff"] == pytest.approx(2.05)
     assert win["p_sign"] == pytest.approx(0.125)  # 4 of 4 pairs: 2 * 0.5^4
-    loss = common.paired_verdict([90.0, 90.5, 89.8], [92.1, 92.4, 92.0], **kw)
+    loss = verdicts.paired_verdict([90.0, 90.5, 89.8], [92.1, 92.4, 92.0], **kw)
     assert loss["verdict"] == "does not hold" and loss["p_ttest"] < 0.05 and loss["mean_diff"] < 0
-    noise = common.paired_verdict([91.0, 92.5, 90.2], [91.4, 91.1, 91.3], **kw)
+    noise = verdicts.paired_verdict([91.0, 92.5, 90.2], [91.4, 91.1, 91.3], **kw)
     assert noise["verdict"] == "within noise" and noise["p_ttest"] >= 0.05
     # no spread at all, a single pair, identical runs: never a verdict by accident
-    assert common.paired_verdict([91.0, 91.0], [91.0, 91.0], **kw)["verdict"] == "within noise"
-    assert common.paired_verdict([99.0], [1.0], **kw)["verdict"] == "within noise"
+    assert verdicts.paired_verdict([91.0, 91.0], [91.0, 91.0], **kw)["verdict"] == "within noise"
+    assert verdicts.paired_verdict([99.0], [1.0], **kw)["verdict"] == "within noise"
     # the labels are the caller's: FB/BF uses its own
-    fbbf = common.paired_verdict([74.5, 74.4, 74.6], [71.0, 71.2, 70.9], better="BF better", worse="FB better")
+    fbbf = verdicts.paired_verdict([74.5, 74.4, 74.6], [71.0, 71.2, 70.9], better="BF better", worse="FB better")
     assert fbbf["verdict"] == "BF better"
     with pytest.raises(ValueError, match="paired"):
-        common.paired_verdict([1.0, 2.0], [1.0], **kw)
+        verdicts.paired_verdict([1.0, 2.0], [1.0], **kw)
 
 
 # --------------------------------------------------------------------------- fidelity (fast)
@@ -202,7 +204,7 @@ def test_fidelity_rebuilds_the_training_free_units(preset):
     and seed — the same ``jaxbsd.compression.blockwise`` configuration, not one that merely looks alike."""
     import argparse
 
-    import comparison
+    import compression_study
     import fidelity
     import training_free
 
@@ -212,21 +214,21 @@ def test_fidelity_rebuilds_the_training_free_units(preset):
         assert plan[key] == reference[key]
     for method in plan["methods"]:
         for rho in plan["budgets"]:
-            assert (comparison.unit_config(method, rho, 1, plan, args)
-                    == comparison.unit_config(method, rho, 1, reference, args))
+            assert (compression_study.unit_config(method, rho, 1, plan, args)
+                    == compression_study.unit_config(method, rho, 1, reference, args))
 
 
 def test_a_unit_whose_configuration_changed_starts_over(tmp_path):
-    import common
+    import units
 
     unit = tmp_path / "auto-rho0500-seed0"
     (unit / "model" / "3").mkdir(parents=True)
     (unit / "steps.json").write_text("[]")
-    common.save_unit(unit / "unit.json", "tag-a", {"accuracy": 1.0})
+    units.save_unit(unit / "unit.json", "tag-a", {"accuracy": 1.0})
     logged = []
-    assert common.resume_unit(unit, "tag-a", "u", logged.append) == {"accuracy": 1.0}
+    assert units.resume_unit(unit, "tag-a", "u", logged.append) == {"accuracy": 1.0}
     assert sorted(p.name for p in unit.iterdir()) == ["model", "steps.json", "unit.json"]  # kept as it is
-    assert common.resume_unit(unit, "tag-b", "u", logged.append) is None
+    assert units.resume_unit(unit, "tag-b", "u", logged.append) is None
     assert unit.is_dir() and not list(unit.iterdir())  # another run's state would be refused by compress()
     assert "starting over" in logged[-1]
 
@@ -273,36 +275,36 @@ def test_report_generators_say_when_no_result_is_committed(monkeypatch, tmp_path
 def test_renamed_checkpoints_keep_the_keys_of_committed_studies():
     """The trained models lost their ``.npz`` suffix; the studies' resume tags and protocol keys
     must still spell the old names, else every committed unit would be recomputed."""
-    import common
+    import checkout
+    import trained
 
     for name in ("deit-usps", "vit-usps", "vit-cifar10"):
-        recorded = common.rel_path(common.CHECKPOINTS / name)  # as load_or_train records it
+        recorded = checkout.rel_path(checkout.CHECKPOINTS / name)  # as load_or_train records it
         assert recorded == f"checkpoints/{name}" and (ROOT / recorded).is_dir()
-        assert common.checkpoint_key(recorded) == f"checkpoints/{name}.npz"
-    assert common.checkpoint_key("/elsewhere/checkpoints/x") == "/elsewhere/checkpoints/x"  # other paths as given
+        assert trained.checkpoint_key(recorded) == f"checkpoints/{name}.npz"
+    assert trained.checkpoint_key("/elsewhere/checkpoints/x") == "/elsewhere/checkpoints/x"  # other paths as given
     units = sorted((ROOT / "experiments/results/state").glob("full_compression*/vit-cifar10/*/unit.json"))
     assert units
     for unit in units:  # full_compression: the tag names the checkpoint and its digest names the directory
         tag = json.loads(unit.read_text())["tag"]
-        assert json.loads(tag)["ckpt"] == common.checkpoint_key(common.rel_path(common.CHECKPOINTS / "vit-cifar10"))
+        assert json.loads(tag)["ckpt"] == trained.checkpoint_key(checkout.rel_path(checkout.CHECKPOINTS / "vit-cifar10"))
         assert unit.parent.name.endswith(hashlib.sha256(tag.encode()).hexdigest()[:8])
     # The recorded DeiT command names its teacher by the old path: it is read as the new one.
-    args, _ = common.training_command("deit", "usps")
+    args, _ = trained.training_command("deit", "usps")
     teacher = args[args.index("--teacher") + 1]
     assert teacher == "checkpoints/vit-usps" and (ROOT / teacher).is_dir()
 
 
 _DRY_RESUME = """
 import json, pathlib, shlex, sys
-sys.path.insert(0, sys.argv[1])
-import comparison, full_compression
+import comparison, compression_study, full_compression
 def fail(*args, **kwargs):
     raise AssertionError("a finished unit was not found under its key: it would be recomputed")
-for module in (comparison, full_compression):
+for module in (compression_study, full_compression):
     module.compress = module.load_checkpoint = fail
-command = shlex.split(json.loads(pathlib.Path(sys.argv[2]).read_text())["command"])
+command = shlex.split(json.loads(pathlib.Path(sys.argv[1]).read_text())["command"])
 module = comparison if command[1].endswith("comparison.py") else full_compression
-sys.exit(module.main(command[2:] + ["--out", sys.argv[3]]))
+sys.exit(module.main(command[2:] + ["--out", sys.argv[2]]))
 """
 
 
@@ -317,13 +319,14 @@ sys.exit(module.main(command[2:] + ["--out", sys.argv[3]]))
 def test_bsd_variants_set_only_their_own_fields(method, fields):
     import argparse
 
-    import comparison
+    import compression_study as study
+    from refinement import Setting
 
-    assert comparison.bsd_variant(method) == fields
+    assert study.bsd_variant(method) == fields
     args = argparse.Namespace(degree=3, dof=4, samples=None)
     plan = {"max_iter": 300, "epochs": 0, "val_fraction": 0.0}
-    got = comparison.unit_config(method, 0.2, 1, plan, args).to_dict()
-    base = comparison.unit_config("bsd", 0.2, 1, plan, args).to_dict()
+    got = study.unit_config(Setting(method), 0.2, 1, plan, args).to_dict()
+    base = study.unit_config(Setting("bsd"), 0.2, 1, plan, args).to_dict()
     changed = {k for k in got if got[k] != base.get(k)} | {k for k in base if k not in got}
     assert changed == {{"dof": "basis"}.get(k, k) for k in fields}
 
@@ -333,7 +336,8 @@ def test_the_variant_grammar_keeps_the_tags_of_committed_units():
     training-free B-spline units must still match what ``unit_config`` builds for them."""
     import argparse
 
-    import comparison
+    import compression_study as study
+    from refinement import Setting
 
     state = ROOT / "experiments" / "results" / "state" / "training_free_deit_usps"
     units = sorted(state.glob("*/bsd*-rho*-seed*/unit.json"))
@@ -343,16 +347,16 @@ def test_the_variant_grammar_keeps_the_tags_of_committed_units():
     for path in units:
         saved = json.loads(path.read_text())
         tag, record = json.loads(saved["tag"]), saved["record"]
-        config = comparison.unit_config(record["method"], record["reduction"], record["seed"], plan, args)
+        config = study.unit_config(Setting.parse(record["method"]), record["reduction"], record["seed"], plan, args)
         assert config.to_dict() == tag["config"], path
 
 
 @pytest.mark.parametrize("method", ["bsd-", "bsd-nu", "bsd-fast", "bsd-it10x", "bsd-lam"])
 def test_unknown_variants_are_refused(method):
-    import comparison
+    import compression_study as study
 
     with pytest.raises(ValueError, match="unknown B-spline option"):
-        comparison.bsd_variant(method)
+        study.bsd_variant(method)
 
 
 @slow
@@ -367,8 +371,8 @@ def test_committed_studies_find_every_finished_unit(tmp_path, stem):
     committed = json.loads((ROOT / "experiments/results" / f"{stem}.json").read_text())
     out = tmp_path / "out"
     shutil.copytree(ROOT / "experiments/results/state", out / "state")
-    proc = subprocess.run([sys.executable, "-c", _DRY_RESUME, str(ROOT / "experiments"),
-                           str(ROOT / "experiments/results" / f"{stem}.json"), str(out)],
+    proc = subprocess.run([sys.executable, "-c", _DRY_RESUME, str(ROOT / "experiments/results" / f"{stem}.json"),
+                           str(out)],
                           cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert proc.stderr.count("finished before, kept") == len(committed["runs"])
@@ -612,16 +616,16 @@ def test_the_minilm_study_cuts_the_slow_cells_beyond_their_seeds():
 
 
 def test_a_resumed_unit_counts_the_seconds_its_finished_steps_took(tmp_path):
-    """``common.resumed_seconds`` reads back what the compression's own report says its steps took
+    """``units.resumed_seconds`` reads back what the compression's own report says its steps took
     (the MiniLM study adds it to a resumed unit's seconds, which were once the last process's alone)."""
-    import common
+    import units
     import grouped_toy
 
-    assert common.resumed_seconds(tmp_path / "none") == 0.0
+    assert units.resumed_seconds(tmp_path / "none") == 0.0
     _, report = grouped_toy.run("prune", refine=True, state_dir=tmp_path / "run")
     expected = sum(r.seconds + r.seconds_finetune for r in report.mlps)
     assert len(report.mlps) == 3 and expected > 0
-    assert common.resumed_seconds(tmp_path / "run") == pytest.approx(expected, rel=1e-9)
+    assert units.resumed_seconds(tmp_path / "run") == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.fixture
@@ -750,3 +754,25 @@ def test_minilm_distill_calibration_passages_are_the_tokenizers_own_truncated_an
     np.testing.assert_allclose(np.asarray(emb[0]), encoder.encode([texts[0]])[0], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="count"):
         minilm_distill.calibration_passages(encoder, texts, T, 6, seed=0)
+
+
+def test_every_committed_method_name_is_a_setting_whose_name_it_is():
+    """The studies derive a unit's method label from its :class:`refinement.Setting` in one place;
+    every label of a committed result reads back as a setting that derives the very same label, so
+    the committed files keep resolving (their unit names, state folders and tables)."""
+    from refinement import Refinement, Setting
+
+    names = set()
+    for path in (ROOT / "experiments" / "results").glob("*.json"):
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict):
+            continue
+        names |= {r["method"] for r in result.get("runs", []) if isinstance(r, dict) and isinstance(r.get("method"), str)}
+        methods = (result.get("plan") or {}).get("methods") if isinstance(result.get("plan"), dict) else None
+        names |= {m for m in methods or [] if isinstance(m, str)}
+    assert "prune-refc300b512" in names and "bsd-warm-ref150b512lr20" in names
+    for name in names:
+        assert Setting.parse(name).name == name
+    assert Setting.parse("prune-ref150b512lr20") == Setting("prune", Refinement(150, "local", 512, 2e-3))
+    assert Setting.parse("bsd-warm-refc300") == Setting("bsd-warm").with_refinement(300, "consistent")
+    assert Setting.parse("-ref300") == Setting("-ref300") and not Setting.parse("bsd-nu8").refined

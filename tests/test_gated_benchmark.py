@@ -1,15 +1,12 @@
 """The gated-MLP benchmark rows run end to end at tiny sizes (timings are not checked: the
 machine is shared), and both paths compute the same sweep."""
 
-import sys
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is not installed
-from benchmarks import gated as bench  # noqa: E402
+from benchmarks import gated as bench  # not installed: the checkout is on sys.path (pyproject's pytest pythonpath)
 
 
 @pytest.mark.slow  # a smoke test of the benchmark script's rows

@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxbsd.models import GatedMLP, LMConfig
+from jaxbsd.models.layers import ACTIVATIONS, MLP
+
+import lm_compression as lc  # experiments/ is on sys.path: pyproject's pytest pythonpath
+from refinement import Setting
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import lm_compression as lc  # noqa: E402
-
-from jaxbsd.models import GatedMLP, LMConfig  # noqa: E402
-from jaxbsd.models.layers import ACTIVATIONS, MLP  # noqa: E402
 
 
 # --------------------------------------------------------------------------- calibration windows
@@ -125,7 +125,7 @@ def test_runs_of_gives_one_run_per_setting_with_the_unit_fields():
 def test_summary_means_and_paired_verdicts_against_bsd():
     free = {"bsd": [2.50, 2.60, 2.55], "svd": [3.00, 3.12, 3.04], "prune": [2.40, 2.70, 2.58]}
     units = [_unit(m, s, v, v - 0.3) for m, vals in free.items() for s, v in enumerate(vals)]
-    plan = {"budgets": (0.2,), "methods": ("bsd", "svd", "prune")}
+    plan = {"budgets": (0.2,), "methods": tuple(map(Setting, ("bsd", "svd", "prune")))}
     rows, verdicts = lc.summarize([r for u in units for r in lc.runs_of(u)], plan)
     assert len(rows) == 2 * 3
     for row in rows:
@@ -142,7 +142,7 @@ def test_summary_means_and_paired_verdicts_against_bsd():
 
 def test_summary_marks_a_method_without_runs_infeasible():
     units = [_unit("bsd", 0, 2.5, 2.4), _unit("svd", 0, None, None, status="infeasible")]
-    rows, _ = lc.summarize([r for u in units for r in lc.runs_of(u)], {"budgets": (0.2,), "methods": ("bsd", "svd")})
+    rows, _ = lc.summarize([r for u in units for r in lc.runs_of(u)], {"budgets": (0.2,), "methods": (Setting("bsd"), Setting("svd"))})
     assert [r["status"] for r in rows if r["method"] == "svd"] == ["infeasible", "infeasible"]
 
 
@@ -190,7 +190,8 @@ def test_plain_checkpoint_loads_back_bit_for_bit(tmp_path):
 
 
 def _run_quick(out: pathlib.Path, tmp_path: pathlib.Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAXBSD_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "JAXBSD_CACHE": str(tmp_path / "cache"),  # this checkout's jaxbsd first
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "lm_compression.py"), "--quick", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-5000:]

@@ -11,14 +11,13 @@ import json
 import pathlib
 import re
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
+import report  # experiments/ is on sys.path: pyproject's pytest pythonpath
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import report  # noqa: E402
 
 PERTURBED = "comparison_vit_fashion-mnist.json"  # cmp_vit: README, results, ... quote it
 

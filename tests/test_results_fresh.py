@@ -20,12 +20,12 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import report  # noqa: E402
+from jaxbsd.solver import fingerprint as fp
+from jaxbsd.io import provenance
 
-from jaxbsd.solver import fingerprint as fp  # noqa: E402
-from jaxbsd.io import provenance  # noqa: E402
+import report  # experiments/ is on sys.path: pyproject's pytest pythonpath
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: How to multiply each least-squares cutoff of ``jaxbsd/cmtf.py`` by 1e6: (old text, new text).
 #: The one place to update when the solver's code is rewritten; the test asserts the old text
@@ -219,10 +219,11 @@ def _clone(tmp_path: pathlib.Path) -> pathlib.Path:
 def _stale_in(clone: pathlib.Path, tmp_path: pathlib.Path) -> dict:
     """The clone's own ``stale_results`` over its committed results, in a fresh process that
     imports the clone's ``jaxbsd`` and recomputes the fingerprint (an empty value cache)."""
-    script = ("import json, sys; sys.path.insert(0, 'experiments'); import report, jaxbsd; "
+    script = ("import json; import report, jaxbsd; "
               "print(json.dumps({'package': jaxbsd.__file__, 'files': [str(p) for p in report.result_files()], "
               "'problems': report.stale_results(report.result_files())}))")
-    env = {**os.environ, "PYTHONPATH": str(clone), "JAXBSD_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(clone), str(clone / "experiments")]),
+           "JAXBSD_CACHE": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", script], cwd=clone, env=env, capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,7 +1,7 @@
 """The results layer: the tables and figures of the README and the documentation site, generated
 from the committed results, and the staleness guard. Its command line is
 ``python experiments/report.py [--check] [--results DIR]``; ``import report`` (with
-``experiments/`` on ``sys.path``) is its one import for tests and scripts. No module imports JAX
+``experiments/`` on ``sys.path``: pyproject's pytest ``pythonpath``) is its one import for tests and scripts. No module imports JAX
 but :mod:`.stale` (lazily, for the solver's fingerprint); ``lint-imports`` checks it.
 
 Adding a study

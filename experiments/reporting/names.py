@@ -1,9 +1,17 @@
-"""Methods by name: as a table shows them, as prose says them, and the ``-ref…`` suffix of a
-refined unit (issue 37; parsed by ``experiments/refine_names.py``, shared with the studies)."""
+"""Methods by name: as a table shows them, as prose says them, and the names of refined units.
+
+A committed result names each unit's method setting by :attr:`refinement.Setting.name`; this module
+reads such a name back through :meth:`refinement.Setting.parse` (:func:`setting`) and derives the
+name of a refined unit through the same record (:func:`refined`), so the two cannot drift apart."""
 
 from __future__ import annotations
 
-from refine_names import refined as _refined_name, split_refine  # the studies' -ref… suffix (stdlib only)
+from refinement import Refinement, Setting  # the studies' method settings (standard library only)
+
+
+def setting(method: str) -> Setting:
+    """The setting a committed result's method name stands for."""
+    return Setting.parse(method)
 
 
 NAMES = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "bsd-greedy": "B-spline (greedy)", "prune": "Pruning"}
@@ -30,7 +38,8 @@ PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B
 def prose_name(method: str) -> str:
     """A method as prose: ``"pruning"``, ``"refined pruning"``, ``"the refined warm-started B-spline
     decoupling"``."""
-    base, steps, target, batch, lr = split_refine(method)
+    s = setting(method)
+    base, steps, target, batch, lr = s.base, s.refine.steps, s.refine.target, s.refine.batch, s.refine.learning_rate
     name = PROSE_NAMES.get(base, f"`{base}`")
     if not steps:
         return name
@@ -45,13 +54,14 @@ REFINE_STEPS = 300
 
 
 def is_refined(method: str) -> bool:
-    return split_refine(method)[1] > 0
+    return setting(method).refined
 
 
 def refined(method: str, steps: int = REFINE_STEPS, target: str = "local", batch: int | None = None,
             lr: float | None = None) -> str:
-    """:func:`refine_names.refined`, ``steps`` defaulting to :data:`REFINE_STEPS`."""
-    return _refined_name(method, steps, target, batch, lr)
+    """The name of ``method`` (a base) refined for ``steps`` (0: ``method`` itself) towards ``target``,
+    on minibatches of ``batch`` tokens (None: full batch), at learning rate ``lr`` (None: the default)."""
+    return Setting(method, Refinement(steps, target, batch, lr)).name
 
 
 def join(items: list[str]) -> str:

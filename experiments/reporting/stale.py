@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from typing import Iterable
 
 from . import committed
@@ -18,10 +17,9 @@ SOLVER_KEYS = ("solver_fingerprint", "fingerprint_version", "solver_hash", "solv
 
 
 def _fingerprint_module():
-    """:mod:`jaxbsd.solver.fingerprint` of this checkout: the numbers must be this checkout's solver's,
-    not those of whichever ``jaxbsd`` is installed (an editable install may be another tree)."""
-    if str(committed.ROOT) not in sys.path:
-        sys.path.insert(1, str(committed.ROOT))
+    """:mod:`jaxbsd.solver.fingerprint` as imported; :func:`stale_results` refuses to compare against it
+    unless it is this checkout's (an editable install may be another tree's: run from the checkout
+    with ``PYTHONPATH=.``)."""
     from jaxbsd.solver import fingerprint
 
     return fingerprint

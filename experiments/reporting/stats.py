@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from refine_names import split_refine
+from refinement import Refinement
 
 from .formats import count, num, pct, pv, sgn, slash
-from .names import REFINE_STEPS, join, prose_name, refined
+from .names import REFINE_STEPS, join, prose_name, refined, setting
 
 
 class Paired:
@@ -145,7 +145,7 @@ class Study(Result):
         """The method with the highest mean at ρ among ``methods``."""
         return max(methods, key=lambda m: self.mean(m, rho, key))
 
-    # Label-free refinement (issue 37): a refined unit is its method with ``-ref<n>`` / ``-refc<n>``.
+    # Label-free refinement: a refined unit is its method with ``-ref<n>`` / ``-refc<n>``.
 
     def has(self, *methods: str, rho: float | None = None) -> bool:
         """Whether each of ``methods`` has a finished run (at ρ, or at any ρ)."""
@@ -166,7 +166,7 @@ class Study(Result):
         """The refined method (``-ref<steps>``) with the highest mean at ρ, among ``methods``'
         refined units (default: every refined unit at ρ)."""
         names = ([refined(m, steps) for m in methods] if methods is not None else
-                 sorted({r["method"] for r in self.json["runs"] if split_refine(r["method"])[1:] == (steps, "local", None, None)}))
+                 sorted({r["method"] for r in self.json["runs"] if setting(r["method"]).refine == Refinement(steps)}))
         return self.best(rho, [m for m in names if self.has(m, rho=rho)])
 
     def changes(self, a: str, b: str, a0: str, b0: str, setting=None) -> str:

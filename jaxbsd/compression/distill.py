@@ -160,7 +160,7 @@ def trace_count() -> int:
 # ----------------------------------------------------------------------------- losses
 
 
-def _per_leaf(kind: str, temperature: float, o: jax.Array, t: jax.Array) -> jax.Array:
+def per_leaf_loss(kind: str, temperature: float, o: jax.Array, t: jax.Array) -> jax.Array:
     """The loss of one leaf ``o`` against ``t`` (same shape, leading axis examples)."""
     o, t = o.astype(jnp.promote_types(o.dtype, jnp.float32)), t.astype(jnp.promote_types(t.dtype, jnp.float32))
     tiny = jnp.finfo(o.dtype).tiny
@@ -189,7 +189,7 @@ class _Loss:
         if callable(self.kind):
             return jnp.asarray(self.kind(outputs, targets))
         leaves_o, leaves_t = jax.tree.leaves(outputs), jax.tree.leaves(targets)
-        return sum(_per_leaf(self.kind, self.temperature, o, t) for o, t in zip(leaves_o, leaves_t)) / len(leaves_t)
+        return sum(per_leaf_loss(self.kind, self.temperature, o, t) for o, t in zip(leaves_o, leaves_t)) / len(leaves_t)
 
 
 # ----------------------------------------------------------------------------- targets and checks

@@ -10,10 +10,9 @@ import numpy as np
 from .. import committed
 from ..committed import source_line
 from ..formats import md, num, pct, pm
-from ..names import prose_name
+from ..names import prose_name, setting
 from ..registry import SOURCES, source, table
 from ..stats import AutoRule, Paired, Study
-from refine_names import split_refine
 
 #: The studies' result files: the headline of each model (the script's full plan) first.
 HEADLINES = ("distill_vit_fashion-mnist.json", "distill_deit_usps.json")
@@ -139,7 +138,7 @@ class Distillation(Study):
         ..."; "" where no method ran in both."""
         items = []
         for m in self.methods(rho, variant):
-            base = split_refine(m)[0]
+            base = setting(m).base
             if finetuned.has(base, rho=rho):
                 items.append(f"{prose_name(m)} distilled {pct(self.mean(m, rho, setting=variant))} against "
                              f"{prose_name(base)} fine-tuned with labels {pct(finetuned.mean(base, rho))}")

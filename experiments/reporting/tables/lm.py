@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from refine_names import split_refine
 
 from .. import committed
 from ..committed import source_line
 from ..formats import md, pm, pval
-from ..names import is_refined, row_name
+from ..names import is_refined, row_name, setting
+from refinement import Setting
 from ..registry import source, table
 from ..stats import Paired, Study
 
@@ -58,7 +58,7 @@ def lm_compression_table() -> str:
             continue
         v = d["verdicts"][f"{r['setting']} {r['reduction']!r}"].get(r["method"])
         if is_refined(r["method"]):  # refined rows: against the B-spline refined the same way
-            reference = "bsd" + r["method"][len(split_refine(r["method"])[0]):]
+            reference = Setting("bsd", setting(r["method"]).refine).name
             if r["method"] == reference:
                 cell = "(reference, refined)"
             else:

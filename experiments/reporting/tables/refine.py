@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from refine_names import split_refine
 
 from .. import committed
 from ..committed import source_line
 from ..formats import bench_value, md, pm, sgn
-from ..names import NAMES, REFINE_STEPS, display, join, prose_name, refined
+from ..names import NAMES, REFINE_STEPS, display, join, prose_name, refined, setting
 from ..registry import helper, source, table
 from ..stats import AUTO_MARGIN, AutoRule, Paired, Study
 from .lm import LanguageModel
@@ -135,12 +134,12 @@ def refine_verdicts_table() -> str:
                           f"within {bound:g}: " + ("yes" if gap >= -bound else "**no**"))
             if s.has(refined("auto"), rho=rho):
                 rule = AutoRule(s, rho)
-                auto_cells = [f"{sgn(rule.diff)} against {display(split_refine(rule.against)[0])} ({rule.paired.pv})",
+                auto_cells = [f"{sgn(rule.diff)} against {display(setting(rule.against).base)} ({rule.paired.pv})",
                               "yes" if rule.holds else "**no**"]
             else:
                 auto_cells = ["—", "—"]
             v = s.vs(needed[0], needed[1], rho)
-            rows.append([f"{rho:g}", f"{display(split_refine(best)[0])} ({s.mean(best, rho):.2f} %)",
+            rows.append([f"{rho:g}", f"{display(setting(best).base)} ({s.mean(best, rho):.2f} %)",
                          f"{sgn(gap)}", bound_cell, *auto_cells,
                          _verdict_paired(v)])
         out += [f"**{title}** (original {d['accuracy_original']:.2f} %), every method refined ({REFINE_STEPS} full-batch steps, local target):",
@@ -167,8 +166,8 @@ def refine_steps_table() -> str:
     if d is None:
         return f"No current result committed (`{command}`)."
     s = Study(d)
-    bases = [m for m in ("bsd-warm", "prune") if any(split_refine(x)[0] == m for x in d["plan"]["methods"])]
-    steps = sorted({split_refine(m)[1] for m in d["plan"]["methods"] if split_refine(m)[0] in bases} | {0})
+    bases = [m for m in ("bsd-warm", "prune") if any(setting(x).base == m for x in d["plan"]["methods"])]
+    steps = sorted({st.refine.steps for m in d["plan"]["methods"] if (st := setting(m)).base in bases} | {0})
     rho = d["plan"]["budgets"][0]
     rows = []
     for n in steps:
@@ -211,7 +210,8 @@ def refine_batch_table() -> str:
         rows = []
         for b in ("bsd-warm", "prune"):
             full = refined(b)
-            minibatch = sorted(((m, v) for m in d["plan"]["methods"] if (v := split_refine(m)).base == b and v.batch),
+            minibatch = sorted(((m, v) for m in d["plan"]["methods"]
+                                if (st := setting(m)).base == b and (v := st.refine).batch),
                                key=lambda mv: (-mv[1].batch, -mv[1].steps, mv[1].learning_rate or 0.0))
             variants = [(full, "300 full-batch steps")] + [
                 (m, f"{v.steps} steps of {v.batch} tokens" + (f", learning rate {v.learning_rate:g}" if v.learning_rate else ""))
