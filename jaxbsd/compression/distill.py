@@ -86,9 +86,7 @@ class Distill:
       warmup: steps of linear warm-up before the cosine (``"cosine"`` only; fewer than ``steps``).
     """
 
-    # Defaults from the distillation study (docs/results.md, "Label-free distillation"): on the ViT
-    # at rho = 0.5 a cosine from 1e-3 beat a constant 3e-4 at 300 and at 6,000 steps, and 300 steps
-    # already took most of 6,000's gain at a twentieth of the cost.
+    # The defaults are the distillation study's choice (docs/results.md, "Label-free distillation").
     steps: int = 300
     learning_rate: float = 1e-3
     batch_size: int | None = 64

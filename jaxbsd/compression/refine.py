@@ -13,24 +13,19 @@ on all of them, full batch), before any fine-tuning, against a target ``Y`` that
 * ``target="local"``: the original MLP applied to the inputs the compressed model feeds it.
 
 Back to front (the default order) no MLP upstream has changed yet when one is replaced, so the two
-targets are the same tokens; front to back they differ, and on ViT/Fashion-MNIST at ρ = 0.5 the
-consistent one was as good for pruning and better for the decoupling (``experiments/refine_ablation.py
---study targets``; the results page has the figures).
+targets are the same tokens; front to back they differ (the docs' results page compares them).
 
 A share ``holdout`` of the tokens is held out and evaluated once per epoch of the training tokens
 (every step with full batches) and at the last step; the evaluated step with the lowest held-out
 error is kept (step 0, the replacement as built, included), so refining never raises the held-out
 error. In :func:`jb.compress_model` the held-out tokens are set apart before the replacement is
 built (:func:`reserved_tokens`, ``Site.held_X``): no build fits on them. Were they among the tokens
-a build fitted, step 0 would be judged in sample: a pruned MLP's output layer is the least-squares
-fit on its tokens, and on MiniLM at ρ = 0.1 (4,096 calibration tokens, all of them in that fit) no
-step of refinement ever beat it on such tokens, while on tokens the fit never saw it is 2.2–2.3×
-worse and refinement improves it.
+a build fitted, step 0 would be judged in sample (a pruned MLP's output layer is the least-squares
+fit on its tokens) and no step of refinement could be seen to beat it.
 
 Minibatches of 512 tokens are the default: a full-batch step costs as much as the whole
 calibration set, and the loop then takes longer than the decoupling it refines
-(``benchmarks/refine.py`` times both); the accuracies of the two are measured side by side in
-``experiments/refine_ablation.py --study batch`` (the results page has the figures). The
+(``benchmarks/refine.py`` times both; the results page compares their accuracies). The
 whole loop is one jitted ``lax.scan``: it compiles once per replacement structure and token count
 (all the blocks of a transformer share one program). The structure is unchanged: a
 ``DecoupledMLP`` stays a ``DecoupledMLP`` of the same rank, a pruned MLP keeps its units, and the
