@@ -21,6 +21,7 @@ from scipy.special import erf
 import importlib
 
 import jaxbsd as jb
+from flat_options import call_with
 from jaxbsd.compression import baselines
 from jaxbsd.solver import cmtf
 from jaxbsd.compression import blockwise as compress
@@ -58,23 +59,6 @@ def spline_residual(u, knots, target, degree=3):
     coef, *_ = np.linalg.lstsq(B, target, rcond=None)
     return target - B @ coef
 
-
-#: compress_model's options of a method, and of its execution, as the parameters below give them flat.
-METHOD_OPTIONS = ("config", "restarts", "warm_start", "selection", "auto_judge", "num_samples")
-EXECUTION_OPTIONS = ("order", "group", "mesh", "mesh_axis", "state_dir", "resume", "finetune")
-
-
-def call_with(args: dict) -> dict:
-    """``args`` with the method's options given to ``jb.get_method`` and the execution's to ``jb.Execution``
-    (either may raise the ``ValueError`` under test)."""
-    args = dict(args)
-    options = {k: args.pop(k) for k in METHOD_OPTIONS if k in args}
-    execution = {k: args.pop(k) for k in EXECUTION_OPTIONS if k in args}
-    if options:
-        args["method"] = jb.get_method(args.get("method", "bsd"), **options)
-    if execution:
-        args["execution"] = jb.Execution(**execution)
-    return args
 
 
 @pytest.mark.parametrize("act", ["gelu", "tanh"])

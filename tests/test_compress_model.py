@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
+from flat_options import call_with
 from jaxbsd.compression.baselines import LowRankMLP
 from jaxbsd.compression import budget
 from jaxbsd.compression.sites import make_site, site_jacobian
@@ -135,23 +136,6 @@ def test_reduction_meets_the_budget_and_the_model_still_runs(compressed):
     leaves = jax.tree.leaves(nnx.state(grads, nnx.Param))
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
 
-
-#: compress_model's options of a method, and of its execution, as the parameters below give them flat.
-METHOD_OPTIONS = ("config", "restarts", "warm_start", "selection", "auto_judge", "num_samples")
-EXECUTION_OPTIONS = ("order", "group", "mesh", "mesh_axis", "state_dir", "resume", "finetune")
-
-
-def call_with(args: dict) -> dict:
-    """``args`` with the method's options given to ``jb.get_method`` and the execution's to ``jb.Execution``
-    (either may raise the ``ValueError`` under test)."""
-    args = dict(args)
-    options = {k: args.pop(k) for k in METHOD_OPTIONS if k in args}
-    execution = {k: args.pop(k) for k in EXECUTION_OPTIONS if k in args}
-    if options:
-        args["method"] = jb.get_method(args.get("method", "bsd"), **options)
-    if execution:
-        args["execution"] = jb.Execution(**execution)
-    return args
 
 
 @pytest.mark.parametrize("method", [pytest.param("bsd", marks=pytest.mark.slow), "svd"])  # bsd: 6-7 s
