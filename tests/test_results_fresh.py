@@ -5,7 +5,7 @@ computed with the solver records the solver's numerical fingerprint (:mod:`jaxbs
 This test (run by ``.ci/run`` with the default suite) recomputes the fingerprint and fails for a
 result whose recorded one moved beyond :data:`jaxbsd.solver.fingerprint.RTOL`, naming it, the moved
 entries and the command that regenerates it. The issue's acceptance, in a clone of the
-committed tree: a comment-only commit to ``jaxbsd/cmtf.py`` keeps every result current;
+committed tree: a comment-only commit to ``jaxbsd/solver/cmtf.py`` keeps every result current;
 multiplying a least-squares cutoff by 1e6 stales them. The README's result tables are
 generated from those files (``experiments/report.py``), and so are the documentation site's.
 """
@@ -27,7 +27,7 @@ import report  # experiments/ is on sys.path: pyproject's pytest pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-#: How to multiply each least-squares cutoff of ``jaxbsd/cmtf.py`` by 1e6: (old text, new text).
+#: How to multiply each least-squares cutoff of ``jaxbsd/solver/linalg.py`` by 1e6: (old text, new text).
 #: The one place to update when the solver's code is rewritten; the test asserts the old text
 #: occurs exactly once, so a rewrite that removes it fails loudly instead of testing nothing.
 CUTOFF_PATCHES = {
@@ -237,7 +237,7 @@ def _stale_in(clone: pathlib.Path, tmp_path: pathlib.Path) -> dict:
 @pytest.mark.slow
 def test_a_comment_only_commit_to_the_solver_keeps_every_result_current(tmp_path):
     clone = _clone(tmp_path)
-    cmtf = clone / "jaxbsd" / "cmtf.py"
+    cmtf = clone / "jaxbsd" / "solver" / "cmtf.py"
     cmtf.write_text(cmtf.read_text().replace('"""R-CMTF-BSD:', '# A comment that changes no number.\n"""R-CMTF-BSD:', 1)
                     + "\n# Another one.\n")
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
@@ -251,12 +251,12 @@ def test_a_comment_only_commit_to_the_solver_keeps_every_result_current(tmp_path
 @pytest.mark.parametrize("cutoff", ["pinv", "lstsq"])
 def test_multiplying_a_least_squares_cutoff_by_1e6_stales_every_solver_result(tmp_path, cutoff):
     clone = _clone(tmp_path)
-    cmtf = clone / "jaxbsd" / "cmtf.py"
+    linalg = clone / "jaxbsd" / "solver" / "linalg.py"
     old, new = CUTOFF_PATCHES[cutoff]
-    source = cmtf.read_text()
-    assert source.count(old) == 1, f"update CUTOFF_PATCHES[{cutoff!r}]: {old!r} is not in jaxbsd/cmtf.py once"
-    cmtf.write_text(source.replace(old, new))
-    assert cmtf.read_text() != source
+    source = linalg.read_text()
+    assert source.count(old) == 1, f"update CUTOFF_PATCHES[{cutoff!r}]: {old!r} is not in jaxbsd/solver/linalg.py once"
+    linalg.write_text(source.replace(old, new))
+    assert linalg.read_text() != source
     problems = _stale_in(clone, tmp_path)["problems"]
     solver_results = _solver_results()
     assert solver_results and len(problems) == len(solver_results)
