@@ -107,6 +107,18 @@ def _key_is_valid(key) -> bool:
     return typed or legacy
 
 
+def _on_calibration(fn: Callable, *args):
+    """``fn(*args)``, a call that runs the model on the calibration; a failure of the forward pass
+    itself (anything but the ``ValueError`` of a check) becomes a ``ValueError`` naming ``calibration``."""
+    try:
+        return fn(*args)
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
+        raise ValueError(f"calibration: the model's forward pass fails on it "
+                         f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
+
+
 def _check_finite(what: str, value) -> None:
     for leaf in jax.tree.leaves(value):
         a = np.asarray(leaf) if isinstance(leaf, (jax.Array, np.ndarray)) else None
@@ -129,13 +141,7 @@ class BatchCalibration:
         self._outputs: dict[str, jax.Array] = {}
 
     def capture(self, model, paths, stage):
-        try:
-            tokens, order = capture_calls(model, self.calibration, paths)
-        except ValueError:
-            raise
-        except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
-            raise ValueError(f"calibration: the model's forward pass fails on it "
-                             f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
+        tokens, order = _on_calibration(capture_calls, model, self.calibration, paths)
         if stage == PLAN:  # checked once, on the original model (later stages see the same batch)
             for path, (X, Y) in tokens.items():
                 _check_finite(f"the inputs of {path!r} in the forward pass", X)
@@ -164,13 +170,7 @@ def _teacher(model, calibration, forward):
     """``(targets, seconds)``: the original model's outputs for distillation (``ValueError`` naming
     ``calibration`` where the forward pass fails)."""
     start = time.perf_counter()
-    try:
-        targets = teacher_outputs(model, calibration, forward)
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
-        raise ValueError(f"calibration: the model's forward pass fails on it "
-                         f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
+    targets = _on_calibration(teacher_outputs, model, calibration, forward)
     return targets, time.perf_counter() - start
 
 
@@ -217,13 +217,7 @@ def _validate(mlps, reduction, ranks, allocation, order, mlp_specs) -> list[str]
 def _discover(model, calibration) -> tuple[list[str], dict[str, str]]:
     """``mlps=None``: every submodule recognised as an MLP on the calibration, and why each candidate
     was chosen or not (``ValueError`` if none is)."""
-    try:
-        mlps, discovered = discover_mlps(model, calibration)
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 — the forward pass itself fails on this batch
-        raise ValueError(f"calibration: the model's forward pass fails on it "
-                         f"({type(err).__name__}: {err}); is it a batch of the model's inputs?") from err
+    mlps, discovered = _on_calibration(discover_mlps, model, calibration)
     if not mlps:
         why = "; ".join(f"{p}: {s}" for p, s in discovered.items()) or "no submodule has 2 or 3 nnx.Linear"
         raise ValueError(f"mlps=None: no submodule of {type(model).__name__} is recognised as an MLP ({why}); "
@@ -365,7 +359,7 @@ def compress_model(
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
                 order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine,
                 devices=devices)
-    sharded = shard_batch(calibration, check_mesh(execution.mesh, execution.mesh_axis))
+    sharded = shard_batch(calibration, devices if devices is not None else Devices())  # a mesh means grouped
     source = BatchCalibration(calibration if sharded is None else sharded, mlps, key, method.num_samples)
     params_before = count_params(model)
     finetune = execution.finetune
