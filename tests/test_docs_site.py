@@ -32,7 +32,7 @@ pytestmark = [
 
 def _docstring_first_line(module: str, function: str) -> str:
     """The first line of a function's docstring, read from the source (not from the site);
-    ``module`` is dotted below ``jaxbsd`` (``"compression.engine"``)."""
+    ``module`` is dotted below ``jaxbsd`` (``"compression.api"``)."""
     tree = ast.parse((ROOT / "jaxbsd" / f"{module.replace('.', '/')}.py").read_text())
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
     return ast.get_docstring(node).splitlines()[0].replace("``", "")
@@ -118,12 +118,12 @@ def test_index_renders(site):
 
 def test_compress_model_reference_renders_its_docstring(site):
     dom = _open(site, "api/compress_model/", "compress_model")
-    assert 'id="jaxbsd.compression.engine.compress_model"' in dom
-    assert _docstring_first_line("compression.engine", "compress_model") in _text(dom)
+    assert 'id="jaxbsd.compression.api.compress_model"' in dom
+    assert _docstring_first_line("compression.api", "compress_model") in _text(dom)
 
 
-@pytest.mark.parametrize("page, module, function", [("api/", "driver", "decouple"), ("api/", "cmtf", "solve"),
-                                                    ("api/compress_model/", "compression.engine", "compress_model")])
+@pytest.mark.parametrize("page, module, function", [("api/", "solver.driver", "decouple"), ("api/solver/", "solver.cmtf", "solve"),
+                                                    ("api/compress_model/", "compression.api", "compress_model")])
 def test_api_reference_shows_the_main_functions(site, page, module, function):
     out, _ = site
     dom = (out / "site" / page / "index.html").read_text()
