@@ -16,6 +16,8 @@ One folder per model family (``vit``, ``deit``, ``swin``, ``lm``, ``bert``): its
 holds the config and the modules, and ``bert/params.py`` maps Hugging Face tensor names to NNX
 paths (``from_pretrained``, ``save_pretrained``). Building blocks the families share live beside
 them: :mod:`jaxbsd.models.layers`, :mod:`jaxbsd.models.capture`, :mod:`jaxbsd.models.decoupled_mlp`.
+:func:`from_pretrained` and :func:`save_pretrained` (:mod:`jaxbsd.models.hub`) read and write a
+Hugging Face directory of any family, dispatched on ``config.json``'s ``model_type``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ __all__ = [
     "count_params",
     "mlp_inputs",
     "capture",
+    "from_pretrained",
+    "save_pretrained",
+    "supported_model_types",
 ]
 
 #: Model classes by kind name (the ``--model`` choices of the CLI).
@@ -151,3 +156,4 @@ def count_params(module) -> int:
 
 
 from jaxbsd.models.capture import capture, mlp_inputs  # noqa: E402  (capture imports nothing back)
+from jaxbsd.models.hub import from_pretrained, save_pretrained, supported_model_types  # noqa: E402

@@ -23,7 +23,10 @@ from jaxbsd.models.bert.params import from_pretrained, hf_tensors, save_pretrain
 
 __all__ = ["BertConfig", "Bert", "BertLayer", "BertAttention", "BertEmbeddings", "Encoder", "Unused",
            "POOLINGS", "HF_ACTIVATIONS", "pool", "from_pretrained", "save_pretrained", "hf_tensors",
-           "calibration_windows"]
+           "calibration_windows", "MODEL_CLASSES"]
+
+#: What :func:`jaxbsd.models.hub.save_pretrained` hands to this family's :func:`save_pretrained`.
+MODEL_CLASSES = (Encoder,)
 
 # Checkpoints record a model by ``module.qualname``: the family's public path, as before the split.
 Bert.__module__ = Encoder.__module__ = __name__

@@ -23,13 +23,13 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unused
+from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, param_tensors, read_json, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
@@ -83,13 +83,6 @@ def _lookup(tensors: dict, name: str):
     return None
 
 
-def _read_json(path: pathlib.Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read {what} ({err})") from err
-
-
 def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, int | None]:
     """``(pooling, normalize, max_seq_length)`` from the sentence-transformers files (defaults: mean,
     no normalisation, no limit)."""
@@ -97,7 +90,7 @@ def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, 
     modules_file = root / "modules.json"
     pooling_dir = "1_Pooling"
     if modules_file.is_file():
-        modules = _read_json(modules_file, "the sentence-transformers modules")
+        modules = read_json(modules_file, "the sentence-transformers modules")
         if not isinstance(modules, list):
             raise ValueError(f"{modules_file}: expected a JSON list of modules")
         kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
@@ -110,7 +103,7 @@ def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, 
                              "Normalize are)")
     pool_file = root / pooling_dir / "config.json"
     if pool_file.is_file():
-        cfg = _read_json(pool_file, "the pooling config")
+        cfg = read_json(pool_file, "the pooling config")
         modes = [m for m in POOLINGS if cfg.get(f"pooling_mode_{m}_token" if m == "cls" else f"pooling_mode_{m}_tokens")]
         others = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and
                   k not in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
@@ -124,7 +117,7 @@ def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, 
             raise ValueError(f"{pool_file}: word_embedding_dimension {dim} differs from hidden_size {hidden}")
     st_file = root / "sentence_bert_config.json"
     if st_file.is_file():
-        max_len = _read_json(st_file, "the sentence-transformers config").get("max_seq_length")
+        max_len = read_json(st_file, "the sentence-transformers config").get("max_seq_length")
     return pooling, normalize, max_len
 
 
@@ -141,61 +134,25 @@ def from_pretrained(path: str | os.PathLike) -> Encoder:
             when only ``pytorch_model.bin`` is there), no ``tokenizer.json``, a tensor missing or of
             the wrong shape. Nothing is returned half-loaded.
     """
-    from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
-    root = pathlib.Path(path)
-    if not root.is_dir():
-        raise ValueError(f"{root}: not a directory; expected a Hugging Face model directory "
-                         "(config.json, model.safetensors, tokenizer.json)")
-    config_file = root / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{root}: no config.json; expected a Hugging Face model directory")
-    config = BertConfig.from_hf(_read_json(config_file, "the model config"), str(config_file))
-    weights = root / "model.safetensors"
-    if not weights.is_file():
-        hint = (" (only pytorch_model.bin is there: convert it to model.safetensors, e.g. with "
-                "transformers' save_pretrained(safe_serialization=True); jaxbsd does not read pickles)"
-                if (root / "pytorch_model.bin").is_file() else "")
-        raise ValueError(f"{root}: no model.safetensors{hint}")
+    root, data = open_checkpoint(path)
+    config_file, weights = root / "config.json", root / "model.safetensors"
+    config = BertConfig.from_hf(data, str(config_file))
     tokenizer_file = root / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ValueError(f"{root}: no tokenizer.json (the fast tokenizer file of the tokenizers library)")
     pooling, normalize, max_len = _sentence_transformers(root, config.hidden_size)
-    try:
-        tensors = load_file(str(weights))
-    except Exception as err:  # noqa: BLE001 — safetensors raises its own error types on corrupt files
-        raise ValueError(f"{weights}: cannot read ({type(err).__name__}: {err})") from err
+    tensors = load_tensors(weights)
     try:
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     except Exception as err:  # noqa: BLE001
         raise ValueError(f"{tokenizer_file}: cannot read ({type(err).__name__}: {err})") from err
 
-    abstract = nnx.eval_shape(lambda: Bert(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    flat = dict(nnx.to_flat_state(state))
-    names = hf_tensors(config)
-    missing, wrong = [], []
-    values = {}
-    for key, var in flat.items():
-        name, transposed = names[key]
-        array = _lookup(tensors, name)
-        if array is None:
-            missing.append(name)
-            continue
-        array = np.asarray(array)
-        expected = var.shape[::-1] if transposed else var.shape
-        if array.shape != tuple(expected):
-            wrong.append(f"{name} has shape {array.shape}, expected {tuple(expected)}")
-            continue
-        values[key] = jnp.asarray(array.T if transposed else array, PARAM_DTYPE)
-    if missing or wrong:
-        problems = ([f"missing tensor(s) {missing[:4]}{' …' if len(missing) > 4 else ''}"] if missing else []) + wrong[:3]
-        raise ValueError(f"{weights}: {'; '.join(problems)} (config.json: hidden_size {config.hidden_size}, "
-                         f"intermediate_size {config.intermediate_size}, {config.num_hidden_layers} layers)")
-    for key, var in flat.items():
-        var.set_value(values[key])
-    bert = nnx.merge(graphdef, nnx.from_flat_state(flat))
+    bert = fill_params(nnx.eval_shape(lambda: Bert(config, rngs=nnx.Rngs(0))), hf_tensors(config), tensors,
+                       str(weights), lookup=_lookup, dtype=PARAM_DTYPE,
+                       describe=f"config.json: hidden_size {config.hidden_size}, intermediate_size "
+                                f"{config.intermediate_size}, {config.num_hidden_layers} layers")
     kernel, bias = _lookup(tensors, "pooler.dense.weight"), _lookup(tensors, "pooler.dense.bias")
     if kernel is not None and bias is not None:
         d = config.hidden_size
@@ -243,8 +200,6 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
     Returns the directory. Raises ``ValueError`` saying why for any other MLP (a decoupling, a
     low-rank factorisation, uneven widths), pointing to :func:`jaxbsd.save_compressed`.
     """
-    from safetensors.numpy import save_file
-
     if not isinstance(encoder, Encoder):
         raise ValueError(f"encoder must be a jaxbsd.models.bert.Encoder, got {type(encoder).__name__}")
     bert = encoder.bert
@@ -265,15 +220,11 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
     config = dataclasses.replace(config, intermediate_size=width)
     root = pathlib.Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    flat = dict(nnx.to_flat_state(nnx.state(bert, nnx.Param)))
-    for key, (name, transposed) in hf_tensors(config).items():
-        a = np.asarray(flat[key][...], np.float32)
-        tensors[name] = np.ascontiguousarray(a.T if transposed else a)
+    tensors = param_tensors(bert, hf_tensors(config))
     if bert.pooler_kernel is not None:
         tensors["pooler.dense.weight"] = np.ascontiguousarray(np.asarray(bert.pooler_kernel[...], np.float32).T)
         tensors["pooler.dense.bias"] = np.asarray(bert.pooler_bias[...], np.float32)
-    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    write_tensors(tensors, root / "model.safetensors")
     (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
     encoder.tokenizer.save(str(root / "tokenizer.json"))
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

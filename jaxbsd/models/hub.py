@@ -1,0 +1,175 @@
+"""Hugging Face checkpoints of every model family: one entry point each way.
+
+:func:`from_pretrained` reads ``config.json``'s ``model_type`` and hands the directory to the
+family that reads it (:data:`FAMILIES`); :func:`save_pretrained` hands a model to the family it
+came from. A family is a package ``jaxbsd.models.<family>`` with ``from_pretrained(path)`` and
+``save_pretrained(model, path)`` and a tuple ``MODEL_CLASSES`` of the classes it saves.
+
+The rest of this module is what every family's ``params.py`` shares: reading the directory
+(:func:`open_checkpoint`, :func:`read_json`, :func:`load_tensors`), filling an abstract module from
+the tensors through a name table (:func:`fill_params`) and the way back (:func:`param_tensors`,
+:func:`write_tensors`). A name table maps each parameter's NNX state path to its Hugging Face
+tensor name and whether the tensor is stored transposed (Flax kernels are ``(in, out)``, PyTorch
+``nn.Linear`` weights ``(out, in)``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+__all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrained", "read_json",
+           "open_checkpoint", "load_tensors", "fill_params", "param_tensors", "write_tensors"]
+
+#: ``model_type`` of ``config.json`` -> the package of the family that reads it.
+FAMILIES: dict[str, str] = {
+    "bert": "jaxbsd.models.bert",
+}
+
+#: ``{state path: (Hugging Face tensor name, stored transposed)}``.
+NameTable = Mapping[tuple, tuple[str, bool]]
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values :func:`from_pretrained` reads, sorted."""
+    return sorted(FAMILIES)
+
+
+def read_json(path: pathlib.Path, what: str) -> Any:
+    """The JSON content of ``path``; ``ValueError`` naming the path and ``what`` it should hold."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read {what} ({err})") from err
+
+
+def open_checkpoint(path: str | os.PathLike) -> tuple[pathlib.Path, dict]:
+    """``(directory, config.json's content)`` of a Hugging Face model directory with safetensors weights.
+
+    Raises ``ValueError`` naming the path: not a directory, no ``config.json`` (or not a JSON
+    object), no ``model.safetensors`` (saying so when only ``pytorch_model.bin`` is there: jaxbsd
+    reads no pickles).
+    """
+    root = pathlib.Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a directory; expected a Hugging Face model directory "
+                         "(config.json, model.safetensors)")
+    config_file = root / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{root}: no config.json; expected a Hugging Face model directory")
+    config = read_json(config_file, "the model config")
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file}: expected a JSON object")
+    if not (root / "model.safetensors").is_file():
+        hint = (" (only pytorch_model.bin is there: convert it to model.safetensors, e.g. with "
+                "transformers' save_pretrained(safe_serialization=True); jaxbsd does not read pickles)"
+                if (root / "pytorch_model.bin").is_file() else "")
+        raise ValueError(f"{root}: no model.safetensors{hint}")
+    return root, config
+
+
+def _family(model_type) -> Any:
+    if model_type not in FAMILIES:
+        raise ValueError(f"model_type is {model_type!r}; jaxbsd reads {supported_model_types()}")
+    return importlib.import_module(FAMILIES[model_type])
+
+
+def from_pretrained(path: str | os.PathLike):
+    """Load the Hugging Face directory ``path`` with the family its ``config.json``'s ``model_type`` names.
+
+    Raises ``ValueError`` naming the path for a directory that is not a checkpoint, and for an
+    unsupported ``model_type`` (listing the supported ones); the family's own checks follow.
+    """
+    root, config = open_checkpoint(path)
+    try:
+        family = _family(config.get("model_type"))
+    except ValueError as err:
+        raise ValueError(f"{root / 'config.json'}: {err}") from None
+    return family.from_pretrained(root)
+
+
+def save_pretrained(model, path: str | os.PathLike) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face directory with the family it belongs to; returns the directory.
+
+    Raises ``ValueError`` for a model of no family (and the family's own ``ValueError`` where the
+    compressed model is no longer of the family's standard form).
+    """
+    for name in dict.fromkeys(FAMILIES.values()):
+        family = importlib.import_module(name)
+        if isinstance(model, tuple(family.MODEL_CLASSES)):
+            return family.save_pretrained(model, path)
+    raise ValueError(f"model must be a model of one of the families {supported_model_types()}, "
+                     f"got {type(model).__name__}")
+
+
+def load_tensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a ``.safetensors`` file as numpy; ``ValueError`` naming the file if it cannot be read."""
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(file))
+    except Exception as err:  # noqa: BLE001 — safetensors raises its own error types on corrupt files
+        raise ValueError(f"{file}: cannot read ({type(err).__name__}: {err})") from err
+
+
+def fill_params(abstract: nnx.Module, names: NameTable, tensors: Mapping[str, np.ndarray], where: str, *,
+                lookup: Callable[[Mapping, str], np.ndarray | None] | None = None, dtype=jnp.float32,
+                describe: str = "") -> nnx.Module:
+    """``abstract`` (from ``nnx.eval_shape``) with every ``nnx.Param`` set from ``tensors`` through ``names``.
+
+    Every parameter of the module must have an entry in ``names``. ``lookup(tensors, name)`` finds a
+    tensor (default: ``tensors.get``; families use it for prefixes and old aliases). All tensors are
+    checked before any is set: a ``ValueError`` names ``where`` (the weights file), the first missing
+    tensors and the shape mismatches (both shapes), followed by ``describe`` (the config's sizes).
+    Tensors of ``tensors`` that no parameter uses are ignored (heads, poolers: the family states them).
+    """
+    find = lookup or (lambda t, name: t.get(name))
+    graphdef, state = nnx.split(abstract)
+    flat = dict(nnx.to_flat_state(state))
+    missing, wrong, values = [], [], {}
+    for key, var in flat.items():
+        if key not in names:
+            raise KeyError(f"no tensor name for the parameter {key}")  # a family's table is incomplete
+        name, transposed = names[key]
+        array = find(tensors, name)
+        if array is None:
+            missing.append(name)
+            continue
+        array = np.asarray(array)
+        expected = tuple(var.shape[::-1] if transposed else var.shape)
+        if array.shape != expected:
+            wrong.append(f"{name} has shape {array.shape}, expected {expected}")
+            continue
+        values[key] = jnp.asarray(array.T if transposed else array, dtype)
+    if missing or wrong:
+        problems = ([f"missing tensor(s) {missing[:4]}{' …' if len(missing) > 4 else ''}"] if missing else []) + wrong[:3]
+        raise ValueError(f"{where}: {'; '.join(problems)}" + (f" ({describe})" if describe else ""))
+    for key, var in flat.items():
+        var.set_value(values[key])
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def param_tensors(module: nnx.Module, names: NameTable) -> dict[str, np.ndarray]:
+    """``{Hugging Face name: float32 array}`` of ``module``'s parameters through ``names`` (the way back)."""
+    flat = dict(nnx.to_flat_state(nnx.state(module, nnx.Param)))
+    tensors = {}
+    for key, (name, transposed) in names.items():
+        a = np.asarray(flat[key][...], np.float32)
+        tensors[name] = np.ascontiguousarray(a.T if transposed else a)
+    return tensors
+
+
+def write_tensors(tensors: Mapping[str, np.ndarray], file: pathlib.Path) -> pathlib.Path:
+    """Write ``tensors`` as a ``.safetensors`` file with the metadata ``transformers`` expects; returns ``file``."""
+    from safetensors.numpy import save_file
+
+    save_file(dict(tensors), str(file), metadata={"format": "pt"})
+    return file
