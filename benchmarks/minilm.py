@@ -53,9 +53,9 @@ PATH = "bert.layers.3.mlp"
 
 def _timed(build):
     start = time.perf_counter()
-    module, info = build()
-    jax.block_until_ready(nnx.state(module))
-    return time.perf_counter() - start, info
+    built = build()
+    jax.block_until_ready(nnx.state(built.module))
+    return time.perf_counter() - start, built.report()
 
 
 def main(argv=None) -> int:

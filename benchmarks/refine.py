@@ -49,12 +49,12 @@ def measure(name: str, m: int, H: int, tokens: int, rank: int, repeats: int) -> 
     Y = mlp(X)
     site = make_site("mlp", mlp, MLPSpec("fc1", "fc2", mlp.activation), X, Y, max(128, 2 * rank), jax.random.key(2))
     method = jb.BSD()
-    module, _ = method.build(site, rank, jax.random.key(3))
+    module = method.build(site, rank, jax.random.key(3)).module
     settings = {"refine": jb.Refine(), "refine_full_batch": jb.Refine(batch_size=None)}
     XY = (jnp.concatenate([site.check_X, site.fit_X]), jnp.concatenate([site.check_Y, site.fit_Y]))
 
     def decouple():
-        out, _ = method.build(site, rank, jax.random.key(3))
+        out = method.build(site, rank, jax.random.key(3)).module
         jax.block_until_ready(nnx.state(out))
 
     infos = {}  # the report of each setting's last timed run (every run is the same computation)

@@ -114,13 +114,13 @@ class SharedBuilds(Method):
         k = (site.path, repr(rank), digest.hexdigest())
         if k not in self.cache:
             start = time.perf_counter()
-            module, info = self.inner.build(site, rank, key, **kw)
+            built = self.inner.build(site, rank, key, **kw)
             self.clock["build"] = self.clock.get("build", 0.0) + time.perf_counter() - start
-            self.cache[k] = (nnx.clone(module), dict(info))
+            self.cache[k] = built.replace(module=nnx.clone(built.module))
         else:
             self.clock["reused"] = self.clock.get("reused", 0) + 1
-        module, info = self.cache[k]
-        return nnx.clone(module), dict(info)
+        built = self.cache[k]
+        return built.replace(module=nnx.clone(built.module))
 
 
 def _delegate(name):

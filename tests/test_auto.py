@@ -25,7 +25,7 @@ from flat_options import call_with
 from jaxbsd.compression import baselines
 from jaxbsd.solver import cmtf
 from jaxbsd.compression import blockwise as compress
-from jaxbsd.compression.methods import BSD, Auto, Prune, warm_init
+from jaxbsd.compression.methods import BSD, Auto, Built, Prune, warm_init
 from jaxbsd.compression.sites import make_site, selection_tokens, site_jacobian
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
@@ -251,8 +251,8 @@ def test_selection_by_output_picks_the_restart_with_the_lowest_held_out_error():
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=4)
     infos = {}
     for selection in ("objective", "output"):
-        _, infos[selection] = BSD(config=config, restarts=4, warm_start=True,
-                                  selection=selection).build(site, 2, jax.random.key(7))
+        infos[selection] = BSD(config=config, restarts=4, warm_start=True,
+                               selection=selection).build(site, 2, jax.random.key(7)).report()
     res = jb.decouple(*site_jacobian(site)[:1], site.F, site.X, config, key=jax.random.key(7), restarts=4,
                       init=warm_init(site, 2, config)[0])
     Xf, Yf = np.asarray(site.fit_X), np.asarray(site.fit_Y)
@@ -330,19 +330,21 @@ def test_auto_keeps_the_candidate_its_judge_prefers_over_the_block_error(monkeyp
     the block error decides. The candidates are stand-ins, so no solve runs."""
     bsd, pruned = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(2, 3, rngs=nnx.Rngs(0))
 
-    monkeypatch.setattr(BSD, "build", lambda self, site, rank, key, **kw: (bsd, {"output_error": 0.5}))
-    monkeypatch.setattr(Prune, "build", lambda self, site, rank, key, **kw: (pruned, {"output_error": 0.1}))
+    stand_in = lambda module, error: Built(module, error_J=None, error_F=None, jacobian="dense",  # noqa: E731
+                                           output_error=error, seconds=0.0)
+    monkeypatch.setattr(BSD, "build", lambda self, site, rank, key, **kw: stand_in(bsd, 0.5))
+    monkeypatch.setattr(Prune, "build", lambda self, site, rank, key, **kw: stand_in(pruned, 0.1))
     config = jb.CMTFConfig(rank=2, basis=jb.BSpline(3, 4), max_iter=5)
     auto = Auto(bsd=BSD(config=config))
-    by_block = auto.build(None, (2, 3), jax.random.key(1))[1]
+    by_block = auto.build(None, (2, 3), jax.random.key(1)).report()
     assert by_block["auto"]["kept"] == by_block["method"] == "prune" and by_block["auto"]["judge"] == "block"
-    judged = auto.build(None, (2, 3), jax.random.key(1), judge=lambda m: 0.0 if m is bsd else 1.0)[1]
+    judged = auto.build(None, (2, 3), jax.random.key(1), judge=lambda m: 0.0 if m is bsd else 1.0).report()
     assert judged["auto"]["kept"] == judged["method"] == "bsd" and judged["auto"]["judge"] == "model"
     assert (judged["auto"]["bsd"]["model_output_error"], judged["auto"]["prune"]["model_output_error"]) == (0.0, 1.0)
     assert judged["auto"]["bsd"]["params"] == 6 and judged["auto"]["prune"]["params"] == 9
     for nan_bsd, nan_prune, kept in [(True, False, "prune"), (False, True, "bsd"), (True, True, "prune")]:
         scores = {id(bsd): float("nan") if nan_bsd else 2.0, id(pruned): float("nan") if nan_prune else 1.0}
-        info = auto.build(None, (2, 3), jax.random.key(1), judge=lambda m: scores[id(m)])[1]
+        info = auto.build(None, (2, 3), jax.random.key(1), judge=lambda m: scores[id(m)]).report()
         assert info["auto"]["kept"] == kept, (nan_bsd, nan_prune)
 
 

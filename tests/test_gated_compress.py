@@ -366,8 +366,8 @@ def test_bsd_with_the_structured_operator_equals_bsd_with_the_dense_jacobian(var
     dense_site.__dict__["jacobian"] = (dense, "dense")
     config = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=15, tol=0.0)
     bsd = BSD(config=config, warm_start=False, selection="objective")
-    a, info_a = bsd.build(site, 3, jax.random.key(4))
-    b, info_b = bsd.build(dense_site, 3, jax.random.key(4))
+    built_a, built_b = bsd.build(site, 3, jax.random.key(4)), bsd.build(dense_site, 3, jax.random.key(4))
+    (a, info_a), (b, info_b) = (built_a.module, built_a.report()), (built_b.module, built_b.report())
     assert (info_a["jacobian"], info_b["jacobian"]) == ("structured", "dense")
     assert info_a["iterations"] == info_b["iterations"] == 15
     assert info_a["error_J"] == pytest.approx(info_b["error_J"], rel=1e-9)
@@ -383,7 +383,8 @@ def test_the_baselines_error_J_matches_the_dense_jacobians(method):
     X_all, Y_all = tokens[paths[0]]
     module = get_submodule(model, paths[0])
     site = make_site(paths[0], module, jb.GatedMLPSpec(*names, act), X_all, Y_all, 24, jax.random.key(0))
-    new, info = get_method(method).build(site, 6, jax.random.key(0))
+    built = get_method(method).build(site, 6, jax.random.key(0))
+    new, info = built.module, built.report()
     # the dense Jacobians as one jitted program each (eagerly, every primitive of jacrev compiles)
     J = np.asarray(jax.jit(jax.vmap(jax.jacrev(module)))(site.X))
     J_new = np.asarray(jax.jit(jax.vmap(jax.jacrev(new)))(site.X))

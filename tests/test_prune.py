@@ -219,19 +219,20 @@ def test_prune_refits_on_calibration_tokens_outside_the_check_set(k, fit, big_si
     """With more calibration tokens than the 8192 check tokens, pruning refits on the others
     (when there are >= 4 (k + 1) of them), so its reported output error is held out."""
     ffn, site = big_site
-    module, info = Prune().build(site, k, jax.random.key(0))
-    assert info["fit_tokens"] == fit
+    built = Prune().build(site, k, jax.random.key(0))
+    module = built.module
+    assert built.pruning.fit_tokens == fit
     X, Y = (site.fit_X, site.fit_Y) if fit == "held-out" else (site.check_X, site.check_Y)
     X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
     K1, b1, K2 = (np.asarray(a, np.float64) for a in (ffn.up.kernel[...], ffn.up.bias[...], ffn.down.kernel[...]))
     hidden = NP_ACT["gelu"](X @ K1 + b1)
     kept = np.sort(np.argsort(-np.linalg.norm(K2, axis=1) * np.sqrt(np.mean(hidden ** 2, axis=0)))[:k])
-    assert info["kept"] == kept.tolist()
+    assert list(built.pruning.kept) == kept.tolist()
     coef, *_ = np.linalg.lstsq(np.c_[hidden[:, kept], np.ones(len(X))], Y, rcond=None)
     np.testing.assert_allclose(np.asarray(module.fc2.kernel[...]), coef[:-1], rtol=2e-4, atol=2e-5)  # float32 module
     Xc, Yc = np.asarray(site.check_X, np.float64), np.asarray(site.check_Y, np.float64)
     pred = NP_ACT["gelu"](Xc @ K1[:, kept] + b1[kept]) @ coef[:-1] + coef[-1]
-    assert info["output_error"] == pytest.approx(np.sum((Yc - pred) ** 2) / np.sum(Yc ** 2), rel=1e-3)
+    assert built.output_error == pytest.approx(np.sum((Yc - pred) ** 2) / np.sum(Yc ** 2), rel=1e-3)
 
 
 @pytest.mark.parametrize(

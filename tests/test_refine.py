@@ -459,10 +459,11 @@ def test_the_greedy_allocation_builds_again_where_the_method_refines_its_candida
         refines_candidates = True
 
         def build(self, site, rank, key, *, judge=None, refine=None):
-            module, info = super().build(site, rank, key)
+            built = super().build(site, rank, key)
             if refine is not None:
-                module, info["refine"] = refine(module)
-            return module, info
+                module, report = refine(built.module)
+                built = built.replace(module=module, refine=report)
+            return built
 
     d, h = 12, 32
     x = _calibration(d, seed=9)

@@ -252,7 +252,7 @@ def _recorder(method: Method, sequential: str | None) -> Callable[[Step], dict]:
     """Turns a finished step into its :class:`MLPReport` record."""
 
     def record(step: Step) -> dict:
-        info, site = step.info, step.site
+        info, site = step.built.report(), step.site
         return dataclasses.asdict(MLPReport(
             path=step.path, method=info.get("method", method.name), rank=int(info.get("rank", step.rank)),
             in_features=site.m, out_features=site.n, params_before=site.params,

@@ -261,10 +261,8 @@ def compress_block(model, block_index: int, images, config: "CompressionConfig",
     site = site_at(model, plan, source, path, 1, source.num_samples(path, given, 1))
     plan.method.check_site(site)
     rank = plan.method.check_rank(site, given)
-    module, info = plan.method.build(site, rank, source.keys(path, 1)[1], judge=judge)
-    info["num_samples"] = site.X.shape[0]
-    info["seconds"] = time.perf_counter() - start
-    return module, info
+    built = plan.method.build(site, rank, source.keys(path, 1)[1], judge=judge)
+    return built.module, {**built.report(), "num_samples": site.X.shape[0], "seconds": time.perf_counter() - start}
 
 
 class _FixedImages(BlockCalibration):
@@ -348,7 +346,7 @@ def _recorder(model, config: CompressionConfig, acc_original: float, original_pa
     """Turns a finished step into the block-by-block run's record (accuracies, parameters, savings)."""
 
     def record(step: Step) -> dict:
-        old, module, after, info = step.site.module, step.module, dict(step.after), dict(step.info)
+        old, module, after, info = step.site.module, step.module, dict(step.after), step.built.report()
         params = count_params(model)
         info.pop("seconds", None)
         info["num_samples"] = int(step.site.X.shape[0])

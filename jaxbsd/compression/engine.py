@@ -31,7 +31,7 @@ from jaxbsd.compression import budget as budgets
 from jaxbsd.compression.budget import ALLOCATIONS
 from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices
-from jaxbsd.compression.methods import Method
+from jaxbsd.compression.methods import Built, Method
 from jaxbsd.compression.refine import Refine, refine_group, reserved_tokens, site_refiner
 from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.specs import choose_spec
@@ -115,12 +115,16 @@ class Step:
     step: int
     path: str
     site: Site
-    module: nnx.Module
+    built: Built
     rank: Any
-    info: dict[str, Any]
     seconds: float
     after: dict[str, Any]
     seconds_after: float
+
+    @property
+    def module(self) -> nnx.Module:
+        """The replacement put in place."""
+        return self.built.module
 
 
 def execution_order(order, first_calls: list[str]) -> list[str]:
@@ -156,7 +160,7 @@ def _shorter(site: Site, S: int) -> Site:
 
 
 def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site], params_total: int):
-    """``({path: rank}, {(path, rank): (site, module, info)})``: the ranks, and the builds the
+    """``({path: rank}, {(path, rank): (site, built)})``: the ranks, and the builds the
     greedy allocation already made (reused where step 1 sees the same site)."""
     method, cache = plan.method, {}
     if plan.reduction is None:
@@ -180,9 +184,9 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
             errs = {}
             for r in candidates:
                 site = big if sizes[r] is None else _shorter(big, sizes[r])
-                module, info = method.build(site, r, source.keys(s.path, PLAN)[1])
-                cache[(s.path, r)] = (site, module, info)
-                errs[r] = info["output_error"]
+                built = method.build(site, r, source.keys(s.path, PLAN)[1])
+                cache[(s.path, r)] = (site, built)
+                errs[r] = built.output_error
             errors.append(errs)
         chosen = budgets.greedy_ranks(method, ordered, budget, errors, chosen)
     return dict(zip(plan.paths, chosen)), cache
@@ -277,17 +281,17 @@ def _refine_skipped(plan: Plan, site: Site) -> dict:
             "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
 
 
-def _build(model, plan: Plan, members, sites, rank_of, cache, judges, refiners, build_key) -> dict[int, tuple]:
-    """``{step: (module, info)}``: each member's replacement as its method builds it, the greedy
+def _build(model, plan: Plan, members, sites, rank_of, cache, judges, refiners, build_key) -> dict[int, Built]:
+    """``{step: built}``: each member's replacement as its method builds it, the greedy
     allocation's build reused where it is exactly this one; several members of a group built
     together (:func:`jaxbsd.compression.grouped.build_together`)."""
     method = plan.method
-    builds: dict[int, tuple] = {}
+    builds: dict[int, Built] = {}
     pending = []
     for step, path in members:
         hit = cache.get((path, rank_of[path]))
         if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
-            builds[step] = (hit[1], dict(hit[2]))  # the greedy allocation already built exactly this
+            builds[step] = hit[1]  # the greedy allocation already built exactly this
         else:
             pending.append((step, path))
     if len(pending) == 1:  # one MLP: the program of one block at a time
@@ -300,32 +304,32 @@ def _build(model, plan: Plan, members, sites, rank_of, cache, judges, refiners, 
     return builds
 
 
-def _refine_stage(plan: Plan, members, builds: dict[int, tuple], refiners) -> dict[int, tuple]:
+def _refine_stage(plan: Plan, members, builds: dict[int, Built], refiners) -> dict[int, Built]:
     """The engine's refinement stage, the same for every method that does not refine its own
     candidates (and for builds that came back unrefined): one program for a group's replacements."""
     method = plan.method
     staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
-              and "refine" not in builds[s][1]]
+              and builds[s].refine is None]
     if not staged:
         return builds
-    modules, stage_refiners = [builds[s][0] for s in staged], [refiners[s] for s in staged]
+    modules, stage_refiners = [builds[s].module for s in staged], [refiners[s] for s in staged]
     refined = ([stage_refiners[0](modules[0])] if len(staged) == 1
                else refine_group(modules, stage_refiners, plan.devices))
     out = dict(builds)
     for s, (module, refine_info) in zip(staged, refined):
-        out[s] = (module, dict(builds[s][1], refine=refine_info))
+        out[s] = builds[s].replace(module=module, refine=refine_info)
     return out
 
 
-def _reported(plan: Plan, site: Site, module, info: dict, refined: bool) -> dict:
-    """The build's report as the run returns it: once refined, the output error of the module returned
+def _reported(plan: Plan, site: Site, built: Built, refined: bool) -> Built:
+    """The build as the run returns it: once refined, with the output error of the module returned
     (and the error as built kept beside); a refinement that could not run said so."""
     if refined:
-        info["refine"] = dict(info["refine"], output_error_built=info["output_error"])
-        info["output_error"] = float(output_error(module, *refined_error_tokens(site)))
-    elif plan.refine is not None and plan.refine.steps > 0:
-        info["refine"] = _refine_skipped(plan, site)
-    return info
+        return built.replace(refine=dict(built.refine, output_error_built=built.output_error),
+                             output_error=float(output_error(built.module, *refined_error_tokens(site))))
+    if plan.refine is not None and plan.refine.steps > 0:
+        return built.replace(refine=_refine_skipped(plan, site))
+    return built
 
 
 def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
@@ -362,16 +366,14 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
         seconds = (time.perf_counter() - start) / len(members)
         paths = [p for _, p in members]
         for step, path in members:
-            module, info = builds[step]
-            info = _reported(plan, here[path], module, info, refiners[step] is not None)
+            built = _reported(plan, here[path], builds[step], refiners[step] is not None)
             if plan.devices is not None:
-                info["group"] = {"index": index, "paths": paths, "devices": plan.devices.size}
-            set_submodule(model, path, module)
+                built = built.replace(group={"index": index, "paths": paths, "devices": plan.devices.size})
+            set_submodule(model, path, built.module)
             start_after = time.perf_counter()
             after = (after_step(model, path, step) if after_step is not None else None) or {}
-            records.append(record(Step(step=step, path=path, site=here[path], module=module, rank=rank_of[path],
-                                       info=info, seconds=seconds, after=after,
-                                       seconds_after=time.perf_counter() - start_after)))
+            records.append(record(Step(step=step, path=path, site=here[path], built=built, rank=rank_of[path],
+                                       seconds=seconds, after=after, seconds_after=time.perf_counter() - start_after)))
         if run_state is not None and jax.process_index() == 0:
             run_state.save(model, records)
         if on_record is not None:

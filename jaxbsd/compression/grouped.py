@@ -152,16 +152,16 @@ def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, 
     builds = []
     for site, prep, init, stage, refiner, (res, errors, _, rest, best, refine_errors, best_step) in zip(
             sites, preps, inits, staged, refiners, out):
-        jac, kind, _, _, info = prep
-        built, info = method.finish(site, res, True, kind, info, time.perf_counter(),
-                                    output_errors=np.asarray(errors, np.float64))
+        jac, kind, _, _, skipped = prep
+        built = method.finish(site, res, True, kind, skipped, time.perf_counter(),
+                              output_errors=np.asarray(errors, np.float64))
         stage = dataclasses.replace(stage, operands=(best, rest, *stage.operands[2:]))
         module, refine_info = refine_mod.finish_refinement(stage, refiner.config, best, refine_errors, best_step,
                                                  time.perf_counter())
-        info["seconds"] += share  # the group's one program, shared evenly: the solve and the refinement
         refine_info["seconds"] = 0.0
         refine_info["program"] = "the decoupling's (one program for the solve and the refinement)"
-        builds.append((module, dict(info, refine=refine_info)))
+        # The group's one program, shared evenly: the solve and the refinement.
+        builds.append(built.replace(module=module, refine=refine_info, seconds=built.seconds + share))
     return builds
 
 
@@ -176,7 +176,7 @@ def _fused(method, pending, sites, rank_of, build_key, refiners, devices) -> lis
 def build_together(model, plan, pending: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
                    build_key: Callable[[str, int], jax.Array], judges: dict[int, tuple],
                    refiners: dict[int, Any]) -> dict[int, tuple]:
-    """``{step: (module, info)}``: the replacements of several MLPs of one group, built as one program
+    """``{step: built}``: the replacements of several MLPs of one group, built as one program
     per kind — for ``method="bsd"`` refined by the engine, the solve and the refinement in one
     (:func:`_bsd_refined_group`, whose builds come back refined); else the method's
     :meth:`~jaxbsd.compression.methods.Method.build_group`.

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxbsd.compression.methods.base import Build, Method, largest_rank, refuse_options, register
+from jaxbsd.compression.methods.base import Built, Method, largest_rank, refuse_options, register
 from jaxbsd.compression.methods.bsd import BSD, DEFAULT_CONFIG
 from jaxbsd.compression.methods.prune import Prune
 from jaxbsd.compression.sites import Site
@@ -89,15 +89,14 @@ class Auto(Method):
 
     def build(self, site: Site, rank, key: jax.Array, *,
               judge: Callable[[nnx.Module], float] | None = None,
-              refine: Callable[[nnx.Module], Build] | None = None) -> Build:
+              refine: Callable[[nnx.Module], tuple] | None = None) -> Built:
         start = time.perf_counter()
         bsd_rank, prune_rank = rank
-        bsd, bsd_info = self.bsd.build(site, bsd_rank, key)
-        pruned, prune_info = self.prune.build(site, prune_rank, key)
+        bsd = self.bsd.build(site, bsd_rank, key)
+        pruned = self.prune.build(site, prune_rank, key)
         if refine is not None:  # both candidates refined (same tokens, same split) before the judge
-            bsd, bsd_info["refine"] = refine(bsd)
-            pruned, prune_info["refine"] = refine(pruned)
-        return self._choose(rank, (bsd, bsd_info), (pruned, prune_info), judge, refine is not None, start)
+            bsd, pruned = (_refined(b, refine(b.module)) for b in (bsd, pruned))
+        return self._choose(rank, bsd, pruned, judge, refine is not None, start)
 
     def build_group(self, sites, ranks, keys, *, judges=None, refiners=None, refine_group=None,
                     devices=None):
@@ -111,51 +110,48 @@ class Auto(Method):
         bsds = self.bsd.build_group(sites, [r[0] for r in ranks], keys, devices=devices)
         pruneds = self.prune.build_group(sites, [r[1] for r in ranks], keys, devices=devices)
         if refining:
-            for builds in (bsds, pruneds):
-                refined = refine_group([m for m, _ in builds], refiners) if refine_group is not None else [
-                    r(m) for (m, _), r in zip(builds, refiners)]
-                for (_, info), (module, refine_info) in zip(builds, refined):
-                    info["refined_module"], info["refine"] = module, refine_info
-            bsds = [(info.pop("refined_module"), info) for _, info in bsds]
-            pruneds = [(info.pop("refined_module"), info) for _, info in pruneds]
+            def refined_all(builds):
+                modules = [b.module for b in builds]
+                refined = (refine_group(modules, refiners) if refine_group is not None
+                           else [r(m) for m, r in zip(modules, refiners)])
+                return [_refined(b, r) for b, r in zip(builds, refined)]
+
+            bsds, pruneds = refined_all(bsds), refined_all(pruneds)
         share = (time.perf_counter() - start) / len(sites)
         out = []
         for rank, b, p, judge in zip(ranks, bsds, pruneds, judges):
-            module, info = self._choose(rank, b, p, judge, refining, time.perf_counter())
-            info["seconds"] += share
-            out.append((module, info))
+            built = self._choose(rank, b, p, judge, refining, time.perf_counter())
+            out.append(built.replace(seconds=built.seconds + share))
         return out
 
-    def _choose(self, rank, bsd_build, prune_build, judge, refined: bool, start: float):
+    def _choose(self, rank, bsd: Built, pruned: Built, judge, refined: bool, start: float) -> Built:
         """The candidate judged better, with the report of both."""
         bsd_rank, prune_rank = rank
-        (bsd, bsd_info), (pruned, prune_info) = bsd_build, prune_build
         if self.judge == "block" or judge is None:
             if not refined:
-                what, e_bsd, e_prune = "held-out output error", bsd_info["output_error"], prune_info["output_error"]
+                what, e_bsd, e_prune = "held-out output error", bsd.output_error, pruned.output_error
             else:  # the check tokens trained the refinement: compare on its held-out tokens
                 what = "refined held-out output error"
-                e_bsd, e_prune = bsd_info["refine"]["error_after"], prune_info["refine"]["error_after"]
+                e_bsd, e_prune = bsd.refine["error_after"], pruned.refine["error_after"]
             judge = None
         else:
-            what, e_bsd, e_prune = "model output error", judge(bsd), judge(pruned)
+            what, e_bsd, e_prune = "model output error", judge(bsd.module), judge(pruned.module)
         better = bool(np.isfinite(e_bsd) and (e_bsd < e_prune or not np.isfinite(e_prune)))
         kept = "bsd" if better else "prune"
-        module, info = (bsd, dict(bsd_info)) if better else (pruned, dict(prune_info))
         relation = "<" if better else ">="
 
-        def summary(r, mod, i, e_model):
-            return dict(rank=int(r), params=count_params(mod), output_error=i["output_error"],
+        def summary(r, built: Built, e_model):
+            fields = built.report()
+            return dict(rank=int(r), params=count_params(built.module), output_error=built.output_error,
                         **({} if judge is None else {"model_output_error": e_model}),
-                        **{k: i[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
-                                             "selection_tokens", "warm_start_skipped", "refine") if k in i})
+                        **{k: fields[k] for k in ("fit_tokens", "restart", "restart_warm", "output_error_heldout",
+                                                  "selection_tokens", "warm_start_skipped", "refine") if k in fields})
 
-        info.update(method=kept, rank=int(bsd_rank if better else prune_rank), auto=dict(
-            kept=kept, judge="block" if judge is None else "model",
-            reason=f"{what}: bsd {e_bsd:.4g} {relation} prune {e_prune:.4g}",
-            bsd=summary(bsd_rank, bsd, bsd_info, e_bsd), prune=summary(prune_rank, pruned, prune_info, e_prune)))
-        info["seconds"] = time.perf_counter() - start
-        return module, info
+        auto = dict(kept=kept, judge="block" if judge is None else "model",
+                    reason=f"{what}: bsd {e_bsd:.4g} {relation} prune {e_prune:.4g}",
+                    bsd=summary(bsd_rank, bsd, e_bsd), prune=summary(prune_rank, pruned, e_prune))
+        return (bsd if better else pruned).replace(method=kept, rank=int(bsd_rank if better else prune_rank),
+                                                   auto=auto, seconds=time.perf_counter() - start)
 
 
 def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto_judge="model", **options):
@@ -169,3 +165,9 @@ def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto
 
 
 register("auto", _from_options)
+
+
+def _refined(built: Built, refined: tuple) -> Built:
+    """``built`` after the engine's refinement ``refined = (module, refine report)``."""
+    module, report = refined
+    return built.replace(module=module, refine=report)

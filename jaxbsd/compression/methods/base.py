@@ -5,7 +5,7 @@ start, the ``auto`` judge …) and answers three questions about a :class:`~jaxb
 
 * :meth:`Method.params` — what a rank costs in parameters there;
 * :meth:`Method.max_rank` / :meth:`Method.check_rank` — which ranks are feasible there;
-* :meth:`Method.build` — the replacement module at a rank, with its report fields.
+* :meth:`Method.build` — the replacement module at a rank, with its report fields (a :class:`Built`).
 
 The engine plans budgets and walks the sites through this protocol only; it never asks which
 method it holds. A "rank" is whatever the method sizes its replacement by (a decoupling's rank,
@@ -23,12 +23,106 @@ from flax import nnx
 
 from jaxbsd.compression.sites import Site
 
-__all__ = ["Method", "Build", "register", "get_method", "method_names", "largest_rank", "no_warm_start",
-           "refuse_options"]
+__all__ = ["Method", "Built", "Pruning", "RestartChoice", "register", "get_method", "method_names", "largest_rank",
+           "no_warm_start", "refuse_options"]
 
-#: ``(replacement, info)``: info holds the report fields (``error_J``, ``error_F``, ``output_error``,
-#: ``jacobian``, and what the method adds).
-Build = tuple[nnx.Module, dict[str, Any]]
+
+@dataclasses.dataclass(frozen=True)
+class Pruning:
+    """Which hidden units a pruned replacement keeps.
+
+    Attributes:
+      kept: the indices of the kept hidden units (ascending).
+      fit_tokens: ``"held-out"`` (the output layer refitted on calibration tokens outside the check
+        set) or ``"check"`` (too few of those: refitted on the check tokens).
+    """
+
+    kept: tuple[int, ...]
+    fit_tokens: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartChoice:
+    """How a decoupling's restart was chosen (the fields of :class:`~jaxbsd.compression.report.MLPReport`
+    of the same names)."""
+
+    selection: str
+    restart: int
+    restart_warm: bool
+    restart_by_objective: int
+    restart_by_output: int
+    output_error_heldout: float | None
+    restart_output_errors: tuple[float | None, ...]
+    selection_tokens: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """One replacement as a method built it, with what the report says of it (immutable: the
+    engine adds its refinement and group with :meth:`replace`).
+
+    Attributes:
+      module: the replacement (an NNX module with the MLP's contract).
+      error_J, error_F: Error(𝒥) and Error(F) on the ``S`` sampling points.
+      jacobian: ``"structured"`` or ``"dense"``.
+      output_error: relative output error on the check tokens (after refinement: on the check and
+        the refinement's held-out tokens, see :class:`~jaxbsd.compression.report.MLPReport`).
+      seconds: wall time of the build.
+      notes: what else the method says about it, or None.
+      pruning: for a pruned replacement, the units kept (:class:`Pruning`); else None.
+      choice: for a decoupling, how its restart was chosen (:class:`RestartChoice`); else None.
+      status, iterations: for a decoupling, the kept restart's solver status and sweeps; else None.
+      warm_start_skipped: for a decoupling without the warm start it would have had, why; else None.
+      method, rank, auto: for ``method="auto"``, the candidate kept, its rank and both candidates'
+        report; else None.
+      refine: the refinement stage's report (or why it was skipped); None without refinement.
+      group: for a grouped run, the MLPs built together with this one; else None.
+    """
+
+    module: nnx.Module
+    error_J: float | None
+    error_F: float | None
+    jacobian: str
+    output_error: float
+    seconds: float
+    notes: str | None = None
+    pruning: Pruning | None = None
+    choice: RestartChoice | None = None
+    status: int | None = None
+    iterations: int | None = None
+    warm_start_skipped: str | None = None
+    method: str | None = None
+    rank: int | None = None
+    auto: dict[str, Any] | None = None
+    refine: dict[str, Any] | None = None
+    group: dict[str, Any] | None = None
+
+    def replace(self, **changes) -> "Built":
+        return dataclasses.replace(self, **changes)
+
+    def report(self) -> dict[str, Any]:
+        """The report fields as JSON data: those every method has, then those this build has (a
+        field at None that only some methods have is left out)."""
+        out: dict[str, Any] = {}
+        if self.warm_start_skipped is not None:
+            out["warm_start_skipped"] = self.warm_start_skipped
+        if self.choice is not None:
+            out.update(dataclasses.asdict(self.choice))
+        if self.pruning is not None:
+            out.update(kept=list(self.pruning.kept), fit_tokens=self.pruning.fit_tokens)
+        out.update(error_J=self.error_J, error_F=self.error_F)
+        if self.status is not None:
+            out.update(status=self.status, iterations=self.iterations)
+        out.update(jacobian=self.jacobian, output_error=self.output_error)
+        if self.notes is not None:
+            out["notes"] = self.notes
+        out["seconds"] = self.seconds
+        if self.auto is not None:
+            out.update(method=self.method, rank=self.rank, auto=self.auto)
+        for name in ("refine", "group"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,17 +195,17 @@ class Method:
 
     def build(self, site: Site, rank, key: jax.Array, *,
               judge: Callable[[nnx.Module], float] | None = None,
-              refine: Callable[[nnx.Module], Build] | None = None) -> Build:
+              refine: Callable[[nnx.Module], tuple] | None = None) -> Built:
         """The replacement of ``site`` at ``rank`` (the model is not changed). ``judge``: the whole
         model's output error with a module in place; ``refine``: the engine's refinement stage
-        (``refine(module) -> (refined, info)``), for methods that compare candidates."""
+        (``refine(module) -> (refined, refine report)``), for methods that compare candidates."""
         raise NotImplementedError
 
     def build_group(self, sites: list[Site], ranks: list, keys: list[jax.Array], *,
                     judges: list[Callable[[nnx.Module], float] | None] | None = None,
-                    refiners: list[Callable[[nnx.Module], Build] | None] | None = None,
-                    refine_group: Callable[[list[nnx.Module], list], list[Build]] | None = None,
-                    devices: Any = None) -> list[Build]:
+                    refiners: list[Callable[[nnx.Module], tuple] | None] | None = None,
+                    refine_group: Callable[[list[nnx.Module], list], list[tuple]] | None = None,
+                    devices: Any = None) -> list[Built]:
         """The replacements of several independent sites of one shape (a group, see
         :mod:`jaxbsd.compression.grouped`), what :meth:`build` gives for each up to rounding.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -20,7 +20,7 @@ from flax import nnx
 from jaxbsd.solver import metrics
 from jaxbsd.solver.bases import BSpline
 from jaxbsd.solver.cmtf import CMTFConfig
-from jaxbsd.compression.methods.base import Build, Method, refuse_options, register
+from jaxbsd.compression.methods.base import Built, Method, RestartChoice, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
@@ -57,7 +57,7 @@ def warm_init(site: Site, rank: int, config: CMTFConfig):
         raise ValueError(f"ranks[{site.path!r}] = {rank}: a warm start keeps rank - 1 = {k} hidden units, "
                          f"but there are {site.hidden}")
     # Not regularized: with fewer tokens than coefficients the decoupling starts at random instead.
-    pruned, _ = pruned_mlp(site, k, regularize=False, purpose=" for a warm start")
+    pruned = pruned_mlp(site, k, regularize=False, purpose=" for a warm start")[0]
     return decoupled_from_pruned(pruned, site.X, config.basis, rank=rank), pruned
 
 
@@ -119,51 +119,47 @@ class BSD(Method):
                              f"but a decoupling needs at least the basis's {self.dof} coefficients; calibrate on "
                              f"more tokens, sample more, or use a smaller basis")
 
-    def _init(self, site: Site, rank: int, config: CMTFConfig, info: dict):
+    def _init(self, site: Site, rank: int, config: CMTFConfig) -> tuple[Any, str | None]:
+        """``(warm start or None, why it was skipped or None)``."""
         if self.warm_start is None:  # wherever the MLP can be pruned to rank - 1 units
             if site.spec is None or site.gated:
-                info["warm_start_skipped"] = f"no two-layer MLPSpec ({site.spec_status})"
-                return None
+                return None, f"no two-layer MLPSpec ({site.spec_status})"
             try:
-                return warm_init(site, rank, config)[0]
+                return warm_init(site, rank, config)[0], None
             except ValueError as err:
-                info["warm_start_skipped"] = str(err)
-                return None
-        return warm_init(site, rank, config)[0] if self.warm_start else None
+                return None, str(err)
+        return (warm_init(site, rank, config)[0] if self.warm_start else None), None
 
     def prepare(self, site: Site, rank: int) -> tuple:
-        """``(jacobian, kind, config, init, info)``: what the solve of ``site`` at ``rank`` needs
-        (the warm start built here, on the host), before the solver runs."""
-        info: dict = {}
+        """``(jacobian, kind, config, init, warm_start_skipped)``: what the solve of ``site`` at
+        ``rank`` needs (the warm start built here, on the host), before the solver runs."""
         jac, kind = site_jacobian(site)
         config = dataclasses.replace(self.config, rank=int(rank))
-        init = self._init(site, int(rank), config, info)
-        return jac, kind, config, init, info
+        init, skipped = self._init(site, int(rank), config)
+        return jac, kind, config, init, skipped
 
-    def finish(self, site: Site, res, warm: bool, kind: str, info: dict, start: float,
-               output_errors: np.ndarray | None = None) -> Build:
+    def finish(self, site: Site, res, warm: bool, kind: str, skipped: str | None, start: float,
+               output_errors: np.ndarray | None = None) -> Built:
         """The replacement from the solver's result ``res``: the restart kept by ``selection``,
         as a :class:`DecoupledMLP`, with its report fields (``output_errors``: the restarts'
         errors on the selection tokens where a program computed them already)."""
-        chosen = _choose_restart(res, site, self.selection, warm=warm, info=info, errors=output_errors)
+        choice = _choose_restart(res, site, self.selection, warm=warm, errors=output_errors)
+        chosen = choice.restart
         module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=param_dtype(site.module, site.X.dtype))
         pick = lambda a: a[chosen]  # noqa: E731
-        info.update(error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
-                    status=int(pick(res.restarts.status)), iterations=int(pick(res.restarts.iterations)),
-                    jacobian=kind)
-        info["output_error"] = float(output_error(module, site.check_X, site.check_Y))
-        notes = sampling_notes(site, int(module.W0[...].shape[0]))  # W0: (rank, m)
-        if notes:
-            info["notes"] = notes
-        info["seconds"] = time.perf_counter() - start
-        return module, info
+        return Built(module, error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
+                     jacobian=kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
+                     seconds=time.perf_counter() - start,
+                     notes=sampling_notes(site, int(module.W0[...].shape[0])),  # W0: (rank, m)
+                     choice=choice, status=int(pick(res.restarts.status)),
+                     iterations=int(pick(res.restarts.iterations)), warm_start_skipped=skipped)
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
         start = time.perf_counter()
-        jac, kind, config, init, info = self.prepare(site, int(rank))
+        jac, kind, config, init, skipped = self.prepare(site, int(rank))
         res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init)
-        return self.finish(site, res, init is not None, kind, info, start)
+        return self.finish(site, res, init is not None, kind, skipped, start)
 
     def group_inputs(self, sites, ranks) -> tuple[list, list, list]:
         """``(preps, problems, inits)`` of several sites: :meth:`prepare` of each, its validated
@@ -174,7 +170,7 @@ class BSD(Method):
         return preps, problems, inits
 
     def build_group(self, sites, ranks, keys, *, judges=None, refiners=None, refine_group=None,
-                    devices=None) -> list[Build]:
+                    devices=None) -> list[Built]:
         """The decouplings of several sites of one shape and rank, solved as one program with a
         leading block axis (:func:`jaxbsd.compression.devices.decouple_group`): restarts, warm
         starts and the objective's selection inside it; the held-out selection and the module per
@@ -196,9 +192,8 @@ class BSD(Method):
         seconds = (time.perf_counter() - start) / len(sites)
         builds = []
         for i, (site, prep) in enumerate(zip(sites, preps)):
-            module, info = self.finish(site, results[i], inits[i] is not None, prep[1], prep[4], time.perf_counter())
-            info["seconds"] += seconds  # the group's solve, shared evenly
-            builds.append((module, info))
+            built = self.finish(site, results[i], inits[i] is not None, prep[1], prep[4], time.perf_counter())
+            builds.append(built.replace(seconds=built.seconds + seconds))  # the group's solve, shared evenly
         return builds
 
 
@@ -225,21 +220,21 @@ def sampling_notes(site: Site, rank: int) -> str | None:
     return "; ".join(notes) or None
 
 
-def _choose_restart(res, site: Site, selection: str, *, warm: bool, info: dict, errors=None) -> int:
-    """The restart kept (by ``selection``), with what to report about the choice (into ``info``);
-    ``errors``: the restarts' output errors on the selection tokens, if computed already."""
+def _choose_restart(res, site: Site, selection: str, *, warm: bool, errors=None) -> RestartChoice:
+    """The restart kept (by ``selection``) and what to report about the choice; ``errors``: the
+    restarts' output errors on the selection tokens, if computed already."""
     X, Y, kind = selection_tokens(site)
     errors = restart_output_errors(res, X, Y) if errors is None else np.where(np.isfinite(errors), errors, np.inf)
     chosen = choose_restart(res, selection, errors)
     by_output = choose_restart(res, "output", errors)
     count = errors.shape[0]
-    info.update(selection=selection, restart=chosen, restart_warm=bool(warm and chosen == count - 1),
-                restart_by_objective=int(res.best_restart), restart_by_output=by_output,
-                output_error_heldout=float(errors[chosen]) if np.isfinite(errors[chosen]) else None,
-                # None for a restart whose model is not finite (JSON-able records, no inf).
-                restart_output_errors=tuple(float(e) if np.isfinite(e) else None for e in errors),
-                selection_tokens=kind)
-    return chosen
+    return RestartChoice(
+        selection=selection, restart=chosen, restart_warm=bool(warm and chosen == count - 1),
+        restart_by_objective=int(res.best_restart), restart_by_output=by_output,
+        output_error_heldout=float(errors[chosen]) if np.isfinite(errors[chosen]) else None,
+        # None for a restart whose model is not finite (JSON-able records, no inf).
+        restart_output_errors=tuple(float(e) if np.isfinite(e) else None for e in errors),
+        selection_tokens=kind)
 
 
 def _from_options(config=None, restarts=1, warm_start=None, selection=None, **options):

@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxbsd.compression import baselines
 from jaxbsd.solver import metrics
-from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
+from jaxbsd.compression.methods.base import Built, Method, no_warm_start, register
 from jaxbsd.compression.sites import (
     Site,
     apply_module,
@@ -63,7 +63,7 @@ class LowRank(Method):
         return int(rank)
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
         start = time.perf_counter()
         kernels = site.spec.kernels(site.module, site.path)
         X = site.check_X if self.kind == "drone" else None
@@ -75,10 +75,9 @@ class LowRank(Method):
             module = baselines.lowrank_mlp(*kernels, site.spec.activation, int(rank), method=self.kind, X=X)
             error_J = mlp_error_J(jac, module.fc1.A[...] @ module.fc1.B[...], module.fc1.bias[...],
                                   module.fc2.A[...] @ module.fc2.B[...], site.X, site.spec.h_prime)
-        info = dict(error_J=error_J, error_F=float(metrics.error_F(site.F, apply_module(module, site.X))),
-                    jacobian=jac_kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
-                    seconds=time.perf_counter() - start)
-        return module, info
+        return Built(module, error_J=error_J, error_F=float(metrics.error_F(site.F, apply_module(module, site.X))),
+                     jacobian=jac_kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
+                     seconds=time.perf_counter() - start)
 
 
 @dataclasses.dataclass(frozen=True)

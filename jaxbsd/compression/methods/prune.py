@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxbsd.compression import baselines
 from jaxbsd.solver import metrics
-from jaxbsd.compression.methods.base import Build, Method, no_warm_start, register
+from jaxbsd.compression.methods.base import Built, Method, Pruning, no_warm_start, register
 from jaxbsd.compression.sites import (
     Site,
     apply_module,
@@ -46,9 +46,11 @@ def fit_tokens(site: Site, k: int):
     return (site.fit_X, site.fit_Y, "held-out") if held_out else (site.check_X, site.check_Y, "check")
 
 
-def pruned_mlp(site: Site, k: int, *, regularize: bool = True, purpose: str = "") -> tuple[nnx.Module, dict]:
-    """The MLP of ``site`` pruned to ``k`` hidden units (two-layer or gated), and its report fields
-    (``kept``, ``fit_tokens``, and ``notes`` when the refit had to be regularized).
+def pruned_mlp(site: Site, k: int, *, regularize: bool = True,
+               purpose: str = "") -> tuple[nnx.Module, Pruning, str | None]:
+    """``(module, pruning, notes)``: the MLP of ``site`` pruned to ``k`` hidden units (two-layer or
+    gated), the units it keeps and where it was refitted, and a note when the refit had to be
+    regularized (else None).
 
     With fewer calibration tokens than coefficients per output (``N < k + 1``) the plain least
     squares is not determined: the refit is then regularized towards the original output weights
@@ -64,11 +66,9 @@ def pruned_mlp(site: Site, k: int, *, regularize: bool = True, purpose: str = ""
         module, pruning = prune(*kernels, site.spec.activation, int(k), X, Y, ridge=ridge)
     except ValueError as err:
         raise ValueError(f"calibration: pruning {site.path!r}{purpose}: {err}") from err
-    info = {"kept": pruning.kept.tolist(), "fit_tokens": where}
-    if ridge:
-        info["notes"] = (f"pruning refit regularized (ridge {ridge:g} towards the original weights): "
-                         f"{X.shape[0]} calibration tokens < {k + 1} coefficients per output")
-    return module, info
+    notes = (f"pruning refit regularized (ridge {ridge:g} towards the original weights): "
+             f"{X.shape[0]} calibration tokens < {k + 1} coefficients per output") if ridge else None
+    return module, Pruning(kept=tuple(int(i) for i in pruning.kept), fit_tokens=where), notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,19 +98,18 @@ class Prune(Method):
         return int(rank)
 
     def build(self, site: Site, rank, key: jax.Array, *,
-              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Build:
+              judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
         start = time.perf_counter()
-        module, info = pruned_mlp(site, int(rank))
+        module, kept, notes = pruned_mlp(site, int(rank))
         jac, kind = site_jacobian(site)
         if site.gated:
             error_J = gated_error_J(jac, module.kernels(), site.X, site.spec)
         else:
             error_J = mlp_error_J(jac, module.fc1.kernel[...], module.fc1.bias[...], module.fc2.kernel[...],
                                   site.X, site.spec.h_prime)
-        info.update(error_J=error_J, error_F=float(metrics.error_F(site.F, apply_module(module, site.X))),
-                    jacobian=kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
-                    seconds=time.perf_counter() - start)
-        return module, info
+        return Built(module, error_J=error_J, error_F=float(metrics.error_F(site.F, apply_module(module, site.X))),
+                     jacobian=kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
+                     seconds=time.perf_counter() - start, notes=notes, pruning=kept)
 
 
 def _from_options(**options) -> Prune:

@@ -1,0 +1,49 @@
+"""The README's one-screen decision: your situation, the method and the flag, and what it costs.
+
+Every figure is read from a committed result through the same objects the pages' figures use
+(:func:`reporting.figures.namespace`); the full evidence is on ``docs/which-method.md``.
+"""
+
+from __future__ import annotations
+
+from .. import committed
+from ..formats import md
+from ..registry import table
+
+
+def _minilm_cost(share: float) -> str:
+    """Seconds of one MiniLM MLP's decoupling against its pruning at ``share`` (``benchmarks/minilm.json``)."""
+    d = committed.read_json(committed.BENCHMARKS / "minilm.json")
+    row = next(r["details"] for r in d["rows"] if r["details"]["share"] == share)
+    ratio = row["seconds_decouple"] / row["seconds_prune"]
+    return f"{row['seconds_prune']:.1f} s an MLP; a decoupling {ratio:.0f}×"
+
+
+@table("which-method-short")
+def which_method_short() -> str:
+    """Situation → method and flag → what the committed results say → what it costs."""
+    from ..figures import namespace  # the figures' objects (figures imports this module's registry)
+
+    ns = namespace()
+    tf_deit, rf_deit, minilm, lm, dst_vit = (ns[n] for n in ("tf_deit", "rf_deit", "minilm", "lm", "dst_vit"))
+    light = [tf_deit.vs("prune", "bsd", r).diff for r in (0.1, 0.2)]
+    gated = [v.diff for m in ("prune", "drone") for v in lm.gaps("bsd", m, "training-free")]
+    rows = [
+        ["a pretrained encoder (MiniLM)", "`prune` (`compress-hf`'s)",
+         f"half the MLPs removed, refined: cosine {minilm.mean('prune-ref', 0.5):.3f}, B-splines "
+         f"{minilm.mean('bsd-ref', 0.5):.3f}", _minilm_cost(0.5)],
+        ["a ViT, light (ρ ≤ 0.2)", "`prune`",
+         f"{min(light):.2f}–{max(light):.2f} points above B-splines (DeiT/USPS, unrefined)", "one refit an MLP"],
+        ["a ViT, ρ = 0.5", "`auto`",
+         f"DeiT/USPS refined: {rf_deit.mean('auto-ref300', 0.5):.2f} %, pruning {rf_deit.mean('prune-ref300', 0.5):.2f} % "
+         f"({rf_deit.vs('auto-ref300', 'prune-ref300', 0.5).verdict}; original {rf_deit['accuracy_original']:.2f} %)",
+         "both, an MLP"],
+        ["gated MLPs (SwiGLU)", "`prune`, `drone`",
+         f"B-splines {min(gated):.2f}–{max(gated):.2f} bits per character behind (the LM, unrefined)", "as pruning"],
+        ["what is left", "`distill=jb.Distill()`",
+         f"ViT, refined pruning at ρ = 0.5: {dst_vit.gap_refined('prune-ref300', 0.5, 'kl+blocks'):.2f} → "
+         f"{dst_vit.gap('prune-ref300', 0.5, 'kl+blocks'):.2f} points below the original", "steps on unlabeled images"],
+        ["the paper's experiments", "`bsd` (`jaxbsd compress`)", "its plain B-splines ([results](docs/results.md))",
+         "[the benchmarks](docs/performance.md)"],
+    ]
+    return md(["your situation", "use", "what the committed results say", "cost"], rows)
