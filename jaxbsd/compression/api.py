@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.compression import grouped
-from jaxbsd.compression.devices import Devices, check_mesh, shard_batch
+from jaxbsd.compression.devices import Devices, check_mesh
 from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, teacher_outputs
 from jaxbsd.compression.engine import ALLOCATIONS, PLAN, Plan, Step, run
 from jaxbsd.compression.methods import Method, get_method, method_names
@@ -52,7 +52,7 @@ class Execution:
         axis (:mod:`jaxbsd.compression.grouped`); ``False``: one MLP at a time; None: grouped when a
         ``mesh`` is given; a positive int ``k``: grouped, at most ``k`` MLPs per device and program.
       mesh: a :class:`jax.sharding.Mesh` whose axis ``mesh_axis`` (default: its first) splits a
-        group's block axis; the calibration capture is data-parallel over the batch.
+        group's block axis (the calibration capture runs on one device: the same model on any count).
       mesh_axis: the mesh axis the blocks are split over.
       state_dir: a directory where the model and the report are saved after each finished MLP; a
         rerun with the same arguments resumes after the last one (a state of another configuration
@@ -359,8 +359,10 @@ def compress_model(
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
                 order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine,
                 devices=devices)
-    sharded = shard_batch(calibration, devices if devices is not None else Devices())  # a mesh means grouped
-    source = BatchCalibration(calibration if sharded is None else sharded, mlps, key, method.num_samples)
+    # The capture runs on one device whatever the mesh: a batch split over the devices is computed
+    # by programs of other shapes, whose rounding the decoupling and the refinement amplify, so the
+    # model would depend on the number of devices.
+    source = BatchCalibration(calibration, mlps, key, method.num_samples)
     params_before = count_params(model)
     finetune = execution.finetune
     after_step = (lambda model, path, step: finetune(model)) if finetune is not None else None

@@ -29,7 +29,7 @@ from jaxbsd.solver.cmtf import CMTFConfig, DecouplingResult, Problem
 from jaxbsd.solver.decoupled import Decoupled
 
 __all__ = ["Devices", "run_blocks", "decouple_group", "trace_count", "vectorized", "check_mesh",
-           "group_bytes", "shard_batch"]
+           "group_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,16 +260,3 @@ def group_bytes(G: int, S: int, n: int, m: int, rank: int, restarts: int, dof: i
     held = 2 * G * problem
     return int(itemsize * (held + (G if vectorize else 1) * temporaries))
 
-
-def shard_batch(calibration, devices: Devices):
-    """The calibration batch split over the mesh axis along its leading (batch) dimension, for a
-    data-parallel capture: every array leaf whose leading size divides evenly; None where that is
-    not possible (no mesh, several processes, a callable calibration): the capture then runs
-    unsharded."""
-    if devices.mesh is None or callable(calibration) or jax.process_count() > 1:
-        return None
-    sharding = NamedSharding(devices.mesh, P(devices.axis_name))
-    leaves = jax.tree_util.tree_leaves(calibration)
-    if not leaves or any(getattr(a, "ndim", 0) < 1 or a.shape[0] % devices.size for a in leaves):
-        return None
-    return jax.tree_util.tree_map(lambda a: jax.device_put(a, sharding), calibration)
