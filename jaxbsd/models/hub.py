@@ -32,6 +32,10 @@ __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrai
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
 FAMILIES: dict[str, str] = {
     "bert": "jaxbsd.models.bert",
+    "roberta": "jaxbsd.models.bert",
+    "xlm-roberta": "jaxbsd.models.bert",
+    "distilbert": "jaxbsd.models.distilbert",
+    "mpnet": "jaxbsd.models.mpnet",
 }
 
 #: ``{state path: (Hugging Face tensor name, stored transposed)}``.
