@@ -36,6 +36,8 @@ FAMILIES: dict[str, str] = {
     "xlm-roberta": "jaxbsd.models.bert",
     "distilbert": "jaxbsd.models.distilbert",
     "mpnet": "jaxbsd.models.mpnet",
+    "deit": "jaxbsd.models.deit",
+    "vit": "jaxbsd.models.vit",
 }
 
 #: ``{state path: (Hugging Face tensor name, stored transposed)}``.
