@@ -102,32 +102,42 @@ def test_hidden_states_agree_with_transformers_on_a_padded_batch(case):
     assert_close_at_real_tokens(enc.bert(ids, mask), hf_hidden(model, ids, mask), mask)
 
 
-EXPORTED = ["roberta-gelu", "xlm-roberta-gelu_new", "distilbert-relu-sinusoidal", "mpnet-tanh-eps"]
+def prune_all(encoder, width, seed=0):
+    """Every MLP pruned to ``width`` hidden units (the baseline compress_model's "prune" runs)."""
+    from jaxbsd.compression.baselines import prune_mlp
+
+    rng = np.random.default_rng(seed)
+    for layer in encoder.bert.layers:
+        m = layer.mlp
+        tokens = rng.standard_normal((100, m.dim)).astype(np.float32)
+        layer.mlp, _ = prune_mlp(m.fc1.kernel[...], m.fc1.bias[...], m.fc2.kernel[...], m.fc2.bias[...],
+                                 m.activation, width, tokens)
 
 
-@pytest.mark.parametrize("name", EXPORTED)
-def test_uniformly_pruned_export_is_read_back_by_transformers(name, tmp_path):
-    config = CASES[name]()
-    torch.manual_seed(0)
-    model = T.AutoModel.from_config(config).eval()
-    randomize(model)
-    model.save_pretrained(tmp_path / "src", safe_serialization=True)
-    write_tokenizer(tmp_path / "src")
-    enc = M.from_pretrained(tmp_path / "src")
-    calibration = np.random.default_rng(1).integers(3, VOCAB, (4, SEQ)).astype(np.int32)
-    paths = [f"bert.layers.{i}.mlp" for i in range(2)]
-    jaxbsd.compress_model(enc, lambda m: m(calibration), key=jax.random.key(0), mlps=None, method="prune",
-                          ranks=dict.fromkeys(paths, 20), refine=None)
+def test_uniformly_pruned_export_is_read_back_by_transformers(case, tmp_path):
+    name, model, path = case
+    enc = M.from_pretrained(path)
+    prune_all(enc, 20)
     out = M.save_pretrained(enc, tmp_path / "out")
     written = json.loads((out / "config.json").read_text())
-    assert written["hidden_dim" if config.model_type == "distilbert" else "intermediate_size"] == 20
+    assert written["hidden_dim" if model.config.model_type == "distilbert" else "intermediate_size"] == 20
     back = T.AutoModel.from_pretrained(out).eval()
     assert type(back) is type(model)
-    ids, mask = batch(config, seed=2)
+    ids, mask = batch(model.config, seed=2)
     assert_close_at_real_tokens(enc.bert(ids, mask), hf_hidden(back, ids, mask), mask)
-    if config.model_type != "distilbert":  # the pooler is carried over
+    if model.config.model_type != "distilbert":  # the pooler is carried over
         np.testing.assert_array_equal(back.pooler.dense.weight.detach().numpy(),
                                       model.pooler.dense.weight.detach().numpy())
+
+
+@pytest.mark.slow  # the default run has one such case, for a DeiT (tests/test_hf_vision.py)
+def test_compress_model_finds_every_mlp_without_a_spec(tmp_path):
+    enc = M.from_pretrained(_write(tmp_path, CASES["mpnet-gelu"]()))  # the MLPs are one class in every family
+    calibration = np.random.default_rng(1).integers(3, VOCAB, (4, SEQ)).astype(np.int32)
+    _, report = jaxbsd.compress_model(enc, lambda m: m(calibration), key=jax.random.key(0), mlps=None,
+                                      method="prune", ranks={"bert.layers.0.mlp": 20, "bert.layers.1.mlp": 20},
+                                      refine=None)
+    assert [r.path for r in report.mlps] == ["bert.layers.1.mlp", "bert.layers.0.mlp"]
 
 
 def test_mpnet_buckets_match_transformers_far_past_the_test_length():

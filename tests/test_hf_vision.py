@@ -22,6 +22,10 @@ SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interme
              patch_size=8, num_labels=3)
 
 #: name -> (transformers class, config).
+# compress_model on one DeiT in the default run (the MLPs are one class in every case).
+SLOW_CASES = {f"test_compress_model_finds_every_mlp_without_a_spec[{n}]" for n in
+              ("vit-gelu", "vit-gelu_new-1ch-eps", "deit-plain-relu")}
+
 CASES = {
     "vit-gelu": lambda: (T.ViTForImageClassification, T.ViTConfig(**SIZES)),
     "vit-gelu_new-1ch-eps": lambda: (T.ViTForImageClassification,
@@ -74,19 +78,36 @@ def test_logits_agree_with_transformers(case):
         assert ours.distilled and ours.head_dist is not None
 
 
-@pytest.mark.parametrize("name", ["vit-gelu_new-1ch-eps", "deit-teacher", "deit-plain-relu"])
-def test_uniformly_pruned_export_is_read_back_by_transformers(name, tmp_path):
-    model = build(name)
-    model.save_pretrained(tmp_path / "src", safe_serialization=True)
-    ours = M.from_pretrained(tmp_path / "src")
-    x = images(model.config.num_channels, n=4, seed=1)
-    jaxbsd.compress_model(ours, x, key=jax.random.key(0), mlps=None, method="prune",
-                          ranks={"blocks.0.mlp": 20, "blocks.1.mlp": 20}, refine=None)
+def prune_all(model, width, seed=0):
+    """Every MLP pruned to ``width`` hidden units (the baseline compress_model's "prune" runs)."""
+    from jaxbsd.compression.baselines import prune_mlp
+
+    rng = np.random.default_rng(seed)
+    for block in model.blocks:
+        m = block.mlp
+        tokens = rng.standard_normal((100, m.dim)).astype(np.float32)
+        block.mlp, _ = prune_mlp(m.fc1.kernel[...], m.fc1.bias[...], m.fc2.kernel[...], m.fc2.bias[...],
+                                 m.activation, width, tokens)
+
+
+def test_uniformly_pruned_export_is_read_back_by_transformers(case, tmp_path):
+    name, model, path = case
+    ours = M.from_pretrained(path)
+    prune_all(ours, 20)
     out = M.save_pretrained(ours, tmp_path / "out")
     assert json.loads((out / "config.json").read_text())["intermediate_size"] == 20
     back = type(model).from_pretrained(out).eval()
     y = images(model.config.num_channels, seed=2)
     assert_rel_close(ours(y), hf_logits(back, y))
+
+
+def test_compress_model_finds_every_mlp_without_a_spec(case):
+    name, model, path = case
+    ours = M.from_pretrained(path)
+    x = images(model.config.num_channels, n=4, seed=1)
+    _, report = jaxbsd.compress_model(ours, x, key=jax.random.key(0), mlps=None, method="prune",
+                                      ranks={"blocks.0.mlp": 20, "blocks.1.mlp": 20}, refine=None)
+    assert sorted(r.path for r in report.mlps) == ["blocks.0.mlp", "blocks.1.mlp"]
 
 
 def test_a_jaxbsd_vit_of_its_own_exports_to_vit_for_image_classification(tmp_path):
