@@ -276,22 +276,18 @@ def _processor_config(p: ImageProcessor) -> dict:
 
 
 def save_pretrained(model: ViT, path: str | os.PathLike) -> pathlib.Path:
-    """Write a :class:`ViT` (or a :class:`~jaxbsd.models.deit.DeiT`, through
-    :func:`jaxbsd.models.deit.params.save_pretrained`) as a Hugging Face directory that
-    ``ViTForImageClassification.from_pretrained`` reads; the classifier head is kept.
+    """Write a :class:`ViT` as a Hugging Face directory that ``ViTForImageClassification.from_pretrained``
+    reads; the classifier head is kept (a DeiT: :func:`jaxbsd.models.deit.params.save_pretrained`).
 
     Possible where every ``blocks[i].mlp`` is an ordinary two-layer MLP with biases and the config's
     activation, all of one width (untouched, or pruned uniformly: ``intermediate_size`` is then that
     width). Returns the directory; ``ValueError`` saying why otherwise, pointing to
     :func:`jaxbsd.save_compressed` (nothing is written).
     """
-    from jaxbsd.models.deit import DeiT
-
-    if isinstance(model, DeiT):
-        from jaxbsd.models.deit.params import save_pretrained as save_deit
-
-        return save_deit(model, path)
     if not isinstance(model, ViT):
         raise ValueError(f"model must be a jaxbsd.models.vit.ViT, got {type(model).__name__}")
+    if model.num_prefix_tokens != 1:  # a DeiT: its family writes its tokens and heads
+        raise ValueError(f"model is a {type(model).__name__}; write it with jaxbsd.models.save_pretrained "
+                         "(or jaxbsd.models.deit.save_pretrained)")
     return save_classifier(model, path, "vit", "ViTForImageClassification", "vit.", ("cls_token",), _VIT_HEADS)
 
