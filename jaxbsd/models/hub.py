@@ -32,6 +32,12 @@ __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrai
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
 FAMILIES: dict[str, str] = {
     "bert": "jaxbsd.models.bert",
+    "roberta": "jaxbsd.models.bert",
+    "xlm-roberta": "jaxbsd.models.bert",
+    "distilbert": "jaxbsd.models.distilbert",
+    "mpnet": "jaxbsd.models.mpnet",
+    "deit": "jaxbsd.models.deit",
+    "vit": "jaxbsd.models.vit",
 }
 
 #: ``{state path: (Hugging Face tensor name, stored transposed)}``.
@@ -102,10 +108,13 @@ def save_pretrained(model, path: str | os.PathLike) -> pathlib.Path:
     Raises ``ValueError`` for a model of no family (and the family's own ``ValueError`` where the
     compressed model is no longer of the family's standard form).
     """
-    for name in dict.fromkeys(FAMILIES.values()):
-        family = importlib.import_module(name)
-        if isinstance(model, tuple(family.MODEL_CLASSES)):
-            return family.save_pretrained(model, path)
+    families = [importlib.import_module(name) for name in dict.fromkeys(FAMILIES.values())]
+    # The family of the model's own class first (a DeiT is a ViT too), then one of a base class.
+    for exact in (True, False):
+        for family in families:
+            classes = tuple(family.MODEL_CLASSES)
+            if (type(model) in classes) if exact else isinstance(model, classes):
+                return family.save_pretrained(model, path)
     raise ValueError(f"model must be a model of one of the families {supported_model_types()}, "
                      f"got {type(model).__name__}")
 

@@ -256,6 +256,7 @@ class Block(nnx.Module):
             layout the model uses (``(B, T, dim)`` for ViT, ``(B, H, W, dim)`` for Swin).
         drop_path: stochastic-depth rate for both residual branches.
         activation: MLP activation name.
+        eps: the LayerNorms' epsilon.
 
     ``block.mlp`` is the only attribute compression touches; :meth:`mlp_input` gives
     the MLP's input tokens for a block input, used by Jacobian capture.
@@ -269,11 +270,12 @@ class Block(nnx.Module):
         *,
         drop_path: float = 0.0,
         activation: str = "gelu",
+        eps: float = 1e-6,
         rngs: nnx.Rngs,
     ):
-        self.norm1 = nnx.LayerNorm(dim, epsilon=1e-6, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.norm1 = nnx.LayerNorm(dim, epsilon=eps, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.attn = attn
-        self.norm2 = nnx.LayerNorm(dim, epsilon=1e-6, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(dim, epsilon=eps, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.mlp = MLP(dim, mlp_hidden, activation=activation, rngs=rngs)
         self.drop_path = DropPath(drop_path, rngs=rngs)
 

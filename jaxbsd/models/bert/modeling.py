@@ -4,9 +4,16 @@ Layout (post-LN BERT, Devlin et al. 2019; the ``BertModel`` of ``transformers``)
 
     ids (B, T) ─ embeddings ─▶ depth × BertLayer ─▶ hidden (B, T, d) ─ pooling ─▶ (B, d) [─ normalize]
 
-    embeddings:  LayerNorm(word[ids] + position[0..T-1] + token_type[type_ids])
+    embeddings:  LayerNorm(word[ids] + position[p] + token_type[type_ids])
     BertLayer:   x = LayerNorm(x + attention(x, mask));  x = LayerNorm(x + mlp(x))
     mlp:         jaxbsd's own MLP, fc2(h(fc1(x))), so the engine knows its spec without looking
+
+The same modules run the BERT-shaped encoders of other ``model_type`` s (the field
+:attr:`BertConfig.model_type`): RoBERTa and XLM-R count positions past the padding id
+(``p = cumsum(ids != pad) · (ids != pad) + pad``, :attr:`BertConfig.position_padding_idx`);
+DistilBERT and MPNet have no token types (``type_vocab_size`` 0); MPNet adds a learned bias per
+relative-position bucket and head to every layer's attention logits
+(:attr:`BertConfig.relative_attention_num_buckets`, :func:`relative_position_bucket`).
 
 **Hugging Face layout.** :mod:`jaxbsd.models.bert.params` reads and writes the checkpoint directories
 (:func:`~jaxbsd.models.bert.params.from_pretrained`, :func:`~jaxbsd.models.bert.params.save_pretrained`).
@@ -28,6 +35,7 @@ Parameters are float32; every broadcast is between arrays of equal rank
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -39,11 +47,14 @@ from flax import nnx
 from jaxbsd.models.layers import MLP, PARAM_DTYPE, check_config_ints
 
 __all__ = ["BertConfig", "Bert", "BertLayer", "BertAttention", "BertEmbeddings", "Encoder", "Unused",
-           "POOLINGS", "HF_ACTIVATIONS", "pool", "calibration_windows"]
+           "POOLINGS", "HF_ACTIVATIONS", "ENCODER_MODEL_TYPES", "pool", "calibration_windows",
+           "relative_position_bucket"]
 
 #: ``hidden_act`` of a Hugging Face config -> the name in :data:`~jaxbsd.models.layers.ACTIVATIONS`.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "relu": "relu"}
+#: The ``model_type`` s these modules run (:attr:`BertConfig.model_type`).
+ENCODER_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
 #: Pooling modes (sentence-transformers' ``pooling_mode_*_tokens`` names without the affixes).
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
@@ -68,6 +79,15 @@ class BertConfig:
         hidden_act: the config's name (a key of :data:`HF_ACTIVATIONS`), kept for writing back.
         layer_norm_eps: LayerNorm epsilon.
         pad_token_id: the padding id (written back).
+        type_vocab_size: token types; 0: no token-type embedding (DistilBERT, MPNet).
+        model_type: the Hugging Face ``model_type`` (one of :data:`ENCODER_MODEL_TYPES`): which
+            tensor names and ``config.json`` fields the checkpoint has.
+        position_padding_idx: None: token ``t`` has position ``t``; an id ``p``: positions count the
+            tokens that are not ``p``, from ``p + 1``, and padding tokens get position ``p``
+            (RoBERTa, XLM-R, MPNet).
+        relative_attention_num_buckets: 0: none; else MPNet's relative-position buckets (32).
+        hf_fields: the JSON text of the ``config.json`` fields the model does not use, written back
+            unchanged (a string, so the config stays hashable).
     """
 
     vocab_size: int = 30522
@@ -80,10 +100,29 @@ class BertConfig:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
+    model_type: str = "bert"
+    position_padding_idx: int | None = None
+    relative_attention_num_buckets: int = 0
+    hf_fields: str = ""
 
     def __post_init__(self):
         check_config_ints(self, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                          "intermediate_size", "max_position_embeddings", "type_vocab_size")
+                          "intermediate_size", "max_position_embeddings")
+        if self.model_type not in ENCODER_MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {ENCODER_MODEL_TYPES}, got {self.model_type!r}")
+        for name in ("type_vocab_size", "relative_attention_num_buckets"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if self.relative_attention_num_buckets not in (0, 32):
+            # MPNet's encoder computes the buckets for 32 whatever the table's size
+            raise ValueError(f"relative_attention_num_buckets {self.relative_attention_num_buckets} is not "
+                             "supported (only 32, as transformers' MPNet computes)")
+        padding = self.position_padding_idx
+        if padding is not None and (isinstance(padding, bool) or not isinstance(padding, int)
+                                    or not 0 <= padding < self.max_position_embeddings - 1):
+            raise ValueError(f"position_padding_idx must be None or an int in [0, max_position_embeddings - 1), "
+                             f"got {padding!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size "
                              f"({self.hidden_size})")
@@ -92,6 +131,13 @@ class BertConfig:
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
             raise ValueError(f"layer_norm_eps must be a positive finite number, got {eps!r}")
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input: ``max_position_embeddings``, less ``position_padding_idx + 1`` where
+        positions are counted past the padding id."""
+        offset = 0 if self.position_padding_idx is None else self.position_padding_idx + 1
+        return self.max_position_embeddings - offset
 
     @property
     def activation(self) -> str:
@@ -104,9 +150,10 @@ class BertConfig:
         model that is not a BERT with absolute positions, or a missing or bad field."""
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        if data.get("model_type") != "bert":
-            raise ValueError(f"{where}: model_type is {data.get('model_type')!r}; jaxbsd.models.bert reads "
-                             "BERT checkpoints (model_type 'bert') only")
+        model_type = data.get("model_type")
+        if model_type not in ("bert", "roberta", "xlm-roberta"):
+            raise ValueError(f"{where}: model_type is {model_type!r}; jaxbsd.models.bert reads "
+                             "BERT checkpoints (model_type 'bert', 'roberta', 'xlm-roberta') only")
         kind = data.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ValueError(f"{where}: position_embedding_type {kind!r} is not supported (only 'absolute')")
@@ -115,19 +162,34 @@ class BertConfig:
                                "intermediate_size") if n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")
-        values = {n: data.get(n, d) for n, d in fields.items()}
+        ours = set(fields) - {"model_type", "position_padding_idx", "relative_attention_num_buckets", "hf_fields"}
+        values = {n: data.get(n, d) for n, d in fields.items() if n in ours}
         if values["pad_token_id"] is None:
-            values["pad_token_id"] = 0
+            values["pad_token_id"] = 0 if model_type == "bert" else 1
+        values["model_type"] = model_type
+        if model_type != "bert":  # RoBERTa's embeddings count positions past the padding id
+            values["position_padding_idx"] = values["pad_token_id"]
+        values["hf_fields"] = json.dumps({k: v for k, v in data.items() if k not in ours and k != "model_type"},
+                                         sort_keys=True)
         try:
             return cls(**values)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from err
 
     def to_hf(self) -> dict:
-        """A ``config.json`` dict that ``transformers.BertModel`` reads."""
-        return {"architectures": ["BertModel"], "model_type": "bert", "position_embedding_type": "absolute",
-                "attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "initializer_range": 0.02,
-                **dataclasses.asdict(self)}
+        """A ``config.json`` dict that ``transformers``' ``BertModel`` (``RobertaModel``,
+        ``XLMRobertaModel``) reads: the checkpoint's other fields, then the model's."""
+        if self.model_type not in ("bert", "roberta", "xlm-roberta"):
+            raise ValueError(f"to_hf writes BERT and RoBERTa configs, not {self.model_type!r}")
+        ours = {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("position_padding_idx", "relative_attention_num_buckets", "hf_fields")}
+        base = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}[self.model_type]
+        return {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "initializer_range": 0.02,
+                **self.other_fields(), "architectures": [base], "position_embedding_type": "absolute", **ours}
+
+    def other_fields(self) -> dict:
+        """The checkpoint's ``config.json`` fields the model does not use (:attr:`hf_fields`)."""
+        return json.loads(self.hf_fields) if self.hf_fields else {}
 
     @classmethod
     def tiny(cls, **overrides) -> "BertConfig":
@@ -142,18 +204,33 @@ def _layer_norm(dim: int, eps: float, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
 
 class BertEmbeddings(nnx.Module):
-    """``LayerNorm(word[ids] + position[t] + token_type[type_ids])``: ``(B, T) -> (B, T, d)``."""
+    """``LayerNorm(word[ids] + position[p] + token_type[type_ids])``: ``(B, T) -> (B, T, d)``.
+
+    ``p`` is ``t`` or, with :attr:`BertConfig.position_padding_idx`, counted past the padding id;
+    without token types (``type_vocab_size`` 0) that term is absent.
+    """
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         d = config.hidden_size
+        self.padding_idx = config.position_padding_idx
         self.word = nnx.Embed(config.vocab_size, d, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.position = nnx.Embed(config.max_position_embeddings, d, param_dtype=PARAM_DTYPE, rngs=rngs)
-        self.token_type = nnx.Embed(config.type_vocab_size, d, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.token_type = (nnx.Embed(config.type_vocab_size, d, param_dtype=PARAM_DTYPE, rngs=rngs)
+                           if config.type_vocab_size else nnx.data(None))
         self.norm = _layer_norm(d, config.layer_norm_eps, rngs)
 
+    def positions(self, ids: jax.Array) -> jax.Array:
+        """Position ids ``(B, T)`` (``(1, T)`` without a padding offset)."""
+        if self.padding_idx is None:
+            return jnp.arange(ids.shape[-1])[None, :]
+        real = (ids != self.padding_idx).astype(jnp.int32)
+        return jnp.cumsum(real, axis=1) * real + self.padding_idx
+
     def __call__(self, ids: jax.Array, token_type_ids: jax.Array) -> jax.Array:
-        positions = jnp.arange(ids.shape[-1])[None, :]
-        return self.norm(self.word(ids) + self.position(positions) + self.token_type(token_type_ids))
+        x = self.word(ids) + self.position(self.positions(ids))
+        if self.token_type is not None:
+            x = x + self.token_type(token_type_ids)
+        return self.norm(x)
 
 
 class BertAttention(nnx.Module):
@@ -169,7 +246,7 @@ class BertAttention(nnx.Module):
         self.value = nnx.Linear(d, d, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.output = nnx.Linear(d, d, param_dtype=PARAM_DTYPE, rngs=rngs)
 
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array, position_bias: jax.Array | None = None) -> jax.Array:
         b, t, d = x.shape
 
         def heads(y):  # (B, T, d) -> (B, heads, T, hd)
@@ -179,6 +256,8 @@ class BertAttention(nnx.Module):
         logits = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(self.head_dim)
         # Padded keys get no weight; (B, 1, 1, T) broadcasts at equal rank.
         bias = jnp.where(mask[:, None, None, :] > 0, 0.0, _MASK_VALUE).astype(logits.dtype)
+        if position_bias is not None:  # (1, heads, T, T): MPNet's relative positions
+            logits = logits + position_bias.astype(logits.dtype)
         weights = jax.nn.softmax(logits + bias, axis=-1)
         out = jnp.einsum("bhqk,bhkd->bqhd", weights, v).reshape(b, t, d)
         return self.output(out)
@@ -197,8 +276,8 @@ class BertLayer(nnx.Module):
         self.mlp = MLP(d, config.intermediate_size, activation=config.activation, rngs=rngs)
         self.output_norm = _layer_norm(d, config.layer_norm_eps, rngs)
 
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-        x = self.attention_norm(x + self.attention(x, mask))
+    def __call__(self, x: jax.Array, mask: jax.Array, position_bias: jax.Array | None = None) -> jax.Array:
+        x = self.attention_norm(x + self.attention(x, mask, position_bias))
         return self.output_norm(x + self.mlp(x))
 
 
@@ -216,20 +295,49 @@ class Bert(nnx.Module):
         self.layers = nnx.List([BertLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
         self.pooler_kernel = nnx.data(None)  # the checkpoint's pooler, if any (Unused variables)
         self.pooler_bias = nnx.data(None)
+        buckets = config.relative_attention_num_buckets
+        self.relative_attention_bias = (nnx.Embed(buckets, config.num_attention_heads, param_dtype=PARAM_DTYPE,
+                                                  rngs=rngs) if buckets else nnx.data(None))
 
     def __call__(self, ids: jax.Array, mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
         if ids.ndim != 2:
             raise ValueError(f"ids must have shape (B, T), got {ids.shape}")
-        if ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(f"ids: {ids.shape[1]} tokens exceed max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
+        if ids.shape[1] > self.config.max_tokens:
+            raise ValueError(f"ids: {ids.shape[1]} tokens exceed the {self.config.max_tokens} positions of "
+                             f"max_position_embeddings ({self.config.max_position_embeddings})")
         mask = jnp.ones(ids.shape, jnp.int32) if mask is None else mask
         token_type_ids = jnp.zeros(ids.shape, jnp.int32) if token_type_ids is None else token_type_ids
         x = self.embeddings(ids, token_type_ids)
+        position_bias = None
+        if self.relative_attention_bias is not None:
+            t = ids.shape[1]
+            buckets = relative_position_bucket(np.arange(t)[None, :] - np.arange(t)[:, None])  # (T, T), static
+            position_bias = self.relative_attention_bias(jnp.asarray(buckets)).transpose(2, 0, 1)[None]
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, position_bias)
         return x
+
+
+def relative_position_bucket(relative_position: np.ndarray, num_buckets: int = 32,
+                             max_distance: int = 128) -> np.ndarray:
+    """MPNet's (and T5's bidirectional) bucket of each ``relative_position`` (key − query), int64.
+
+    Half the buckets are for keys before the query; within each half, distances below a quarter of
+    the buckets get their own bucket and longer ones share logarithmically spaced buckets up to
+    ``max_distance``. Computed in float32 in ``transformers``' order of operations, so the
+    truncation at the bucket edges is the same.
+    """
+    n = -np.asarray(relative_position, np.int64)
+    half = num_buckets // 2
+    bucket = (n < 0).astype(np.int64) * half
+    n = np.abs(n)
+    max_exact = half // 2
+    with np.errstate(divide="ignore"):
+        scaled = (np.log(n.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+                  * np.float32(half - max_exact))
+    large = max_exact + np.where(n < max_exact, 0, scaled).astype(np.int64)
+    return bucket + np.where(n < max_exact, n, np.minimum(large, half - 1))
 
 
 def pool(hidden: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
@@ -269,10 +377,10 @@ class Encoder(nnx.Module):
                  max_seq_length: int | None = None):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        limit = bert.config.max_position_embeddings
+        limit = bert.config.max_tokens
         max_seq_length = limit if max_seq_length is None else int(max_seq_length)
         if not 2 <= max_seq_length <= limit:
-            raise ValueError(f"max_seq_length must lie in [2, {limit}] (max_position_embeddings), "
+            raise ValueError(f"max_seq_length must lie in [2, {limit}] (the positions of max_position_embeddings), "
                              f"got {max_seq_length}")
         self.bert = bert
         self.pooling = pooling
@@ -348,7 +456,7 @@ def _forward(encoder: Encoder, ids, mask, types):
 def calibration_windows(encoder: Encoder, texts, seq_len: int, count: int, *, seed: int = 0) -> np.ndarray:
     """``(count, seq_len)`` int32 token ids without padding for calibration: the texts' tokens (no
     special tokens) concatenated in order, cut into windows of ``seq_len − 2`` and framed by
-    ``[CLS]`` … ``[SEP]``; ``count`` windows drawn at random (``seed``) without replacement.
+    ``[CLS]`` … ``[SEP]`` (``<s>`` … ``</s>``); ``count`` windows drawn at random (``seed``) without replacement.
     Every calibration token is then a real one (a padded batch would feed the MLPs padding too)."""
     if encoder.tokenizer is None:
         raise ValueError("calibration_windows: the encoder has no tokenizer")
@@ -365,8 +473,10 @@ def calibration_windows(encoder: Encoder, texts, seq_len: int, count: int, *, se
     if n < count:
         raise ValueError(f"texts: {stream.size} tokens give {n} windows of {seq_len}; {count} requested")
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if cls_id is None or sep_id is None:  # RoBERTa's, XLM-R's and MPNet's names
+        cls_id, sep_id = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     if cls_id is None or sep_id is None:
-        raise ValueError("calibration_windows: the tokenizer has no [CLS] or [SEP] token")
+        raise ValueError("calibration_windows: the tokenizer has no [CLS] and [SEP] (or <s> and </s>) tokens")
     pick = np.sort(np.random.default_rng(seed).choice(n, count, replace=False))
     windows = stream[: n * body].reshape(n, body)[pick]
     edge = np.ones((count, 1), np.int32)

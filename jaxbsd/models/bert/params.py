@@ -3,8 +3,9 @@
 The modules are those of :mod:`jaxbsd.models.bert.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"bert"``,
-absolute positions), ``model.safetensors`` through ``safetensors``' numpy API (a ``bert.`` prefix,
-as ``BertFor…`` checkpoints have, is accepted), ``tokenizer.json`` through ``tokenizers``, and the
+``"roberta"`` or ``"xlm-roberta"``, absolute positions), ``model.safetensors`` through
+``safetensors``' numpy API (a ``bert.`` or ``roberta.`` prefix, as ``…For…`` checkpoints have, is
+accepted; their task heads are not read, the pooler is kept), ``tokenizer.json`` through ``tokenizers``, and the
 sentence-transformers files where present: ``modules.json`` (a ``Normalize`` module),
 ``1_Pooling/config.json`` (mean, CLS, max or mean-sqrt-len pooling) and
 ``sentence_bert_config.json`` (``max_seq_length``). Without them the encoder mean-pools, as
@@ -20,6 +21,7 @@ whether the tensor is stored transposed: Flax kernels are ``(in, out)``, PyTorch
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import pathlib
@@ -32,7 +34,8 @@ from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unu
 from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, param_tensors, read_json, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 
-__all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
+__all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "linear_names",
+           "norm_names", "config_from_fields"]
 
 
 # ----------------------------------------------------------------------------- Hugging Face names
@@ -40,14 +43,18 @@ __all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
 
 def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
     """``{our state path: (Hugging Face tensor name, transposed)}`` for every parameter of
-    :class:`Bert` (Flax kernels are ``(in, out)``, PyTorch weights ``(out, in)``)."""
+    :class:`Bert` (Flax kernels are ``(in, out)``, PyTorch weights ``(out, in)``), in the names of
+    the config's ``model_type`` (DistilBERT's and MPNet's from their families' ``params``)."""
+    if config.model_type in _OTHER_FAMILIES:
+        return _OTHER_FAMILIES[config.model_type]().hf_tensors(config)
     names = {
         ("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
         ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
-        ("embeddings", "token_type", "embedding"): ("embeddings.token_type_embeddings.weight", False),
         ("embeddings", "norm", "scale"): ("embeddings.LayerNorm.weight", False),
         ("embeddings", "norm", "bias"): ("embeddings.LayerNorm.bias", False),
     }
+    if config.type_vocab_size:
+        names[("embeddings", "token_type", "embedding")] = ("embeddings.token_type_embeddings.weight", False)
     for i in range(config.num_hidden_layers):
         hf = f"encoder.layer.{i}"
         ours = {
@@ -58,22 +65,63 @@ def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
             ("mlp", "fc1"): f"{hf}.intermediate.dense",
             ("mlp", "fc2"): f"{hf}.output.dense",
         }
-        for path, name in ours.items():
-            names[("layers", i, *path, "kernel")] = (f"{name}.weight", True)
-            names[("layers", i, *path, "bias")] = (f"{name}.bias", False)
-        for path, name in {("attention_norm",): f"{hf}.attention.output.LayerNorm",
-                           ("output_norm",): f"{hf}.output.LayerNorm"}.items():
-            names[("layers", i, *path, "scale")] = (f"{name}.weight", False)
-            names[("layers", i, *path, "bias")] = (f"{name}.bias", False)
+        linear_names(names, ("layers", i), ours)
+        norm_names(names, ("layers", i), {("attention_norm",): f"{hf}.attention.output.LayerNorm",
+                                          ("output_norm",): f"{hf}.output.LayerNorm"})
     return names
+
+
+def linear_names(names: dict, at: tuple, linears: dict) -> None:
+    """Add the kernel (stored transposed) and bias of each ``{our path: HF prefix}`` under ``at``."""
+    for path, name in linears.items():
+        names[(*at, *path, "kernel")] = (f"{name}.weight", True)
+        names[(*at, *path, "bias")] = (f"{name}.bias", False)
+
+
+def norm_names(names: dict, at: tuple, norms: dict) -> None:
+    """Add the scale (``.weight``) and bias of each ``{our path: HF prefix}`` LayerNorm under ``at``."""
+    for path, name in norms.items():
+        names[(*at, *path, "scale")] = (f"{name}.weight", False)
+        names[(*at, *path, "bias")] = (f"{name}.bias", False)
+
+
+def config_from_fields(data: dict, where: str, fields: dict[str, str], **values) -> BertConfig:
+    """A :class:`BertConfig` from a ``config.json`` dict whose names differ: ``fields`` maps each
+    :class:`BertConfig` field to its name in ``data`` (all required), ``values`` sets the others;
+    ``data``'s remaining fields go to :attr:`BertConfig.hf_fields`. ``ValueError`` naming ``where``."""
+    missing = [name for name in fields.values() if name not in data]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}")
+    rest = {k: v for k, v in data.items() if k not in set(fields.values()) | {"model_type"}}
+    try:
+        return BertConfig(**{ours: data[theirs] for ours, theirs in fields.items()}, **values,
+                          hf_fields=json.dumps(rest, sort_keys=True))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def _family_params(name: str):
+    return lambda: importlib.import_module(f"jaxbsd.models.{name}.params")
+
+
+# The encoders with their own tensor names and config fields (their params import this module).
+_OTHER_FAMILIES = {"distilbert": _family_params("distilbert"), "mpnet": _family_params("mpnet")}
+
+
+def hf_config(config: BertConfig) -> dict:
+    """The ``config.json`` dict of ``config`` in its ``model_type``'s fields (the checkpoint's other
+    fields kept)."""
+    if config.model_type in _OTHER_FAMILIES:
+        return _OTHER_FAMILIES[config.model_type]().hf_config(config)
+    return config.to_hf()
 
 
 # Older checkpoints name LayerNorm parameters gamma/beta.
 _ALIASES = {".weight": ".gamma", ".bias": ".beta"}
 
 
-def _lookup(tensors: dict, name: str):
-    for prefix in ("", "bert."):
+def _lookup(tensors: dict, name: str, prefixes=("", "bert.", "roberta.")):
+    for prefix in prefixes:
         if prefix + name in tensors:
             return tensors[prefix + name]
         if "LayerNorm" in name:
@@ -122,7 +170,7 @@ def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, 
 
 
 def from_pretrained(path: str | os.PathLike) -> Encoder:
-    """Load a Hugging Face BERT directory as an :class:`Encoder` (see the module docs).
+    """Load a Hugging Face BERT, RoBERTa or XLM-R directory as an :class:`Encoder` (see the module docs).
 
     Args:
         path: a directory with ``config.json``, ``model.safetensors`` and ``tokenizer.json``
@@ -130,15 +178,23 @@ def from_pretrained(path: str | os.PathLike) -> Encoder:
 
     Raises:
         ValueError: naming the path and what is missing or wrong: no such directory, no
-            ``config.json``, a ``model_type`` other than ``"bert"``, no ``model.safetensors`` (also
-            when only ``pytorch_model.bin`` is there), no ``tokenizer.json``, a tensor missing or of
-            the wrong shape. Nothing is returned half-loaded.
+            ``config.json``, a ``model_type`` other than ``"bert"``, ``"roberta"`` and
+            ``"xlm-roberta"``, no ``model.safetensors`` (also when only ``pytorch_model.bin`` is
+            there), no ``tokenizer.json``, a tensor missing or of the wrong shape. Nothing is
+            returned half-loaded.
     """
+    root, data = open_checkpoint(path)
+    return load_encoder(root, BertConfig.from_hf(data, str(root / "config.json")), ("", "bert.", "roberta."))
+
+
+def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ...]) -> Encoder:
+    """The :class:`Encoder` of the checked directory ``root`` (:func:`~jaxbsd.models.hub.open_checkpoint`)
+    for ``config``, its tensors named by :func:`hf_tensors` (after one of ``prefixes``, as
+    ``…For…`` checkpoints have); what every encoder family's ``from_pretrained`` shares. Raises
+    ``ValueError`` as :func:`from_pretrained` does."""
     from tokenizers import Tokenizer
 
-    root, data = open_checkpoint(path)
-    config_file, weights = root / "config.json", root / "model.safetensors"
-    config = BertConfig.from_hf(data, str(config_file))
+    weights = root / "model.safetensors"
     tokenizer_file = root / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ValueError(f"{root}: no tokenizer.json (the fast tokenizer file of the tokenizers library)")
@@ -149,11 +205,14 @@ def from_pretrained(path: str | os.PathLike) -> Encoder:
     except Exception as err:  # noqa: BLE001
         raise ValueError(f"{tokenizer_file}: cannot read ({type(err).__name__}: {err})") from err
 
+    def lookup(t, name):
+        return _lookup(t, name, prefixes)
+
     bert = fill_params(nnx.eval_shape(lambda: Bert(config, rngs=nnx.Rngs(0))), hf_tensors(config), tensors,
-                       str(weights), lookup=_lookup, dtype=PARAM_DTYPE,
+                       str(weights), lookup=lookup, dtype=PARAM_DTYPE,
                        describe=f"config.json: hidden_size {config.hidden_size}, intermediate_size "
                                 f"{config.intermediate_size}, {config.num_hidden_layers} layers")
-    kernel, bias = _lookup(tensors, "pooler.dense.weight"), _lookup(tensors, "pooler.dense.bias")
+    kernel, bias = lookup(tensors, "pooler.dense.weight"), lookup(tensors, "pooler.dense.bias")
     if kernel is not None and bias is not None:
         d = config.hidden_size
         if kernel.shape != (d, d) or bias.shape != (d,):
@@ -162,7 +221,7 @@ def from_pretrained(path: str | os.PathLike) -> Encoder:
         bert.pooler_kernel = Unused(jnp.asarray(np.asarray(kernel).T, PARAM_DTYPE))
         bert.pooler_bias = Unused(jnp.asarray(bias, PARAM_DTYPE))
     if max_len is not None:
-        max_len = min(int(max_len), config.max_position_embeddings)
+        max_len = min(int(max_len), config.max_tokens)
     return Encoder(bert, tokenizer, pooling=pooling, normalize=normalize, max_seq_length=max_len)
 
 
@@ -225,7 +284,7 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
         tensors["pooler.dense.weight"] = np.ascontiguousarray(np.asarray(bert.pooler_kernel[...], np.float32).T)
         tensors["pooler.dense.bias"] = np.asarray(bert.pooler_bias[...], np.float32)
     write_tensors(tensors, root / "model.safetensors")
-    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    (root / "config.json").write_text(json.dumps(hf_config(config), indent=2) + "\n")
     encoder.tokenizer.save(str(root / "tokenizer.json"))
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]

@@ -31,7 +31,9 @@ __all__ = ["DeiTConfig", "DeiT"]
 class DeiTConfig(ViTConfig):
     """Hyper-parameters of :class:`DeiT` (the fields of :class:`ViTConfig`).
 
-    The defaults are the USPS model (see the module docstring).
+    The defaults are the USPS model (see the module docstring). ``distillation_head`` False: one
+    head on the [CLS] token (``transformers``' ``DeiTForImageClassification``, whose embeddings
+    still carry the distillation token).
     """
 
     image_size: int = 16
@@ -42,6 +44,7 @@ class DeiTConfig(ViTConfig):
     depth: int = 6
     num_heads: int = 3
     mlp_dim: int = 384
+    distillation_head: bool = True
 
     @classmethod
     def for_images(cls, image_size: int, channels: int, num_classes: int = 10, **overrides):
@@ -56,26 +59,34 @@ class DeiTConfig(ViTConfig):
 
 
 class DeiT(ViT):
-    """DeiT classifier: ``model(images)`` → mean of the two heads' logits ``(B, classes)``."""
+    """DeiT classifier: ``model(images)`` → mean of the two heads' logits ``(B, classes)`` (the class
+    head's alone without ``distillation_head``)."""
 
     kind = "deit"
     num_prefix_tokens = 2
-    #: The training loop checks this flag to use the two-head distillation loss.
-    distilled = True
 
     def __init__(self, config: DeiTConfig, *, rngs: nnx.Rngs):
         if not isinstance(config, DeiTConfig):
             raise ValueError(f"config must be a DeiTConfig, got {type(config).__name__}")
         super().__init__(config, rngs=rngs)
-        self.head_dist = nnx.Linear(
-            config.dim, config.num_classes, param_dtype=PARAM_DTYPE, rngs=rngs
-        )
+        self.head_dist = (nnx.Linear(config.dim, config.num_classes, param_dtype=PARAM_DTYPE, rngs=rngs)
+                          if config.distillation_head else nnx.data(None))
+
+    @property
+    def distilled(self) -> bool:
+        """Whether the model has the distillation head (the training loop then uses the two-head
+        distillation loss)."""
+        return self.head_dist is not None
 
     def heads(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Logits of the class head and of the distillation head, each ``(B, classes)``."""
+        if self.head_dist is None:
+            raise ValueError("heads: this DeiT has no distillation head (distillation_head=False)")
         x = self.features(images)
         return self.head(x[:, 0]), self.head_dist(x[:, 1])
 
     def __call__(self, images: jax.Array) -> jax.Array:
+        if self.head_dist is None:
+            return self.head(self.features(images)[:, 0])
         cls_logits, dist_logits = self.heads(images)
         return 0.5 * (cls_logits + dist_logits)

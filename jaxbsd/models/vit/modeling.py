@@ -49,8 +49,11 @@ class ViTConfig(ImagePresets):
         depth: number of transformer blocks.
         num_heads: attention heads; must divide ``dim``.
         mlp_dim: MLP hidden width.
-        activation: MLP activation (``"gelu"`` or ``"relu"``).
+        activation: MLP activation (a key of :data:`~jaxbsd.models.layers.ACTIVATIONS`).
         drop_path: maximal stochastic-depth rate (linearly increasing over blocks).
+        layer_norm_eps: the LayerNorms' epsilon (Hugging Face checkpoints: their config's).
+        hf_fields: the JSON text of a Hugging Face ``config.json`` the model was read from
+            (written back by :func:`jaxbsd.models.vit.params.save_pretrained`); "" for jaxbsd's own.
     """
 
     image_size: int = 28
@@ -63,9 +66,14 @@ class ViTConfig(ImagePresets):
     mlp_dim: int = 256
     activation: str = "gelu"
     drop_path: float = 0.0
+    layer_norm_eps: float = 1e-6
+    hf_fields: str = ""
 
     def __post_init__(self):
         check_vision_config(self, "depth")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
 
     @property
     def num_patches(self) -> int:
@@ -125,12 +133,13 @@ class ViT(nnx.Module):
                     Attention(c.dim, c.num_heads, rngs=rngs),
                     drop_path=rate,
                     activation=c.activation,
+                    eps=c.layer_norm_eps,
                     rngs=rngs,
                 )
                 for rate in drop_path_rates(c.drop_path, c.depth)
             ]
         )
-        self.norm = nnx.LayerNorm(c.dim, epsilon=1e-6, param_dtype=PARAM_DTYPE, rngs=rngs)
+        self.norm = nnx.LayerNorm(c.dim, epsilon=c.layer_norm_eps, param_dtype=PARAM_DTYPE, rngs=rngs)
         self.head = nnx.Linear(c.dim, c.num_classes, param_dtype=PARAM_DTYPE, rngs=rngs)
 
     def embed(self, images: jax.Array) -> jax.Array:
@@ -155,3 +164,12 @@ class ViT(nnx.Module):
 
     def __call__(self, images: jax.Array) -> jax.Array:
         return self.head(self.features(images)[:, 0])
+
+    def preprocess(self, images) -> np.ndarray:
+        """Raw ``uint8`` images ``(N, H, W, C)`` to model inputs ``(N, image_size, image_size, C)``
+        float32 through the Hugging Face ``preprocessor_config.json`` the model was read with
+        (:class:`jaxbsd.models.vit.preprocessing.ImageProcessor`); ``ValueError`` without one."""
+        processor = getattr(self, "image_processor", None)
+        if processor is None:
+            raise ValueError("preprocess: this model was not read with a preprocessor_config.json")
+        return processor(images)
