@@ -1,14 +1,20 @@
 """The README's one-screen decision: your situation, the method and the flag, and what it costs.
 
-Every figure is read from a committed result through the same objects the pages' figures use
-(:func:`reporting.figures.namespace`); the full evidence is on ``docs/which-method.md``.
+Every figure is read from a committed result through the same objects the pages' figures use (the
+kinds the table modules register for each source); the full evidence is on ``docs/which-method.md``.
 """
 
 from __future__ import annotations
 
 from .. import committed
 from ..formats import md
-from ..registry import table
+from ..registry import FOLDERS, KINDS, SOURCES, table
+
+
+def _result(name: str):
+    """The committed result a figure names ``name`` (``"tf_deit"``), as its registered kind."""
+    folder = committed.BENCHMARKS if FOLDERS[name] == "benchmarks" else committed.RESULTS
+    return KINDS[name](committed.read_json(folder / SOURCES[name]))
 
 
 def _minilm_cost(share: float) -> str:
@@ -22,10 +28,7 @@ def _minilm_cost(share: float) -> str:
 @table("which-method-short")
 def which_method_short() -> str:
     """Situation → method and flag → what the committed results say → what it costs."""
-    from ..figures import namespace  # the figures' objects (figures imports this module's registry)
-
-    ns = namespace()
-    tf_deit, rf_deit, minilm, lm, dst_vit = (ns[n] for n in ("tf_deit", "rf_deit", "minilm", "lm", "dst_vit"))
+    tf_deit, rf_deit, minilm, lm, dst_vit = (_result(n) for n in ("tf_deit", "rf_deit", "minilm", "lm", "dst_vit"))
     light = [tf_deit.vs("prune", "bsd", r).diff for r in (0.1, 0.2)]
     gated = [v.diff for m in ("prune", "drone") for v in lm.gaps("bsd", m, "training-free")]
     rows = [

@@ -228,7 +228,7 @@ def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ..
 # ----------------------------------------------------------------------------- saving
 
 
-def _standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
+def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
     """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` with both biases and
     the config's activation (jaxbsd's :class:`MLP` or a pruned one), else ``(None, why not)``."""
     fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
@@ -265,7 +265,7 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
     config = bert.config
     widths, reasons = set(), []
     for i, layer in enumerate(bert.layers):
-        width, why = _standard_mlp(layer.mlp, config.hidden_size, config.activation)
+        width, why = standard_mlp(layer.mlp, config.hidden_size, config.activation)
         if width is None:
             reasons.append(f"bert.layers.{i}.mlp: {why}")
         widths.add(width)

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.bert.modeling import HF_ACTIVATIONS
-from jaxbsd.models.bert.params import _standard_mlp
+from jaxbsd.models.bert.params import standard_mlp
 from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.vit.modeling import ViT, ViTConfig
@@ -233,7 +233,7 @@ def check_standard(model: ViT) -> int:
     they are not all ordinary two-layer MLPs of one width."""
     widths, reasons = set(), []
     for i, block in enumerate(model.blocks):
-        width, why = _standard_mlp(block.mlp, model.config.dim, model.config.activation)
+        width, why = standard_mlp(block.mlp, model.config.dim, model.config.activation)
         if width is None:
             reasons.append(f"blocks.{i}.mlp: {why}")
         widths.add(width)
