@@ -32,6 +32,11 @@ __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrai
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
 FAMILIES: dict[str, str] = {
     "bert": "jaxbsd.models.bert",
+    "gpt2": "jaxbsd.models.gpt2",
+    "llama": "jaxbsd.models.llama",
+    "mistral": "jaxbsd.models.llama",
+    "qwen2": "jaxbsd.models.llama",
+    "qwen3": "jaxbsd.models.llama",
 }
 
 #: ``{state path: (Hugging Face tensor name, stored transposed)}``.
