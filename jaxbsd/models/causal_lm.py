@@ -40,11 +40,11 @@ SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json")
 
 
-def activation_of(name, field: str, where: str) -> str:
+def activation_of(name, field: str, where: str | None = None) -> str:
     """jaxbsd's activation for the Hugging Face name ``name`` of config field ``field``;
-    ``ValueError`` naming ``where`` and the field for a name jaxbsd does not compute."""
+    ``ValueError`` naming ``where`` (if given) and the field for a name jaxbsd does not compute."""
     if name not in HF_ACTIVATIONS:
-        raise ValueError(f"{where}: {field} {name!r} is not supported (supported: {sorted(HF_ACTIVATIONS)})")
+        raise ValueError(f"{where + ': ' if where else ''}{field} {name!r} is not supported (supported: {sorted(HF_ACTIVATIONS)})")
     return HF_ACTIVATIONS[name]
 
 

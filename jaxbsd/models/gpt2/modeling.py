@@ -72,7 +72,7 @@ class GPT2Config:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head ({self.n_head}) must divide n_embd ({self.n_embd})")
-        activation_of(self.activation_function, "activation_function", "config")
+        activation_of(self.activation_function, "activation_function")
         eps = self.layer_norm_epsilon
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
             raise ValueError(f"layer_norm_epsilon must be a positive finite number, got {eps!r}")
@@ -80,7 +80,7 @@ class GPT2Config:
     @property
     def activation(self) -> str:
         """jaxbsd's name of the MLP's activation."""
-        return activation_of(self.activation_function, "activation_function", "config")
+        return activation_of(self.activation_function, "activation_function")
 
     @classmethod
     def from_hf(cls, data: dict, where: str = "config.json") -> "GPT2Config":

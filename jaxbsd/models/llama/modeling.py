@@ -116,7 +116,7 @@ class LlamaConfig:
                              f"({self.num_attention_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (rotary positions rotate pairs), got {self.head_dim}")
-        activation_of(self.hidden_act, "hidden_act", "config")
+        activation_of(self.hidden_act, "hidden_act")
         for name in ("rms_norm_eps", "rope_theta") + (("rope_factor",) if self.rope_factor is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -128,7 +128,7 @@ class LlamaConfig:
     @property
     def activation(self) -> str:
         """jaxbsd's name of the gate's activation."""
-        return activation_of(self.hidden_act, "hidden_act", "config")
+        return activation_of(self.hidden_act, "hidden_act")
 
     @classmethod
     def from_hf(cls, data: dict, where: str = "config.json") -> "LlamaConfig":
