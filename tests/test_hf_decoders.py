@@ -65,6 +65,11 @@ def _forward(model, ids, mask):
     return model(ids, mask)
 
 
+@nnx.jit
+def _lm_forward(lm, ids):
+    return lm(ids)
+
+
 def _randomize(model, seed: int) -> None:
     """Redraw every parameter: weights N(0, 0.15²), biases N(0, 0.2²), norm weights U(0.5, 1.5)."""
     gen = torch.Generator().manual_seed(seed)
@@ -270,3 +275,48 @@ def test_input_longer_than_the_sliding_window_is_refused(checkpoint):
     model = models.from_pretrained(checkpoint("mistral-gqa-window")[0])
     with pytest.raises(ValueError, match=r"9 positions, more than sliding_window \(8\)"):
         model(jnp.zeros((1, SEQ + 1), jnp.int32))
+
+
+# ----------------------------------------------------------------------------- the character LM as a Llama
+
+
+@pytest.fixture(scope="module")
+def char_lm():
+    from jaxbsd.data import CharVocab
+
+    vocab = CharVocab()
+    lm = models.LM(models.LMConfig.tiny(vocab_size=vocab.size, mlp_bias=True, rope_base=100.0),
+                   rngs=nnx.Rngs(3))
+    for _, p in nnx.iter_graph(lm):  # sharper than the init, and norm weights other than 1
+        if isinstance(p, nnx.Param):
+            p.set_value(p[...] * 4 if p.ndim == 2 else p[...] + jnp.linspace(0.5, 1.5, p.shape[0]))
+    return lm, vocab
+
+
+def test_character_lm_exports_as_llama_with_its_tokenizer(char_lm, tmp_path):
+    lm, vocab = char_lm
+    text = "def f(x):\n\treturn x  # é"
+    out = models.llama.save_lm_pretrained(lm, tmp_path / "lm", chars=vocab.CHARS)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(ref).__name__ == "LlamaForCausalLM" and ref.config.tie_word_embeddings
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+    ids = np.asarray(tokenizer(text)["input_ids"])
+    np.testing.assert_array_equal(ids, vocab.encode(text))
+    assert tokenizer.decode(ids) == vocab.decode(ids)
+    ids = ids[None, :lm.config.context]
+    mask = np.ones_like(ids)
+    _assert_close(_lm_forward(lm, jnp.asarray(ids)), _hf_logits(ref, ids, mask), mask)
+
+
+@pytest.mark.slow
+def test_pruned_character_lm_exports_as_llama(char_lm, tmp_path):
+    lm, vocab = char_lm
+    lm = nnx.clone(lm)
+    calibration = jnp.asarray(np.random.default_rng(4).integers(0, vocab.size, (4, 16)))
+    jaxbsd.compress_model(lm, calibration, key=jax.random.key(0), method="prune", reduction=0.1, refine=None)
+    widths = {b.mlp.hidden for b in lm.blocks}
+    assert len(widths) == 1 and widths.pop() < lm.config.mlp_dim
+    ref = transformers.AutoModelForCausalLM.from_pretrained(models.llama.save_lm_pretrained(lm, tmp_path / "lm"))
+    ids = np.random.default_rng(5).integers(0, vocab.size, (2, 16))
+    mask = np.ones_like(ids)
+    _assert_close(_lm_forward(lm, jnp.asarray(ids)), _hf_logits(ref.eval(), ids, mask), mask)
