@@ -127,7 +127,11 @@ def _assert_close(ours, ref, mask, tol=1e-5):
     assert err <= tol, err
 
 
-@pytest.mark.parametrize("name", list(CASES))
+#: The load cases of the slow step (the default run keeps every model type and variant once).
+SLOW_LOADS = ("gpt2-gelu", "llama-gqa-untied", "qwen3-mha-untied")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LOADS else n for n in CASES])
 def test_logits_agree_with_transformers(checkpoint, name):
     path, ref = checkpoint(name)
     model = models.from_pretrained(path)
@@ -181,13 +185,13 @@ def test_untouched_export_copies_the_source_files(checkpoint, tmp_path):
 
 
 def test_low_rank_decoupled_and_uneven_exports_are_refused(checkpoint, tmp_path):
-    from jaxbsd.compression import baselines
-    from jaxbsd.models.compressed import PrunedGatedMLP
+    from jaxbsd.models.compressed import LowRankGatedMLP, LowRankLinear, PrunedGatedMLP
 
     model = models.from_pretrained(checkpoint("qwen2-gqa-tied")[0])
     mlp = model.blocks[0].mlp
     Kg, Ku, Kd = (layer.kernel[...] for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
-    model.blocks[0].mlp = baselines.lowrank_gated_mlp(Kg, None, Ku, None, Kd, None, "silu", 4, method="svd")
+    low = [LowRankLinear(K[:, :4], jnp.eye(4, K.shape[1], dtype=K.dtype), None) for K in (Kg, Ku, Kd)]
+    model.blocks[0].mlp = LowRankGatedMLP(*low, "silu")
     with pytest.raises(ValueError, match=r"no longer a standard qwen2 model \(blocks\.0\.mlp: LowRankGatedMLP "
                                          r"is not a gated MLP.*save_compressed"):
         models.save_pretrained(model, tmp_path / "lowrank")
