@@ -9,12 +9,14 @@ Models: :class:`ViT`, :class:`Swin`, :class:`DeiT` (images), and :class:`LM`, a 
 character language model whose ``block.mlp`` is a gated :class:`GatedMLP` (see
 :mod:`jaxbsd.models.lm.modeling`); each has a frozen config dataclass and presets.
 :mod:`jaxbsd.models.bert.modeling` holds pretrained BERT-family encoders read from Hugging Face
-directories (an :class:`Encoder`, MLPs at ``bert.layers[i].mlp``); :func:`build_model` and
-:func:`config_for_dataset` pick them by name.
+directories (an :class:`Encoder`, MLPs at ``bert.layers[i].mlp``), :mod:`jaxbsd.models.gpt2` and
+:mod:`jaxbsd.models.llama` (``llama``, ``mistral``, ``qwen2``, ``qwen3``) pretrained causal LMs (MLPs at
+``blocks[i].mlp``, jaxbsd's :class:`MLP` and :class:`GatedMLP`); :func:`build_model` and
+:func:`config_for_dataset` pick the trained-here models by name.
 
-One folder per model family (``vit``, ``deit``, ``swin``, ``lm``, ``bert``): its ``modeling.py``
-holds the config and the modules, and ``bert/params.py`` maps Hugging Face tensor names to NNX
-paths (``from_pretrained``, ``save_pretrained``). Building blocks the families share live beside
+One folder per model family (``vit``, ``deit``, ``swin``, ``lm``, ``bert``, ``gpt2``, ``llama``): its
+``modeling.py`` holds the config and the modules, and the ``params.py`` of a Hugging Face family maps
+its tensor names to NNX paths (``from_pretrained``, ``save_pretrained``). Building blocks the families share live beside
 them: :mod:`jaxbsd.models.layers`, :mod:`jaxbsd.models.capture`, :mod:`jaxbsd.models.decoupled_mlp`.
 :func:`from_pretrained` and :func:`save_pretrained` (:mod:`jaxbsd.models.hub`) read and write a
 Hugging Face directory of any family, dispatched on ``config.json``'s ``model_type``.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from jaxbsd.models import bert
+from jaxbsd.models import bert, gpt2, llama
 from jaxbsd.models.bert import Bert, BertConfig, Encoder
 from jaxbsd.models.deit import DeiT, DeiTConfig
 from jaxbsd.models.layers import (
@@ -61,6 +63,8 @@ __all__ = [
     "LMConfig",
     "GatedMLP",
     "bert",
+    "gpt2",
+    "llama",
     "Bert",
     "BertConfig",
     "Encoder",

@@ -38,6 +38,11 @@ FAMILIES: dict[str, str] = {
     "mpnet": "jaxbsd.models.mpnet",
     "deit": "jaxbsd.models.deit",
     "vit": "jaxbsd.models.vit",
+    "gpt2": "jaxbsd.models.gpt2",
+    "llama": "jaxbsd.models.llama",
+    "mistral": "jaxbsd.models.llama",
+    "qwen2": "jaxbsd.models.llama",
+    "qwen3": "jaxbsd.models.llama",
 }
 
 #: ``{state path: (Hugging Face tensor name, stored transposed)}``.

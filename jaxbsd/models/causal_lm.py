@@ -1,0 +1,160 @@
+"""What the Hugging Face decoder families (:mod:`jaxbsd.models.gpt2`, :mod:`jaxbsd.models.llama`) share.
+
+* :data:`HF_ACTIVATIONS` and :func:`activation_of`: a config's ``hidden_act`` /
+  ``activation_function`` name -> jaxbsd's activation (unknown names refused by name);
+* :func:`check_ids` and :func:`allowed_pairs`: the ``(batch, seq)`` ids and padding mask every
+  causal LM takes, and the boolean ``(batch, 1, seq, seq)`` pattern of the query-key pairs
+  attention may use (causal, masked keys removed);
+* :func:`standard_mlp` / :func:`standard_gated_mlp`: whether a block's MLP is still an ordinary
+  (possibly pruned) two-layer or gated MLP, and its kernels, for the export;
+* :func:`export_widths`: one MLP width for every block or a ``ValueError`` pointing to
+  :func:`jaxbsd.save_compressed`; :func:`copy_source_files`: the tokenizer and generation files of
+  the directory a model was read from.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_ids", "allowed_pairs", "MASK_VALUE",
+           "standard_mlp", "standard_gated_mlp", "export_widths", "copy_source_files", "SOURCE_FILES"]
+
+#: ``hidden_act`` / ``activation_function`` of a Hugging Face config -> the name in
+#: :data:`~jaxbsd.models.layers.ACTIVATIONS` (``gelu_new``, ``gelu_pytorch_tanh`` and ``gelu_fast`` are
+#: the tanh approximation; ``swish`` is SiLU).
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
+                  "tanh": "tanh", "sigmoid": "sigmoid"}
+
+#: Logit offset of pairs attention may not use: exp(-1e9 - max) is exactly 0 in float32 and float64.
+MASK_VALUE = -1e9
+
+#: Files of a Hugging Face directory that :func:`copy_source_files` carries over to an export.
+SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json")
+
+
+def activation_of(name, field: str, where: str | None = None) -> str:
+    """jaxbsd's activation for the Hugging Face name ``name`` of config field ``field``;
+    ``ValueError`` naming ``where`` (if given) and the field for a name jaxbsd does not compute."""
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"{where + ': ' if where else ''}{field} {name!r} is not supported (supported: {sorted(HF_ACTIVATIONS)})")
+    return HF_ACTIVATIONS[name]
+
+
+def hf_activation_name(activation: str) -> str | None:
+    """The first Hugging Face name of jaxbsd's ``activation`` (None if it has none)."""
+    return next((hf for hf, ours in HF_ACTIVATIONS.items() if ours == activation), None)
+
+
+def check_ids(ids, mask, max_len: int | None = None) -> None:
+    """``ValueError`` unless ``ids`` is a ``(batch, seq)`` integer array (``seq ≤ max_len`` where
+    given) and ``mask`` is None or an array of the same shape (1 or True: a real token)."""
+    if getattr(ids, "ndim", None) != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"ids must be a (batch, seq) integer array, got {getattr(ids, 'shape', None)} "
+                         f"{getattr(ids, 'dtype', None)}")
+    if ids.shape[1] < 1:
+        raise ValueError("ids must hold at least one position")
+    if max_len is not None and ids.shape[1] > max_len:
+        raise ValueError(f"ids has {ids.shape[1]} positions, more than the model's {max_len} "
+                         "(max_position_embeddings / n_positions)")
+    if mask is not None and getattr(mask, "shape", None) != ids.shape:
+        raise ValueError(f"mask must have the shape of ids {ids.shape}, got {getattr(mask, 'shape', None)}")
+
+
+def allowed_pairs(mask, seq: int) -> jax.Array:
+    """``(batch or 1, 1, seq, seq)`` bool: query ``i`` may attend key ``j`` iff ``j ≤ i`` and key ``j``
+    is a real token (``mask`` ``(batch, seq)``, None: all real)."""
+    causal = jnp.tril(jnp.ones((seq, seq), bool)).reshape(1, 1, seq, seq)
+    if mask is None:
+        return causal
+    keys = jnp.asarray(mask).astype(bool).reshape(mask.shape[0], 1, 1, seq)
+    return causal & keys
+
+
+def _linears(module, names) -> list | None:
+    found = [getattr(module, n, None) for n in names]
+    return found if all(isinstance(x, nnx.Linear) for x in found) else None
+
+
+def _only_params_of(module, linears) -> bool:
+    """Whether every ``nnx.Param`` of ``module`` belongs to one of ``linears`` (nothing else trained)."""
+    own = sum(1 for _ in nnx.to_flat_state(nnx.state(module, nnx.Param)))
+    return own == sum(sum(1 for _ in nnx.to_flat_state(nnx.state(x, nnx.Param))) for x in linears)
+
+
+def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
+    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` ``dim -> k -> dim`` with
+    both biases and the activation ``activation`` (jaxbsd's :class:`~jaxbsd.models.layers.MLP` or a
+    pruned one, :class:`~jaxbsd.models.compressed.PrunedMLP`), else ``(None, why not)``."""
+    name = type(module).__name__
+    linears = _linears(module, ("fc1", "fc2"))
+    if linears is None:
+        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
+    fc1, fc2 = linears
+    if getattr(module, "activation", None) != activation:
+        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
+    if fc1.bias is None or fc2.bias is None:
+        return None, f"{name} lacks a bias"
+    if not _only_params_of(module, linears):
+        return None, f"{name} holds parameters besides fc1 and fc2"
+    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
+        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
+    return int(fc1.out_features), ""
+
+
+def standard_gated_mlp(module, dim: int, activation: str, bias: bool) -> tuple[tuple | None, str]:
+    """``((gate, up, down) nnx.Linear, "")`` if ``module`` is an ordinary gated MLP
+    ``down(h(gate x) ⊙ up x)`` ``dim -> k -> dim`` with the activation ``activation`` and a bias on all
+    three projections iff ``bias``: jaxbsd's :class:`~jaxbsd.models.lm.GatedMLP` (``gate_proj``,
+    ``up_proj``, ``down_proj``) or a pruned one, :class:`~jaxbsd.models.compressed.PrunedGatedMLP`
+    (``gate``, ``up``, ``down``); else ``(None, why not)``."""
+    name = type(module).__name__
+    linears = _linears(module, ("gate_proj", "up_proj", "down_proj")) or _linears(module, ("gate", "up", "down"))
+    if linears is None:
+        return None, f"{name} is not a gated MLP of three dense layers (gate, up, down)"
+    gate, up, down = linears
+    if getattr(module, "activation", None) != activation:
+        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
+    if any((x.bias is not None) != bias for x in linears):
+        return None, f"{name} has biases {[x.bias is not None for x in linears]}, the config mlp_bias={bias}"
+    if not _only_params_of(module, linears):
+        return None, f"{name} holds parameters besides its three projections"
+    if (gate.in_features != dim or up.in_features != dim or down.out_features != dim
+            or not gate.out_features == up.out_features == down.in_features):
+        return None, (f"{name} maps {gate.in_features} -> {gate.out_features} (gate), {up.in_features} -> "
+                      f"{up.out_features} (up), {down.in_features} -> {down.out_features} (down)")
+    return (gate, up, down), ""
+
+
+def export_widths(widths: list[int | None], reasons: list[str], family: str) -> int:
+    """The one hidden width of every block's MLP, or ``ValueError`` saying why the model is no longer
+    a standard ``family`` checkpoint (the first reason, or the uneven widths) and pointing to
+    :func:`jaxbsd.save_compressed`."""
+    if reasons or len(set(widths)) != 1:
+        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(set(widths))}"
+        raise ValueError(f"save_pretrained: the model is no longer a standard {family} ({why}); a {family} "
+                         "checkpoint holds MLPs of one width and the original form only. Save it with "
+                         "jaxbsd.save_compressed instead")
+    return int(widths[0])
+
+
+def copy_source_files(source_dir: str | None, root: pathlib.Path) -> list[str]:
+    """Copy the :data:`SOURCE_FILES` found in ``source_dir`` (a model's original directory; None:
+    none) into ``root``; returns the names copied. A file already in ``root`` is overwritten."""
+    if not source_dir:
+        return []
+    source = pathlib.Path(source_dir)
+    copied = []
+    for name in SOURCE_FILES:
+        file = source / name
+        if file.is_file() and os.path.abspath(file) != os.path.abspath(root / name):
+            shutil.copyfile(file, root / name)
+            copied.append(name)
+    return copied

@@ -1,0 +1,116 @@
+"""Hugging Face checkpoints of GPT-2: tensor names, loading and saving.
+
+The modules are those of :mod:`jaxbsd.models.gpt2.modeling`.
+
+**Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"gpt2"``) and
+``model.safetensors`` through ``safetensors``' numpy API (names under ``transformer.`` as
+``GPT2LMHeadModel`` checkpoints have them, or without the prefix as the original ``gpt2`` one has;
+``lm_head.weight`` where the embeddings are untied). GPT-2's ``Conv1D`` weights are ``(in, out)``, as
+Flax kernels: they are not transposed. :func:`save_pretrained` writes the same layout back where every
+MLP is still a standard two-layer MLP of one width (untouched, or all pruned to one width: ``n_inner``
+is then the pruned width), with the tokenizer and generation files of the directory the model was read
+from.
+
+:func:`hf_tensors` maps every parameter's NNX state path to its Hugging Face tensor name (and whether
+the tensor is stored transposed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+
+import numpy as np
+from flax import nnx
+
+from jaxbsd.models.causal_lm import copy_source_files, export_widths, standard_mlp
+from jaxbsd.models.gpt2.modeling import GPT2, GPT2Config
+from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, param_tensors, write_tensors
+from jaxbsd.models.layers import PARAM_DTYPE
+
+__all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
+
+_PREFIX = "transformer."
+
+
+def hf_tensors(config: GPT2Config) -> dict[tuple, tuple[str, bool]]:
+    """``{our state path: (Hugging Face tensor name, transposed)}`` for every parameter of :class:`GPT2`
+    (only the untied ``lm_head`` is a PyTorch ``nn.Linear``, stored ``(out, in)``)."""
+    p = _PREFIX
+    names = {("wte", "embedding"): (f"{p}wte.weight", False), ("wpe", "embedding"): (f"{p}wpe.weight", False),
+             ("ln_f", "scale"): (f"{p}ln_f.weight", False), ("ln_f", "bias"): (f"{p}ln_f.bias", False)}
+    if not config.tie_word_embeddings:
+        names[("lm_head", "kernel")] = ("lm_head.weight", True)
+    for i in range(config.n_layer):
+        hf, ours = f"{p}h.{i}", ("blocks", i)
+        for path, name in {("ln_1",): "ln_1", ("ln_2",): "ln_2"}.items():
+            names[(*ours, *path, "scale")] = (f"{hf}.{name}.weight", False)
+            names[(*ours, *path, "bias")] = (f"{hf}.{name}.bias", False)
+        for path, name in {("attn", "c_attn"): "attn.c_attn", ("attn", "c_proj"): "attn.c_proj",
+                           ("mlp", "fc1"): "mlp.c_fc", ("mlp", "fc2"): "mlp.c_proj"}.items():
+            names[(*ours, *path, "kernel")] = (f"{hf}.{name}.weight", False)
+            names[(*ours, *path, "bias")] = (f"{hf}.{name}.bias", False)
+    return names
+
+
+def _lookup(tensors: dict, name: str):
+    if name in tensors:
+        return tensors[name]
+    if name.startswith(_PREFIX):  # a GPT2Model checkpoint (the original ``gpt2``) has no prefix
+        return tensors.get(name[len(_PREFIX):])
+    return None
+
+
+def from_pretrained(path: str | os.PathLike) -> GPT2:
+    """Load a Hugging Face GPT-2 directory as a :class:`GPT2` (float32).
+
+    Raises:
+        ValueError: naming the path and what is missing or wrong: not a directory, no ``config.json``,
+            another ``model_type``, an unsupported option (by name), no ``model.safetensors`` (also when
+            only ``pytorch_model.bin`` is there), a tensor missing (by name) or of the wrong shape (both
+            shapes). Nothing is returned half-loaded.
+    """
+    root, data = open_checkpoint(path)
+    config = GPT2Config.from_hf(data, str(root / "config.json"))
+    weights = root / "model.safetensors"
+    tensors = load_tensors(weights)
+    abstract = nnx.eval_shape(lambda: GPT2(config, rngs=nnx.Rngs(0), source_dir=str(root)))
+    return fill_params(abstract, hf_tensors(config), tensors, str(weights), lookup=_lookup, dtype=PARAM_DTYPE,
+                       describe=f"config.json: n_embd {config.n_embd}, n_inner {config.n_inner}, "
+                                f"{config.n_layer} layers, n_positions {config.n_positions}")
+
+
+def save_pretrained(model: GPT2, path: str | os.PathLike) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face GPT-2 directory (``config.json``, ``model.safetensors`` in float32,
+    and the tokenizer / generation files of ``model.source_dir`` where it has one).
+
+    Possible where every ``model.blocks[i].mlp`` is still an ordinary two-layer MLP (jaxbsd's ``MLP`` or a
+    pruned one) with both biases and the config's activation, all of one hidden width: untouched, or pruned
+    uniformly (``n_inner`` is then the pruned width). Returns the directory. Raises ``ValueError`` saying
+    why for any other MLP (a decoupling, a low-rank factorisation, uneven widths), pointing to
+    :func:`jaxbsd.save_compressed`.
+    """
+    if not isinstance(model, GPT2):
+        raise ValueError(f"model must be a jaxbsd.models.gpt2.GPT2, got {type(model).__name__}")
+    config = model.config
+    widths, reasons = [], []
+    for i, block in enumerate(model.blocks):
+        width, why = standard_mlp(block.mlp, config.n_embd, config.activation)
+        if width is None:
+            reasons.append(f"blocks.{i}.mlp: {why}")
+        widths.append(width)
+    config = dataclasses.replace(config, n_inner=export_widths(widths, reasons, "GPT-2"))
+    names = {k: v for k, v in hf_tensors(config).items() if not (k[0] == "blocks" and k[2] == "mlp")}
+    tensors = param_tensors(model, names)
+    for i, block in enumerate(model.blocks):
+        for layer, name in ((block.mlp.fc1, "c_fc"), (block.mlp.fc2, "c_proj")):
+            tensors[f"{_PREFIX}h.{i}.mlp.{name}.weight"] = np.asarray(layer.kernel[...], np.float32)
+            tensors[f"{_PREFIX}h.{i}.mlp.{name}.bias"] = np.asarray(layer.bias[...], np.float32)
+    root = pathlib.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    write_tensors(tensors, root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    copy_source_files(model.source_dir, root)
+    return root
