@@ -45,9 +45,9 @@ class MLPProgress:
       ranks: the rank of each MLP of ``paths``.
       params_before: the parameters of the MLPs of ``paths`` before.
       params_after: ``"done"``: the replacement's parameters; else None.
-      output_error: ``"done"``: the relative squared output error of the replacement against the
-        original MLP on calibration tokens no fit saw (the check tokens, with the refinement's
-        held-out ones when refined); else None.
+      output_error: ``"done"``: the replacement's relative squared output error against the
+        original MLP on the calibration tokens (``MLPReport.output_error``: up to 8192 check tokens,
+        with the refinement's held-out ones when refined); else None.
       seconds: ``"done"``: the seconds of its build (and refinement); else None.
     """
 
@@ -75,7 +75,7 @@ def format_event(event: MLPProgress) -> str:
         what = event.paths[0] if len(event.paths) == 1 else f"{len(event.paths)} MLPs as one program ({event.paths[0]} …)"
         return f"{where} {what}: {event.method} at {rank} ({event.params_before:,} parameters) ..."
     return (f"{where} {event.paths[0]}: {event.method} {rank}, {event.params_before:,} -> {event.params_after:,} "
-            f"parameters, output error {event.output_error:.3g} (held-out calibration tokens), {event.seconds:.1f} s")
+            f"parameters, output error {event.output_error:.3g} on the calibration tokens, {event.seconds:.1f} s")
 
 
 class ProgressPrinter:
