@@ -268,7 +268,8 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
     hf_config = config.to_hf()
     if source is not None:  # the source's other keys kept (dropouts, version, name), the sizes ours
         original = read_json(source / "config.json", "the model config")
-        hf_config = {**hf_config, **original, **dataclasses.asdict(config)}
+        hf_config = {**original, **dataclasses.asdict(config),
+                     **{k: v for k, v in hf_config.items() if k not in original}}  # the source's key order
         for key in ("torch_dtype", "dtype"):
             if key in hf_config:
                 hf_config[key] = "float32"
