@@ -65,3 +65,11 @@ def test_a_bad_progress_option_is_refused():
     with pytest.raises(ValueError, match="progress"):
         jb.Execution(progress="yes")
     assert not progress.bars_wanted()
+
+
+def test_a_group_and_a_resumed_run_each_get_one_line():
+    group = MLPProgress(kind="start", position=1, total=6, paths=("a.mlp", "b.mlp", "c.mlp"), method="bsd",
+                        ranks=(300, 300, 300), params_before=3 * 1000)
+    assert progress.format_event(group) == "[1-3/6] 3 MLPs as one program (a.mlp …): bsd at rank 300 (3,000 parameters) ..."
+    resumed = MLPProgress(kind="resumed", position=4, total=6, paths=(), method="bsd")
+    assert progress.format_event(resumed) == "resumed: 3 of 6 MLPs were done by an earlier run"
