@@ -13,6 +13,7 @@ import pytest
 from bert_reference import WORDS, NumpyBert, write_tiny_bert
 
 from jaxbsd.cli import main
+from jaxbsd.cli.hf import DOMAIN_NOTE
 from jaxbsd.models import bert as B
 
 
@@ -25,10 +26,11 @@ def texts(tmp_path):
     return path, paragraphs
 
 
-def _args(model, out, texts, *extra):
-    return ["compress-hf", str(model), "--reduction", "0.1", "--out", str(out), "--calibration-text", str(texts),
-            "--text", str(texts), "--windows", "6", "--seq-len", "16", "--eval-texts", "20", "--refine-steps", "20",
-            "--no-progress", *extra]
+def _args(model, out, texts, *extra, calibrate=True, quiet=True):
+    return ["compress-hf", str(model), "--reduction", "0.1", "--out", str(out),
+            *(["--calibration-text", str(texts)] if calibrate else []), "--eval-text", str(texts), "--windows", "6",
+            "--seq-len", "16", "--eval-texts", "20", "--refine-steps", "20", *(["--no-progress"] if quiet else []),
+            *extra]
 
 
 @pytest.mark.slow  # the CLI on a BERT directory end to end; its refusals stay in the default run, and the library
@@ -47,16 +49,33 @@ def test_prune_writes_a_smaller_bert_and_a_fidelity_report(tmp_path, texts, caps
     cos = np.mean(np.sum(new * old, 1) / (np.linalg.norm(new, axis=1) * np.linalg.norm(old, axis=1)))
     assert report["fidelity"]["mean_cosine"] == pytest.approx(cos, abs=1e-4)
     np.testing.assert_allclose(B.from_pretrained(exported).encode(paragraphs[:20]), new, atol=3e-5, rtol=1e-4)
-    assert "parameters (reduction" in capsys.readouterr().out
+    assert "of the model removed" in capsys.readouterr().out
+    # the texts named, the figures explained, the kept units beside the report
+    assert report["calibration"]["source"] == str(path) and report["calibration"]["texts"] == 60
+    assert report["calibration"]["tokens"] == 6 * 16 and report["evaluation"]["texts"] == 20
+    assert report["fidelity_reference"]["mean_cosine"] == 1.0 and "higher is better" in report["fidelity_about"][
+        "mean_cosine"]
+    mlp_params = 2 * (16 * 32 + 32 + 32 * 16 + 16)
+    assert report["mlp_reduction"] == pytest.approx((report["params_before"] - report["params_after"]) / mlp_params)
+    kept = json.loads((tmp_path / "out" / "kept_units.json").read_text())
+    assert sorted(kept) == ["bert.layers.0.mlp", "bert.layers.1.mlp"] and all(len(v) == width for v in kept.values())
+    assert all("kept" not in r for r in report["report"]["mlps"])
 
 
 @pytest.mark.slow
-def test_a_decoupling_is_written_with_save_compressed(tmp_path, texts):
+def test_a_decoupling_is_written_with_save_compressed(tmp_path, texts, capsys, monkeypatch):
     import jaxbsd as jb
 
     path, paragraphs = texts
     model = write_tiny_bert(tmp_path / "m")
-    assert main(_args(model, tmp_path / "out", path, "--method", "svd")) == 0
+    # calibrated on the default text (the docs the package ships: no JAXBSD_DATA needed), with progress
+    monkeypatch.delenv("JAXBSD_DATA", raising=False)
+    assert main(_args(model, tmp_path / "out", path, "--method", "svd", calibrate=False, quiet=False)) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert DOMAIN_NOTE in err and "--calibration-text" in DOMAIN_NOTE
+    starts = [i for i, line in enumerate(err) if line.startswith("[") and line.endswith("...")]
+    done = [i for i, line in enumerate(err) if line.startswith("[") and "output error" in line]
+    assert len(starts) == len(done) == 2 and starts[0] < done[0]  # a line before the first MLP finishes
     report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert "save_compressed" in report["written"] and "LowRankMLP" in report["written"]["why_not_huggingface"]
     restored = jb.load_compressed(tmp_path / "out" / "compressed", B.from_pretrained(model))
@@ -84,3 +103,37 @@ def test_bad_directories_are_one_line_errors_with_exit_status_2(tmp_path, texts,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("jaxbsd compress-hf: error:") and match in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reduction_of_zero_is_refused(tmp_path, texts, capsys):
+    model = write_tiny_bert(tmp_path / "m")
+    with pytest.raises(SystemExit) as exit_:
+        main(["compress-hf", str(model), "--reduction", "0", "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2 and "--reduction" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--reduction", "--mlp-reduction"])
+def test_an_impossible_budget_is_refused_before_calibration_naming_the_largest(tmp_path, capsys, flag):
+    from safetensors.numpy import load_file
+
+    model = write_tiny_bert(tmp_path / "m")
+    P = sum(a.size for name, a in load_file(str(model / "model.safetensors")).items() if "pooler" not in name)
+    mlp, smallest = 16 * 32 + 32 + 32 * 16 + 16, 16 + 1 + 16 + 16  # one MLP; pruned to one unit
+    limit = 2 * (mlp - smallest) / P
+    short = tmp_path / "short.txt"
+    short.write_text("too short to calibrate on\n")  # calibration would fail: the budget is checked first
+    with pytest.raises(SystemExit) as exit_:
+        main(["compress-hf", str(model), flag, "0.99", "--calibration-text", str(short), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and f"{flag} 0.99" in err[0]
+    assert f"--reduction {int(1e4 * limit) / 1e4}" in err[0]
+    assert f"--mlp-reduction {int(1e4 * limit * P / (2 * mlp)) / 1e4}" in err[0]
+    assert "-1" not in err[0].replace("--", "")
+
+
+def test_help_shows_no_markup(capsys):
+    with pytest.raises(SystemExit):
+        main(["compress-hf", "--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and ":func:" not in text and "--calibration-text" in text

@@ -156,3 +156,21 @@ def test_the_real_docs_corpus_gives_enough_pairs_on_both_sides():
     assert len(files) == 497 and not ({n for n, _ in corpus.files["calibration"]}
                                       & {n for n, _ in corpus.files["evaluation"]})
     assert len(corpus.pairs("evaluation")) > 1000 and len(corpus.passages("calibration")) > 3000
+
+
+def test_the_shipped_docs_texts_are_the_archives_and_need_no_data_dir(monkeypatch):
+    try:
+        corpus = load_docs_corpus()
+    except FileNotFoundError as err:
+        pytest.skip(f"no docs corpus: {err}")
+    import hashlib
+
+    from jaxbsd.data import DATA_ENV, data_dir, docs_texts
+
+    archive = data_dir() / "text/python-3.11-docs-rst.tar.gz"
+    monkeypatch.delenv(DATA_ENV)
+    shipped = docs_texts()
+    assert shipped.archive_sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
+    for split in DOCS_SPLITS:  # the texts the experiments cut from the archive, exactly
+        assert shipped.passages(split) == corpus.passages(split)
+        assert shipped.pairs(split) == corpus.pairs(split)

@@ -19,6 +19,7 @@ __all__ = [
     "CLIParser",
     "DefaultsHelpFormatter",
     "show_progress",
+    "open_fraction",
     "one_line",
     "positive_int",
     "nonnegative_int",
@@ -105,6 +106,11 @@ def nonnegative_float(text: str) -> float:
 def fraction(text: str) -> float:
     """argparse type: a number in [0, 1)."""
     return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def open_fraction(text: str) -> float:
+    """argparse type: a number in (0, 1) (a share to remove: 0 would remove nothing)."""
+    return _number(text, float, "a number in (0, 1) (0 removes nothing)", lambda v: 0 < v < 1)
 
 
 def existing_path(flag: str, value: str | None) -> pathlib.Path | None:

@@ -108,18 +108,32 @@ def format_table(steps: list[dict], acc_original: float, params_original: int) -
 def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title: str,
                params_original: int | None = None) -> None:
     """Accuracy after each decoupling (CMTF k) and fine-tuning (FT k) step, as a PNG, with the
-    model's parameter count on a second axis (when ``params_original`` is given)."""
+    model's parameter count on a second axis (when ``params_original`` is given). A fine-tuning
+    that was discarded (``finetune_kept`` false: validation fell, the weights before it were kept)
+    is drawn as an open grey cross and labelled so; the legend, below the axes, states the final
+    parameter count, so no text lies across a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    labels, values = ["original"], [100 * acc_original]
+    labels, values, discarded = ["original"], [100 * acc_original], []
     for s in steps:
-        labels += [f"CMTF ({s['step']})", f"FT ({s['step']})"]
+        kept = s.get("finetune_kept", True)
+        labels += [f"CMTF ({s['step']})", f"FT ({s['step']})" + ("" if kept else " discarded")]
         values += [100 * s["acc_cmtf"], 100 * s["acc_ft"]]
-    fig, ax = plt.subplots(figsize=(1.1 * len(labels) + 2, 3.5))
-    ax.plot(range(len(values)), values, "o-")
+        if not kept:
+            discarded.append(len(values) - 1)
+    fig, ax = plt.subplots(figsize=(1.1 * len(labels) + 2, 3.8))
+    ax.plot(range(len(values)), values, "-", color="tab:blue")
+    ordinary = [i for i in range(len(values)) if i not in discarded]
+    ax.plot(ordinary, [values[i] for i in ordinary], "o", color="tab:blue")
+    handles = [Line2D([], [], color="tab:blue", marker="o", label="test accuracy")]
+    if discarded:
+        ax.plot(discarded, [values[i] for i in discarded], "X", mfc="white", mec="grey", ms=9)
+        handles.append(Line2D([], [], ls="", marker="X", mfc="white", mec="grey", ms=9,
+                              label="fine-tuning discarded (accuracy of the weights kept)"))
     ax.set_xticks(range(len(values)), labels, rotation=30, ha="right")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title, fontsize=10)
@@ -132,11 +146,11 @@ def plot_steps(steps: list[dict], acc_original: float, path: pathlib.Path, title
         twin.step(range(len(params)), params, "s--", color="tab:orange", where="post", alpha=0.8)
         twin.set_ylabel("parameters", color="tab:orange")
         twin.set_ylim(0, 1.05 * params_original)
-        twin.annotate(f"{params[-1]:,} ({100 * (1 - params[-1] / params_original):.1f} % fewer)",
-                      (len(params) - 1, params[-1]), textcoords="offset points", xytext=(-4, 6),
-                      ha="right", fontsize=8, color="tab:orange")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        handles.append(Line2D([], [], color="tab:orange", ls="--", marker="s", label=(
+            f"parameters: {params[-1]:,} at the end ({100 * (1 - params[-1] / params_original):.1f} % fewer)")))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=len(handles), fontsize=8,
+              frameon=False)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

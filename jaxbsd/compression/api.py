@@ -24,6 +24,7 @@ from jaxbsd.compression.devices import Devices, check_mesh
 from jaxbsd.compression.distill import DISTILL_STREAM, Distill, distill_model, teacher_outputs
 from jaxbsd.compression.engine import ALLOCATIONS, PLAN, Plan, Step, run
 from jaxbsd.compression.methods import Method, get_method, method_names
+from jaxbsd.compression.progress import MLPProgress, listener
 from jaxbsd.compression.refine import Refine
 from jaxbsd.compression.report import REPORT_FIELDS, CompressionReport, MLPReport
 from jaxbsd.compression.specs import AnySpec, GatedMLPSpec, MLPSpec, discover_mlps
@@ -60,6 +61,11 @@ class Execution:
       resume: ``False``: discard any state in ``state_dir`` and start over.
       finetune: ``finetune(model) -> None``, called after each replacement (one MLP at a time); not
         part of a resumable run's identity.
+      progress: ``True``: a line on stderr as each MLP (or group) starts and as each finishes, and
+        tqdm bars with an ETA inside the decoupling's sweeps and the refinement's steps where
+        stderr is a terminal; a callable: ``progress(event)`` with each
+        :class:`~jaxbsd.compression.progress.MLPProgress` instead; ``False``: silent. The numbers
+        are the same either way.
     """
 
     order: str | Sequence[str] = "back-to-front"
@@ -69,6 +75,7 @@ class Execution:
     state_dir: str | os.PathLike | None = None
     resume: bool = True
     finetune: Callable[[nnx.Module], None] | None = None
+    progress: bool | Callable[[MLPProgress], None] = False
 
     def __post_init__(self):
         if isinstance(self.order, str) and self.order not in ORDERS:
@@ -80,6 +87,8 @@ class Execution:
                              f"solves in one program), got {self.group!r}")
         if self.finetune is not None and not callable(self.finetune):
             raise ValueError(f"finetune must be None or a callable finetune(model), got {self.finetune!r}")
+        if not isinstance(self.progress, bool) and not callable(self.progress):
+            raise ValueError(f"progress must be True, False or a callable progress(event), got {self.progress!r}")
         if self.order == grouped.INDEPENDENT and self.finetune is not None:
             raise ValueError("finetune: order='independent' compresses every MLP on the original model; fine-tuning "
                              "between blocks would make each depend on the last. Give finetune=None and fine-tune "
@@ -367,8 +376,9 @@ def compress_model(
     finetune = execution.finetune
     after_step = (lambda model, path, step: finetune(model)) if finetune is not None else None
     targets = _teacher(model, calibration, distill.forward) if distill is not None else None  # before replacing
-    records = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,
-                  state=_state(execution, method, key, distill))
+    with listener(execution.progress) as progress:
+        records = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,
+                      state=_state(execution, method, key, distill), progress=progress)
     distilled = None
     if distill is not None:  # the whole model, after the last replacement
         distilled = distill_model(model, calibration, targets[0], mlps, distill,

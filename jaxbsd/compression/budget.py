@@ -9,10 +9,16 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from flax import nnx
+
 from jaxbsd.compression.methods import Method, largest_rank
 from jaxbsd.compression.sites import Site
+from jaxbsd.compression.specs import GatedMLPSpec, spec_for
+from jaxbsd.compression.surgery import get_submodule
+from jaxbsd.models import count_params
 
-__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "budget_for", "check_budget", "uniform_ranks", "greedy_candidates", "greedy_ranks"]
+__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "budget_for", "check_budget", "largest_reduction", "priced_sites",
+           "uniform_ranks", "greedy_candidates", "greedy_ranks"]
 
 #: How a ``reduction`` budget is shared among the MLPs.
 ALLOCATIONS = ("uniform", "greedy")
@@ -27,15 +33,56 @@ def budget_for(reduction: float, params_total: int, sites: Sequence[Site]) -> in
     return math.floor((1 - reduction) * params_total) - (params_total - sum(s.params for s in sites))
 
 
-def check_budget(method: Method, sites: Sequence[Site], budget: int, reduction: float) -> None:
-    """``ValueError`` naming ``reduction`` if ``budget`` cannot hold the smallest replacement of
-    every site."""
+def largest_reduction(method: Method, sites: Sequence[Site], params_total: int) -> float:
+    """The largest ``ρ`` that ``method`` meets by compressing ``sites`` alone (the rest of the model's
+    ``params_total`` parameters kept): every site at its smallest replacement,
+    ``(Σ P_mlp − Σ P_smallest) / P`` (:func:`budget_for` is then at least the smallest ones' total)."""
     floor = sum(method.params(s, method.min_rank(s)) for s in sites)
-    if floor > budget:
-        raise ValueError(
-            f"reduction={reduction} cannot be met by method {method.name!r}: the compressed MLPs may hold "
-            f"{budget} parameters in all, but the smallest replacement everywhere (rank 1) already needs "
-            f"{floor} (compress more MLPs or ask for less)")
+    return (sum(s.params for s in sites) - floor) / params_total
+
+
+def check_budget(method: Method, sites: Sequence[Site], budget: int, reduction: float, *,
+                 params_total: int | None = None) -> None:
+    """``ValueError`` naming ``reduction`` if ``budget`` cannot hold the smallest replacement of
+    every site, with the largest reduction that can be met (given ``params_total``, the model's
+    parameters)."""
+    floor = sum(method.params(s, method.min_rank(s)) for s in sites)
+    if floor <= budget:
+        return
+    mlp_params = sum(s.params for s in sites)
+    if params_total is None:  # the model's size, from the budget's definition (budget_for)
+        params_total = round((budget + mlp_params) / (1 - reduction))
+    limit = math.floor(1e4 * largest_reduction(method, sites, params_total)) / 1e4
+    raise ValueError(
+        f"reduction={reduction} cannot be met by method {method.name!r}, which compresses only the {len(sites)} "
+        f"MLP(s) ({mlp_params:,} of the model's {params_total:,} parameters): even at their smallest replacement "
+        f"(rank 1, {floor:,} parameters in all) the model keeps {params_total - mlp_params + floor:,}. The largest "
+        f"reduction it can meet is {limit:.4f}; ask for at most that")
+
+
+def priced_sites(model: nnx.Module, paths: Sequence[str], mlp_specs=None) -> list[Site]:
+    """The :class:`Site` of each MLP at ``paths`` with only what a method's price needs (widths,
+    hidden units, biases, parameters; no tokens), from the module and its spec alone: a budget can
+    be checked (:func:`check_budget`, :func:`largest_reduction`) before any calibration.
+
+    Raises:
+      ValueError: naming ``mlp_specs`` where a module's spec is neither given nor known (jaxbsd's
+        own MLPs); such a spec is found on calibration tokens only.
+    """
+    sites = []
+    for path in paths:
+        module = get_submodule(model, path)
+        spec = spec_for(module, path, mlp_specs)
+        if spec is None:
+            raise ValueError(f"mlp_specs: {path!r} ({type(module).__name__}) has no spec known before calibration; "
+                             "give one to price its replacements")
+        kernels = spec.kernels(module, path)
+        gated = isinstance(spec, GatedMLPSpec)
+        m, hidden = kernels[0].shape
+        sites.append(Site(path=path, module=module, spec=spec, m=int(m), n=int(kernels[-2].shape[1]),
+                          hidden=int(hidden), params=count_params(module), X=None, F=None, check_X=None,
+                          check_Y=None, spec_status="known", biases=spec.biases(module, path) if gated else None))
+    return sites
 
 
 def uniform_ranks(method: Method, sites: Sequence[Site], budget: int) -> list:

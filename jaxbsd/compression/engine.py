@@ -32,6 +32,7 @@ from jaxbsd.compression.budget import ALLOCATIONS
 from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices
 from jaxbsd.compression.methods import Built, Method
+from jaxbsd.compression.progress import MLPProgress
 from jaxbsd.compression.refine import Refine, refine_group, reserved_tokens, site_refiner
 from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.specs import choose_spec
@@ -167,7 +168,7 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
         return {p: method.check_rank(sites[p], int(r)) for p, r in plan.ranks.items()}, cache
     ordered = [sites[p] for p in plan.paths]
     budget = budgets.budget_for(plan.reduction, params_total, ordered)
-    budgets.check_budget(method, ordered, budget, plan.reduction)
+    budgets.check_budget(method, ordered, budget, plan.reduction, params_total=params_total)
     chosen = budgets.uniform_ranks(method, ordered, budget)
     if plan.allocation == "greedy":
         floor = sum(method.params(s, method.min_rank(s)) for s in ordered)
@@ -223,6 +224,7 @@ def run(
     after_step: Callable[[nnx.Module, str, int], dict | None] | None = None,
     state: Callable[[dict], RunState | None] | None = None,
     on_record: Callable[[dict], None] | None = None,
+    progress: Callable[[MLPProgress], None] | None = None,
 ) -> list[dict]:
     """Compress ``model`` in place, one MLP at a time; the records of every step (resumed ones included).
 
@@ -236,6 +238,8 @@ def run(
       state: ``state(identity) -> RunState | None``: the run's state directory, given the run's
         identity (configuration, model size, calibration digest), or None (no resume).
       on_record: called with each record once it is saved.
+      progress: called with an :class:`~jaxbsd.compression.progress.MLPProgress` as each MLP (or
+        group) starts and as each MLP finishes.
     """
     method = plan.method
     params_total = count_params(model)
@@ -263,7 +267,8 @@ def run(
     records = [] if run_state is None else run_state.load(model)
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
     return execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
-                   record=record, after_step=after_step, run_state=run_state, on_record=on_record)
+                   record=record, after_step=after_step, run_state=run_state, on_record=on_record,
+                   progress=progress)
 
 
 def _batches(plan: Plan, todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict) -> list[list]:
@@ -332,8 +337,16 @@ def _reported(plan: Plan, site: Site, built: Built, refined: bool) -> Built:
     return built
 
 
+def _tell(progress, kind: str, plan: Plan, position: int, total: int, paths, rank_of, sites, **done) -> None:
+    """Call the progress hook (if any) with one :class:`~jaxbsd.compression.progress.MLPProgress`."""
+    if progress is not None:
+        progress(MLPProgress(kind=kind, position=position, total=total, paths=tuple(paths), method=plan.method.name,
+                             ranks=tuple(rank_of[p] for p in paths),
+                             params_before=sum(sites[p].params for p in paths), **done))
+
+
 def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
-            record, after_step=None, run_state=None, on_record=None) -> list[dict]:
+            record, after_step=None, run_state=None, on_record=None, progress=None) -> list[dict]:
     """The one compression loop: the MLPs of ``order`` not in ``records`` (a resumed state's), group by
     group (:func:`_batches`); each group's sites, replacements, refinement and report, then each
     replacement put in place, the caller's ``after_step``, its record, the state saved (by process 0)
@@ -350,7 +363,10 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
     done = set(order[:len(records)]) if plan.devices is None else {r["path"] for r in records}
     todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
     resumed = bool(records)
+    if resumed:
+        _tell(progress, "resumed", plan, len(records) + 1, len(order), [], rank_of, sites)
     for index, members in enumerate(_batches(plan, todo, sites, rank_of)):
+        _tell(progress, "start", plan, len(records) + 1, len(order), [p for _, p in members], rank_of, sites)
         start = time.perf_counter()
         here = dict(sites)
         if plan.devices is None:
@@ -374,6 +390,8 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
             after = (after_step(model, path, step) if after_step is not None else None) or {}
             records.append(record(Step(step=step, path=path, site=here[path], built=built, rank=rank_of[path],
                                        seconds=seconds, after=after, seconds_after=time.perf_counter() - start_after)))
+            _tell(progress, "done", plan, len(records), len(order), [path], rank_of, here,
+                  params_after=count_params(built.module), output_error=float(built.output_error), seconds=seconds)
         if run_state is not None and jax.process_index() == 0:
             run_state.save(model, records)
         if on_record is not None:

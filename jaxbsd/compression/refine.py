@@ -44,7 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import io_callback
 
+from jaxbsd.compression import progress
 from jaxbsd.compression.devices import Devices, run_blocks
 
 __all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "reserved_tokens", "trace_count"]
@@ -133,11 +135,13 @@ def _relative_error(graphdef, params, rest, X, Y):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "batch", "eval_every"))
 def refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learning_rate, key, *, steps: int,
-                 batch: int | None, eval_every: int):
+                 batch: int | None, eval_every: int, channel=None):
     """``(best params, held-out error per step (steps + 1,), best step)``: ``steps`` Adam steps on the
     training tokens (all of them with ``batch=None``, else ``batch`` drawn at random per step),
     keeping the parameters of the evaluated step (0 = as given) with the lowest held-out error;
-    steps not evaluated (every ``eval_every``-th and the last are) record ``inf``."""
+    steps not evaluated (every ``eval_every``-th and the last are) record ``inf``. ``channel``: an
+    int32 the loop reports its steps on (:func:`jaxbsd.compression.progress.step_bar`); None: no
+    hook in the program."""
     _TRACES[0] += 1
     tx = optax.adam(learning_rate)
     loss = functools.partial(_relative_error, graphdef)
@@ -155,6 +159,9 @@ def refine_loop(graphdef, params, rest, X_train, Y_train, X_held, Y_held, learni
         updates, opt_state = tx.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
         best, err = keep_best_evaluated((best_p, best_err, best_i), p, held, i, steps=steps, eval_every=eval_every)
+        if channel is not None:  # about 50 reports a run, and the last step
+            due = ((i + 1) % max(1, steps // 50) == 0) | (i == steps - 1)
+            jax.lax.cond(due, lambda: io_callback(progress.emit, None, channel, i + 1), lambda: None)
         return (p, opt_state, *best), err
 
     init = (params, tx.init(params), params, err0, jnp.asarray(0))
@@ -179,8 +186,12 @@ def refine_module(module: nnx.Module, X: jax.Array, Y: jax.Array, config: Refine
     """
     start = time.perf_counter()
     prep = prepare_refinement(module, X, Y, config, key, held)
-    best, errors, best_step = refine_loop(prep.graphdef, *prep.operands, steps=config.steps, batch=prep.batch,
-                                           eval_every=prep.every)
+    with progress.step_bar(config.steps, "refinement steps") as channel:
+        hook = {} if channel is None else {"channel": jnp.int32(channel)}
+        best, errors, best_step = refine_loop(prep.graphdef, *prep.operands, steps=config.steps, batch=prep.batch,
+                                               eval_every=prep.every, **hook)
+        if hook:  # the bar closes once the loop has run
+            jax.block_until_ready(errors)
     return finish_refinement(prep, config, best, errors, best_step, start)
 
 

@@ -135,19 +135,22 @@ class CompressionReport:
 
     def summary(self) -> str:
         """A short readable account: the budget, then one line per MLP (method, rank, parameters,
-        relative output error, refinement, notes); ``str(report)`` gives the same."""
+        relative output error, refinement, notes); ``str(report)`` gives the same. Each line says the
+        tokens of its errors: ``output error`` on the calibration tokens (:attr:`MLPReport.output_error`),
+        the refinement's ``held-out error`` on the tokens it set apart before the build."""
         target = "explicit ranks" if self.target_reduction is None else f"target {self.target_reduction:.3g}"
         lines = [f"{self.method}, {self.allocation}: {self.params_before:,} -> {self.params_after:,} parameters "
                  f"(reduction {self.reduction:.3f}, {target})"]
         for r in self.mlps:
             line = (f"  {r.path}: {r.method} rank {r.rank}, {r.params_before:,} -> {r.params_after:,} parameters, "
-                    f"output error {r.output_error:.3g}")
+                    f"output error {r.output_error:.3g} on the calibration tokens")
             if r.refine:
                 if r.refine.get("skipped"):
                     line += f"; refinement skipped ({r.refine['skipped']})"
                 else:
                     line += (f"; refined: held-out error {r.refine['error_before']:.3g} -> "
-                             f"{r.refine['error_after']:.3g} (step {r.refine['steps_kept']} of {r.refine['steps']})")
+                             f"{r.refine['error_after']:.3g} on the {r.refine.get('tokens_heldout', '?')} calibration "
+                             f"tokens no build or step fitted (step {r.refine['steps_kept']} of {r.refine['steps']})")
             if r.notes:
                 line += f"; note: {r.notes}"
             lines.append(line)

@@ -7,13 +7,15 @@
 - ``jaxbsd.data.text``: the character-level text data set ``pystdlib``: :func:`load_text_dataset`,
   :class:`CharVocab`, :func:`module_split`, :func:`text_windows`, :func:`eval_windows`;
 - ``jaxbsd.data.corpora``: the sentence-encoder corpus, the Python documentation's reST sources:
-  :func:`load_docs_corpus`, :func:`rst_passages`, :func:`rst_heading_pairs`;
+  :func:`load_docs_corpus`, :func:`rst_passages`, :func:`rst_heading_pairs`, and its passages as
+  the package ships them (:func:`docs_texts`, :class:`PackagedDocs`);
 - ``jaxbsd.data.bundled``: pretrained models installed as packages: :func:`minilm_dir`;
 - ``jaxbsd.data.paths``: the data directory ``$JAXBSD_DATA`` (:func:`data_dir`) and the cache
   directory ``$JAXBSD_CACHE``.
 
 Without ``root``, every data set is read from the data directory named by ``$JAXBSD_DATA``
-(:func:`data_dir`); nothing is guessed from where the package is installed. A missing data set
+(:func:`data_dir`); nothing is guessed from where the package is installed (the one file the
+package ships, the docs corpus's passages, is read from the package itself). A missing data set
 raises ``FileNotFoundError`` saying which file to put where; a truncated or malformed one raises
 ``FileNotFoundError`` or ``ValueError`` with the path and the format that was expected.
 Every public name of the submodules above is importable from ``jaxbsd.data``.
@@ -54,6 +56,10 @@ from jaxbsd.data.corpora import (
     rst_passages,
     rst_heading_pairs,
     load_docs_corpus,
+    DOCS_SOURCE,
+    PackagedDocs,
+    docs_texts,
+    docs_passages_payload,
 )
 
 __all__ = [
@@ -85,6 +91,10 @@ __all__ = [
     "DOCS_CALIBRATION_FRACTION",
     "docs_file_split",
     "load_docs_corpus",
+    "DOCS_SOURCE",
+    "PackagedDocs",
+    "docs_texts",
+    "docs_passages_payload",
     "rst_passages",
     "rst_heading_pairs",
 ]

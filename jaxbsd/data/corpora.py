@@ -3,6 +3,11 @@
 ``$JAXBSD_DATA/text/python-3.11-docs-rst.tar.gz`` (:func:`load_docs_corpus`), split by file into
 calibration and evaluation (:func:`docs_file_split`); :func:`rst_passages` cuts a file into prose
 paragraphs and :func:`rst_heading_pairs` into ``(heading, first paragraph)`` pairs.
+
+The package ships those passages and pairs (not the archive) as ``docs-passages.json.xz`` (about
+0.7 MB): :func:`docs_texts` reads the archive where ``$JAXBSD_DATA`` is set and the shipped copy
+otherwise, the same texts either way (a test compares them), so ``jaxbsd compress-hf`` runs
+wherever jaxbsd is installed. :func:`load_docs_corpus` (the experiments' reader) still needs the archive.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ __all__ = [
     "DOCS_CALIBRATION_FRACTION",
     "DOCS_SPLITS",
     "DocsCorpus",
+    "PackagedDocs",
+    "DOCS_SOURCE",
+    "docs_texts",
+    "docs_passages_payload",
     "docs_file_split",
     "load_docs_corpus",
     "rst_heading_pairs",
@@ -27,6 +36,9 @@ __all__ = [
 ]
 
 _DOCS_NAME = "text/python-3.11-docs-rst.tar.gz"
+_PACKAGED = pathlib.Path(__file__).resolve().parent / "docs-passages.json.xz"
+#: Where the docs texts come from, in words (reports name it).
+DOCS_SOURCE = "the Python 3.11 documentation (reST sources of Debian's python3.11-doc 3.11.2)"
 _DOCS_FORMAT = "a tar.gz of the Python 3.11 documentation's reST sources (_sources/**/*.rst.txt, UTF-8)"
 #: The two splits of the docs corpus: calibration (compression) and evaluation (fidelity).
 DOCS_SPLITS = ("calibration", "evaluation")
@@ -179,3 +191,58 @@ def load_docs_corpus(root: str | os.PathLike[str] | None = None) -> DocsCorpus:
     if not any(files.values()):
         raise ValueError(f"{path}: no .rst.txt files; expected {_DOCS_FORMAT}")
     return DocsCorpus({split: tuple(v) for split, v in files.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedDocs:
+    """The docs corpus's passages and pairs as the package ships them (``docs-passages.json.xz``):
+    what :meth:`DocsCorpus.passages` (default ``min_chars``) and :meth:`DocsCorpus.pairs` give.
+
+    Attributes:
+        splits: split name → ``{"passages": [...], "pairs": [[title, text], ...]}``.
+        archive_sha256: SHA-256 of the archive they were cut from.
+    """
+
+    splits: dict
+    archive_sha256: str
+
+    def passages(self, split: str) -> list[str]:
+        """The prose paragraphs of ``split``, as :meth:`DocsCorpus.passages` gives them."""
+        return list(self._split(split)["passages"])
+
+    def pairs(self, split: str) -> list[tuple[str, str]]:
+        """The ``(heading, first paragraph)`` pairs of ``split``, as :meth:`DocsCorpus.pairs` gives them."""
+        return [(t, d) for t, d in self._split(split)["pairs"]]
+
+    def _split(self, split: str) -> dict:
+        if split not in DOCS_SPLITS:
+            raise ValueError(f"split: expected one of {DOCS_SPLITS}, got {split!r}")
+        return self.splits[split]
+
+
+def docs_passages_payload(corpus: DocsCorpus, archive_sha256: str) -> dict:
+    """What ``docs-passages.json.xz`` holds for ``corpus`` (JSON data). To write it again:
+    ``lzma.compress(json.dumps(payload, ensure_ascii=False).encode(), preset=9)``."""
+    return {"source": DOCS_SOURCE, "archive": _DOCS_NAME, "archive_sha256": archive_sha256,
+            "splits": {s: {"passages": corpus.passages(s), "pairs": [list(p) for p in corpus.pairs(s)]}
+                       for s in DOCS_SPLITS}}
+
+
+def docs_texts() -> DocsCorpus | PackagedDocs:
+    """The docs corpus's passages and pairs (``.passages(split)``, ``.pairs(split)``): read from the
+    archive (:func:`load_docs_corpus`) where ``$JAXBSD_DATA`` is set, else the copy the package ships.
+
+    Raises:
+        FileNotFoundError: ``$JAXBSD_DATA`` is set and lacks the archive, or (unset) the package
+            was installed without its ``docs-passages.json.xz``.
+    """
+    import json
+    import lzma
+
+    if data_dir() is not None:
+        return load_docs_corpus()
+    if not _PACKAGED.is_file():
+        raise FileNotFoundError(f"docs corpus: {DATA_ENV} is not set and {_PACKAGED} is missing (reinstall "
+                                f"jaxbsd, or set {DATA_ENV} to a directory holding {_DOCS_NAME})")
+    payload = json.loads(lzma.decompress(_PACKAGED.read_bytes()).decode("utf-8"))
+    return PackagedDocs(payload["splits"], payload["archive_sha256"])

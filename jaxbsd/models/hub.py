@@ -8,7 +8,8 @@ came from. A family is a package ``jaxbsd.models.<family>`` with ``from_pretrain
 The rest of this module is what every family's ``params.py`` shares: reading the directory
 (:func:`open_checkpoint`, :func:`read_json`, :func:`load_tensors`), filling an abstract module from
 the tensors through a name table (:func:`fill_params`) and the way back (:func:`param_tensors`,
-:func:`write_tensors`). A name table maps each parameter's NNX state path to its Hugging Face
+:func:`write_tensors`, :func:`write_file`, and :func:`copy_through` for the source directory's
+files the export does not change). A name table maps each parameter's NNX state path to its Hugging Face
 tensor name and whether the tensor is stored transposed (Flax kernels are ``(in, out)``, PyTorch
 ``nn.Linear`` weights ``(out, in)``).
 """
@@ -26,8 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxbsd.io import write_bytes_atomic
+
 __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrained", "read_json",
-           "open_checkpoint", "load_tensors", "fill_params", "param_tensors", "write_tensors"]
+           "open_checkpoint", "load_tensors", "fill_params", "param_tensors", "write_tensors", "write_file",
+           "copy_through", "STALE_SUFFIXES", "STALE_DIRS"]
 
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
 FAMILIES: dict[str, str] = {
@@ -182,8 +186,51 @@ def param_tensors(module: nnx.Module, names: NameTable) -> dict[str, np.ndarray]
 
 
 def write_tensors(tensors: Mapping[str, np.ndarray], file: pathlib.Path) -> pathlib.Path:
-    """Write ``tensors`` as a ``.safetensors`` file with the metadata ``transformers`` expects; returns ``file``."""
-    from safetensors.numpy import save_file
+    """Write ``tensors`` as a ``.safetensors`` file with the metadata ``transformers`` expects, as
+    :func:`write_file` does (atomically, mode ``0666`` less the umask); returns ``file``."""
+    from safetensors.numpy import save
 
-    save_file(dict(tensors), str(file), metadata={"format": "pt"})
-    return file
+    return write_file(file, save(dict(tensors), metadata={"format": "pt"}))
+
+
+def write_file(file: str | os.PathLike, data: bytes | str) -> pathlib.Path:
+    """Write ``data`` (text as UTF-8) to ``file`` atomically with the usual mode (``0666`` less the
+    umask, as every file jaxbsd writes: :func:`jaxbsd.io.write_bytes_atomic`); returns ``file``."""
+    return write_bytes_atomic(file, data.encode("utf-8") if isinstance(data, str) else data)
+
+
+#: Files of a source directory that hold weights in another format, or an index of them: once the
+#: export changes the weights they are stale, so :func:`copy_through` never copies them.
+STALE_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".ot", ".onnx", ".pt", ".pth", ".ckpt", ".gguf",
+                  ".index.json")
+#: Sub-directories :func:`copy_through` never copies: exports of the weights to other runtimes, and
+#: version-control or download bookkeeping.
+STALE_DIRS = ("onnx", "openvino", "coreml", ".git", ".cache")
+
+
+def copy_through(source: str | os.PathLike, dest: str | os.PathLike, written: set[str]) -> list[str]:
+    """Copy into ``dest`` every file under ``source`` that the export did not write, so a saved model
+    keeps its tokenizer settings, model card and the other files it came with.
+
+    Args:
+      source: the directory the model was read from.
+      dest: the directory the export wrote.
+      written: the paths (relative to ``dest``, ``/``-separated) the export wrote itself; they are
+        not copied.
+
+    Returns:
+      The paths under ``source`` left out as stale (:data:`STALE_SUFFIXES`, :data:`STALE_DIRS`),
+      sorted. Copies get the mode :func:`write_file` gives (symbolic links are followed).
+    """
+    source, dest = pathlib.Path(source), pathlib.Path(dest)
+    left_out = []
+    for file in sorted(source.rglob("*")):
+        relative = file.relative_to(source)
+        name = relative.as_posix()
+        if file.is_dir() or name in written:
+            continue
+        if relative.parts[0] in STALE_DIRS or name.endswith(STALE_SUFFIXES):
+            left_out.append(name)
+            continue
+        write_file(dest / relative, file.read_bytes())
+    return left_out

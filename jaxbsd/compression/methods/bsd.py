@@ -24,6 +24,7 @@ from jaxbsd.compression.methods.base import Built, Method, RestartChoice, refuse
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
+from jaxbsd.compression.progress import bars_wanted
 from jaxbsd.solver.driver import check_init, decouple, problem
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.compression.methods.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
@@ -158,7 +159,8 @@ class BSD(Method):
               judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
         start = time.perf_counter()
         jac, kind, config, init, skipped = self.prepare(site, int(rank))
-        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init)
+        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init,
+                       progress=bars_wanted())  # the sweeps' bar of Execution(progress=True)
         return self.finish(site, res, init is not None, kind, skipped, start)
 
     def group_inputs(self, sites, ranks) -> tuple[list, list, list]:

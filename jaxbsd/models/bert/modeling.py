@@ -368,13 +368,16 @@ class Encoder(nnx.Module):
         pooling: one of :data:`POOLINGS`.
         normalize: divide each embedding by its Euclidean norm (sentence-transformers' ``Normalize``).
         max_seq_length: texts are truncated to this many tokens (special tokens included).
+        source: the directory it was read from (:func:`~jaxbsd.models.bert.params.from_pretrained`
+            sets it), or None; :func:`~jaxbsd.models.bert.params.save_pretrained` copies the files
+            it does not change from there.
 
     ``encoder(ids, mask, token_type_ids=None) -> (B, d)`` is the jittable forward pass;
     :meth:`encode` tokenizes, batches and returns ``np.ndarray (N, d)``.
     """
 
     def __init__(self, bert: Bert, tokenizer: Any = None, *, pooling: str = "mean", normalize: bool = False,
-                 max_seq_length: int | None = None):
+                 max_seq_length: int | None = None, source: str | None = None):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         limit = bert.config.max_tokens
@@ -387,6 +390,7 @@ class Encoder(nnx.Module):
         self.normalize = bool(normalize)
         self.max_seq_length = max_seq_length
         self.tokenizer = nnx.static(tokenizer)  # structure, not state: it is no pytree
+        self.source = None if source is None else str(source)
 
     def __call__(self, ids: jax.Array, mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None) -> jax.Array:

@@ -31,7 +31,8 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unused
-from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, param_tensors, read_json, write_tensors
+from jaxbsd.models.hub import (copy_through, fill_params, load_tensors, open_checkpoint, param_tensors, read_json,
+                               write_file, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "linear_names",
@@ -222,7 +223,8 @@ def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ..
         bert.pooler_bias = Unused(jnp.asarray(bias, PARAM_DTYPE))
     if max_len is not None:
         max_len = min(int(max_len), config.max_tokens)
-    return Encoder(bert, tokenizer, pooling=pooling, normalize=normalize, max_seq_length=max_len)
+    return Encoder(bert, tokenizer, pooling=pooling, normalize=normalize, max_seq_length=max_len,
+                   source=str(root.resolve()))
 
 
 # ----------------------------------------------------------------------------- saving
@@ -247,14 +249,50 @@ def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
     return int(fc1.out_features), ""
 
 
+def _same_tokenizer(tokenizer, file: pathlib.Path) -> bool:
+    """Whether ``tokenizer`` is the one in ``file`` but for padding and truncation (which encoding
+    sets on it as it goes)."""
+    from tokenizers import Tokenizer
+
+    try:
+        original = Tokenizer.from_file(str(file))
+    except Exception:  # noqa: BLE001 — an unreadable original is not the same tokenizer
+        return False
+    current = Tokenizer.from_str(tokenizer.to_str())
+    for tok in (original, current):
+        tok.no_padding()
+        tok.no_truncation()
+    return original.to_str() == current.to_str()
+
+
+def _pipeline_files(encoder: Encoder, config: BertConfig) -> dict[str, str]:
+    """The sentence-transformers files of ``encoder`` as :func:`save_pretrained` writes them."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if encoder.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    pooling = {"word_embedding_dimension": config.hidden_size,
+               **{("pooling_mode_cls_token" if m == "cls" else f"pooling_mode_{m}_tokens"): m == encoder.pooling
+                  for m in POOLINGS}}
+    dump = lambda value: json.dumps(value, indent=2) + "\n"  # noqa: E731
+    return {"modules.json": dump(modules), "1_Pooling/config.json": dump(pooling),
+            "sentence_bert_config.json": dump({"max_seq_length": encoder.max_seq_length, "do_lower_case": False})}
+
+
 def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
     """Write ``encoder`` as a Hugging Face BERT directory (with the sentence-transformers files).
 
     Possible where the encoder is still a standard BERT: every ``bert.layers[i].mlp`` an ordinary
     two-layer MLP with biases and the config's activation, all of one hidden width (untouched, or
-    pruned uniformly: ``intermediate_size`` is then the pruned width). Writes ``config.json``,
-    ``model.safetensors`` (Hugging Face tensor names, float32), ``tokenizer.json``, ``modules.json``,
-    ``1_Pooling/config.json`` and ``sentence_bert_config.json``.
+    pruned uniformly: ``intermediate_size`` is then the pruned width). Writes ``model.safetensors``
+    (Hugging Face tensor names, float32) and ``config.json`` (the source's, with this encoder's
+    sizes). Where ``encoder.source`` (the directory it was read from) still exists, every other file
+    there is copied through unchanged (:func:`jaxbsd.models.hub.copy_through`: the tokenizer files,
+    the sentence-transformers files, the model card …; weights in other formats are left out, being
+    stale), but for ``tokenizer.json`` where the tokenizer differs (padding and truncation aside) and
+    the sentence-transformers files where the pooling, normalisation or ``max_seq_length`` differ:
+    those are written from the encoder, as they are without a source. Every file gets the mode
+    ``0666`` less the umask.
 
     Returns the directory. Raises ``ValueError`` saying why for any other MLP (a decoupling, a
     low-rank factorisation, uneven widths), pointing to :func:`jaxbsd.save_compressed`.
@@ -277,6 +315,8 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
     if encoder.tokenizer is None:
         raise ValueError("save_pretrained: the encoder has no tokenizer to write")
     config = dataclasses.replace(config, intermediate_size=width)
+    source = pathlib.Path(encoder.source) if getattr(encoder, "source", None) else None
+    source = source if source is not None and (source / "config.json").is_file() else None
     root = pathlib.Path(path)
     root.mkdir(parents=True, exist_ok=True)
     tensors = param_tensors(bert, hf_tensors(config))
@@ -284,18 +324,27 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
         tensors["pooler.dense.weight"] = np.ascontiguousarray(np.asarray(bert.pooler_kernel[...], np.float32).T)
         tensors["pooler.dense.bias"] = np.asarray(bert.pooler_bias[...], np.float32)
     write_tensors(tensors, root / "model.safetensors")
-    (root / "config.json").write_text(json.dumps(hf_config(config), indent=2) + "\n")
-    encoder.tokenizer.save(str(root / "tokenizer.json"))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if encoder.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (root / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (root / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {"word_embedding_dimension": config.hidden_size,
-               **{("pooling_mode_cls_token" if m == "cls" else f"pooling_mode_{m}_tokens"): m == encoder.pooling
-                  for m in POOLINGS}}
-    (root / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
-    (root / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": encoder.max_seq_length, "do_lower_case": False}, indent=2) + "\n")
+    fields = hf_config(config)
+    if source is not None:  # the source's other keys kept (dropouts, version, name) in its order, the sizes ours
+        fields = {**read_json(source / "config.json", "the model config"), **fields}
+        for key in ("torch_dtype", "dtype"):
+            if key in fields:
+                fields[key] = "float32"
+    written = {"model.safetensors", "config.json"}
+    write_file(root / "config.json", json.dumps(fields, indent=2) + "\n")
+    if source is None or not _same_tokenizer(encoder.tokenizer, source / "tokenizer.json"):
+        written.add("tokenizer.json")
+        write_file(root / "tokenizer.json", encoder.tokenizer.to_str(pretty=True))
+    same_pipeline = False
+    if source is not None and (source / "modules.json").is_file():  # else a plain BERT: ours are written
+        pooling, normalize, max_len = _sentence_transformers(source, config.hidden_size)
+        limit = config.max_tokens  # as from_pretrained reads max_seq_length
+        same_pipeline = (pooling, normalize, limit if max_len is None else min(int(max_len), limit)) == (
+            encoder.pooling, encoder.normalize, encoder.max_seq_length)
+    if not same_pipeline:
+        for name, text in _pipeline_files(encoder, config).items():
+            written.add(name)
+            write_file(root / name, text)
+    if source is not None:
+        copy_through(source, root, written)
     return root
