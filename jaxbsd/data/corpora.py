@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import os
 import pathlib
 import re
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 _DOCS_NAME = "text/python-3.11-docs-rst.tar.gz"
-_PACKAGED = pathlib.Path(__file__).resolve().parent / "docs-passages.json.xz"
+_PACKAGED = importlib.resources.files("jaxbsd.data") / "docs-passages.json.xz"
 #: Where the docs texts come from, in words (reports name it).
 DOCS_SOURCE = "the Python 3.11 documentation (reST sources of Debian's python3.11-doc 3.11.2)"
 _DOCS_FORMAT = "a tar.gz of the Python 3.11 documentation's reST sources (_sources/**/*.rst.txt, UTF-8)"

@@ -25,7 +25,7 @@ def _minilm_cost(share: float) -> str:
     return f"{row['seconds_prune']:.1f} s an MLP; a decoupling {ratio:.0f}×"
 
 
-@table("which-method-short")
+@table("headline-which-method")
 def which_method_short() -> str:
     """Situation → method and flag → what the committed results say → what it costs."""
     tf_deit, rf_deit, minilm, lm, dst_vit = (_result(n) for n in ("tf_deit", "rf_deit", "minilm", "lm", "dst_vit"))
