@@ -22,13 +22,13 @@ paired differences and a verdict). Each (seed, allocation) run resumes from
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 
 import numpy as np
 from flax import nnx
 
-import jaxbsd as jb
 from jaxbsd.compression import blockwise as compress
 from jaxbsd.data import load_dataset
 from jaxbsd.models import count_params
@@ -80,9 +80,10 @@ def main(argv=None) -> int:
     for seed in range(args.seeds):
         for allocation in ALLOCATIONS:
             model = nnx.clone(original)
-            config = compress.CompressionConfig(
-                method="bsd", basis=jb.BSpline(3, 4), reduction=args.reduction, allocation=allocation,
-                max_iter=args.max_iter, finetune_epochs=args.epochs, seed=seed)
+            solver = dataclasses.replace(compress.PAPER_BSD.config, max_iter=args.max_iter)
+            config = compress.CompressionConfig(method=dataclasses.replace(compress.PAPER_BSD, config=solver),
+                                                reduction=args.reduction, allocation=allocation,
+                                                finetune_epochs=args.epochs, seed=seed)
             state = args.out / "state" / prefix / f"seed{seed}-{allocation}"
             t = Timer()
             steps = compress.compress(model, data, order="back-to-front", config=config, state_dir=state,

@@ -29,6 +29,7 @@ from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd.compression.blockwise import CompressionConfig, block_order, compress
+from jaxbsd.compression.config import DEFAULTS
 from jaxbsd.data import load_dataset
 from jaxbsd.models import count_params
 from jaxbsd.evaluation import evaluate
@@ -119,7 +120,7 @@ def unit_config(setting: Setting, reduction: float, seed: int, plan: dict, args)
     # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
     # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
     judge = {"auto-block": "block"}.get(method, "model")
-    return CompressionConfig(
+    return CompressionConfig.from_dict(dict(  # the study's settings are the configuration's flat form
         method="bsd" if method.startswith("bsd") else "auto" if method.startswith("auto") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
         reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=variant.get("lam", 0.25),
         max_iter=variant.get("max_iter", plan["max_iter"]), num_samples=args.samples or 128,
@@ -129,8 +130,8 @@ def unit_config(setting: Setting, reduction: float, seed: int, plan: dict, args)
         val_fraction=plan.get("val_fraction", CompressionConfig.val_fraction),
         capture_images=plan.get("capture_images", CompressionConfig.capture_images),
         refine_steps=refine.steps, refine_target=refine.target, refine_batch=refine.batch,
-        refine_lr=refine.learning_rate or CompressionConfig.refine_lr,
-    )
+        refine_lr=refine.learning_rate or DEFAULTS["refine_lr"],
+    ))
 
 
 def unit_identity(setting: Setting, reduction: float, seed: int, plan: dict, args, order, protocol_dir: pathlib.Path,

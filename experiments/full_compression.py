@@ -69,6 +69,7 @@ with ±1 std bands); ``full_compression_quick_*`` / ``_smoke_*`` in the small mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import hashlib
 import json
@@ -78,7 +79,7 @@ import sys
 import numpy as np
 
 import jaxbsd as jb
-from jaxbsd.compression.blockwise import CompressionConfig, compress
+from jaxbsd.compression.blockwise import PAPER_BSD, CompressionConfig, compress
 from jaxbsd.data import load_dataset
 from jaxbsd.models import count_params
 from jaxbsd.evaluation import evaluate
@@ -146,11 +147,10 @@ def run_one(kind: str, name: str, info: dict, data, *, order_name: str, basis_na
             epochs: int, plan: dict, args, state_root: pathlib.Path, log) -> dict:
     """One compression run (all blocks in one order), resumed after its last finished step."""
     order = ORDERS[order_name]
-    config = CompressionConfig(
-        method="bsd", basis=BASES[basis_name], rank=None, robust=True, lam=0.25,
-        max_iter=plan["max_iter"], restarts=1, num_samples=args.samples,
-        capture_images=plan["capture_images"], finetune_epochs=epochs, seed=seed, capture=capture,
-    )
+    solver = dataclasses.replace(PAPER_BSD.config, basis=BASES[basis_name], max_iter=plan["max_iter"])
+    config = CompressionConfig(method=dataclasses.replace(PAPER_BSD, config=solver), rank=None,
+                               num_samples=args.samples, capture_images=plan["capture_images"],
+                               finetune_epochs=epochs, seed=seed, capture=capture)
     tag = json.dumps({"config": config.to_dict(), "order": order, "ckpt": checkpoint_key(info["checkpoint"]),
                       "train": int(data.train_images.shape[0]), "test": int(data.test_images.shape[0])},
                      sort_keys=True)

@@ -8,6 +8,7 @@ evaluated with scipy splines, and two planted modules: one whose hidden units ar
 (a decoupling is exact, two pruned units are not).
 """
 
+import dataclasses
 import math
 
 import jax
@@ -435,16 +436,18 @@ def test_the_cli_and_compress_accept_auto():
     from jaxbsd.cli import build_parser
 
     assert build_parser().parse_args(["compress", "--method", "auto", "--reduction", "0.3"]).method == "auto"
-    assert compress.CompressionConfig(method="auto").method == "auto"
+    auto = compress.CompressionConfig(method="auto").method
+    assert isinstance(auto, Auto) and auto.judge == "model" and auto.bsd.selection == "output"
     with pytest.raises(ValueError, match="allocation"):
         compress.CompressionConfig(method="auto", reduction=0.3, allocation="greedy")
-    with pytest.raises(ValueError, match="auto_judge"):
-        compress.CompressionConfig(method="auto", auto_judge="logits")
+    with pytest.raises(ValueError, match="judge"):
+        compress.CompressionConfig(method=Auto(judge="logits"))
     # Run ids (and resumable states) of runs saved before auto_judge existed stay valid: only
     # "auto" records it, and only when it differs from the old rule ("block").
     assert "auto_judge" not in compress.CompressionConfig(method="bsd").to_dict()
-    assert "auto_judge" not in compress.CompressionConfig(method="auto", auto_judge="block").to_dict()
+    assert "auto_judge" not in compress.CompressionConfig(method=Auto(judge="block")).to_dict()
     assert compress.CompressionConfig(method="auto").to_dict()["auto_judge"] == "model"
+    assert compress.CompressionConfig.from_dict({"method": "auto", "auto_judge": "block"}).method.judge == "block"
 
 
 @pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU
@@ -458,8 +461,11 @@ def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_
     ds = Dataset("toy", images[:96], labels[:96], images[96:], labels[96:], 10)
     vit = lambda: build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=2,  # noqa: E731
                                                num_heads=2, mlp_dim=16), seed=0)
-    config = compress.CompressionConfig(method="auto", reduction=0.2, num_samples=16, capture_images=16,
-                                        finetune_epochs=0, max_iter=5, restarts=2)
+    paper = compress.PAPER_BSD
+    bsd = dataclasses.replace(paper, config=dataclasses.replace(paper.config, max_iter=5), restarts=2,
+                              warm_start=None, selection="output")
+    config = compress.CompressionConfig(method=Auto(bsd=bsd), reduction=0.2, num_samples=16, capture_images=16,
+                                        finetune_epochs=0)
     model = vit()
     P = count_params(model)
     steps = compress.compress(model, ds, order="bf", config=config, state_dir=tmp_path / "s", progress=False)

@@ -130,8 +130,10 @@ def test_exact_decoupling_leaves_logits_unchanged_and_finetuning_keeps_knots():
 
 # One decoupling configuration (rank 4, BSpline(2, 4), 20 sweeps, S = 40 samples from 16 images) for
 # the compress() runs that decouple: each new rank/S/basis compiles the solver anew.
-BSD_RUN = compress.CompressionConfig(basis=jb.BSpline(2, 4), rank=4, num_samples=40, capture_images=16,
-                                     max_iter=20, finetune_epochs=1, batch_size=32)
+BSD_RUN = compress.CompressionConfig(
+    method=dataclasses.replace(compress.PAPER_BSD, config=dataclasses.replace(compress.PAPER_BSD.config,
+                                                                              basis=jb.BSpline(2, 4), max_iter=20)),
+    rank=4, num_samples=40, capture_images=16, finetune_epochs=1, batch_size=32)
 
 
 # Four compress() runs (3 blocks each, fine-tuning, checkpointed state): 43 s on a quiet machine

@@ -319,11 +319,14 @@ def test_compression_config_and_cli_take_distillation_and_old_run_ids_stay_valid
     from jaxbsd.cli.compress import validate_compress_args
     from jaxbsd.compression import blockwise
 
+    flat = blockwise.CompressionConfig.from_dict  # the flat form runs were saved with
     assert "distill_steps" not in blockwise.CompressionConfig().to_dict()
     # without steps the other settings mean nothing: the same identity
-    assert blockwise.CompressionConfig(distill_lr=1e-2).to_dict() == blockwise.CompressionConfig().to_dict()
-    config = blockwise.CompressionConfig(distill_steps=50, distill_loss="relative")
+    assert flat({"distill_lr": 1e-2}).to_dict() == blockwise.CompressionConfig().to_dict()
+    assert blockwise.CompressionConfig(distill=jb.Distill(steps=0)).distill is None
+    config = flat({"distill_steps": 50, "distill_loss": "relative"})
     assert config.distill == jb.Distill(steps=50, loss="relative", temperature=2.0)
+    assert blockwise.CompressionConfig(distill=config.distill).to_dict() == config.to_dict()
     assert config.to_dict()["distill_steps"] == 50 and blockwise.CompressionConfig().distill is None
     args = build_parser().parse_args(["compress", "--distill-steps", "40", "--distill-images", "4096",
                                       "--distill-trainable", "replaced+norms", "--distill-batch", "0"])
@@ -339,14 +342,14 @@ def test_compression_config_and_cli_take_distillation_and_old_run_ids_stay_valid
     assert config.to_dict()["distill_schedule"] == "cosine"
     # the default is now the cosine (the study's evidence): in the identity; a constant one is not,
     # so the runs saved before the schedule existed keep their identity
-    assert blockwise.CompressionConfig(distill_steps=40).to_dict()["distill_schedule"] == "cosine"
-    assert "distill_schedule" not in blockwise.CompressionConfig(distill_steps=40, distill_schedule="constant").to_dict()
+    assert flat({"distill_steps": 40}).to_dict()["distill_schedule"] == "cosine"
+    assert "distill_schedule" not in flat({"distill_steps": 40, "distill_schedule": "constant"}).to_dict()
     assert jb.Distill().to_dict()["schedule"] == "cosine" and "schedule" not in jb.Distill(schedule="constant").to_dict()
     for bad, field in ((dict(distill_steps=-1), "distill_steps"), (dict(distill_images=1), "distill_images"),
                        (dict(distill_steps=5, distill_loss="mse"), "distill: loss"),
                        (dict(distill_steps=5, distill_schedule="constant", distill_warmup=2), "distill: warmup")):
         with pytest.raises(ValueError, match=field):
-            blockwise.CompressionConfig(**bad)
+            flat(bad)
 
 
 @pytest.mark.slow
@@ -365,8 +368,9 @@ def test_the_blockwise_run_distills_after_its_last_step_on_unlabeled_training_im
     make = lambda: build_model("vit", ViTConfig(image_size=8, channels=1, patch_size=4, dim=8, depth=3,  # noqa: E731
                                                 num_heads=2, mlp_dim=16), seed=0)
     config = blockwise.CompressionConfig(method="svd", reduction=0.25, num_samples=16, capture_images=16,
-                                         finetune_epochs=0, val_fraction=0.0, distill_steps=20, distill_images=40,
-                                         distill_batch=8, distill_lr=3e-3)
+                                         finetune_epochs=0, val_fraction=0.0, distill_images=40,
+                                         distill=jb.Distill(steps=20, batch_size=8, learning_rate=3e-3, loss="kl",
+                                                            temperature=2.0))
     model = make()
     steps = blockwise.compress(model, ds, order="bf", config=config, progress=False)
     d = steps[-1]["distill"]

@@ -60,7 +60,8 @@ def validate_compress_args(args: argparse.Namespace):
     """
     from jaxbsd.compression import blockwise as compress
 
-    config = compress.CompressionConfig(
+    # The flags are the configuration's flat form (its saved identity): one table turns them into objects.
+    config = compress.CompressionConfig.from_dict(dict(
         method=args.method, basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
         max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,
@@ -71,7 +72,7 @@ def validate_compress_args(args: argparse.Namespace):
         distill_images=args.distill_images, distill_loss=args.distill_loss,
         distill_temperature=args.distill_temperature, distill_trainable=args.distill_trainable,
         distill_schedule=args.distill_schedule, distill_warmup=args.distill_warmup,
-    )
+    ))
     existing_path("--checkpoint", args.checkpoint)
     existing_path("--data-root", args.data_root)
     output_dir("--out", args.out)

@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.solver import metrics
-from jaxbsd.compression.config import CAPTURES, METHODS, ORDERS, CompressionConfig
+from jaxbsd.compression.config import CAPTURES, METHODS, ORDERS, PAPER_BSD, CompressionConfig
 from jaxbsd.compression.distill import DISTILL_STREAM, distill_model, teacher_outputs
 from jaxbsd.compression.engine import PLAN, Plan, Step, run, site_at
 from jaxbsd.compression.state import RunState
@@ -60,6 +60,7 @@ __all__ = [
     "ORDERS",
     "CAPTURES",
     "CompressionConfig",
+    "PAPER_BSD",
     "BlockCalibration",
     "block_order",
     "sample_tokens",
@@ -353,7 +354,7 @@ def _recorder(model, config: CompressionConfig, acc_original: float, original_pa
         return {
             "step": step.step,
             "block": _block(step.path),
-            "method": config.method,
+            "method": config.method.name,
             "basis": config.basis.to_dict(),
             "rank": step.rank if isinstance(step.rank, int) else info.get("rank"),
             "in_features": int(old.fc1.kernel[...].shape[0]) if isinstance(old, MLP) else None,
@@ -389,7 +390,7 @@ def _reporter(config: CompressionConfig, progress: bool, on_step) -> Callable[[d
         if progress:
             err = f"  Error(J) {record['error_J']:.2e}" if record.get("error_J") is not None else ""
             note = "" if record["finetune_kept"] else "  (FT discarded: validation fell)"
-            print(f"step {record['step']}: block {record['block']}  acc after {config.method} "
+            print(f"step {record['step']}: block {record['block']}  acc after {config.method.name} "
                   f"{record['acc_cmtf']:.4f}  after FT {record['acc_ft']:.4f}{note}  params {record['params_model']}"
                   f"  savings {record['savings_model']:.2f} %{err}", file=sys.stderr, flush=True)
         if on_step is not None:

@@ -1,8 +1,11 @@
 """The paper's block-by-block run's settings: :class:`CompressionConfig` (``jb.compress``, ``jaxbsd compress``).
 
-Its fields keep their names in saved runs and configuration files: a run directory or a config
-written before a field existed loads with :data:`LATER_FIELDS`' defaults, which reproduce the
-behaviour of that time.
+A configuration is composed of the objects :func:`jaxbsd.compress_model` takes: the method (``jb.BSD(...)``,
+``jb.Prune()``, …, its solver settings on it), the refinement (``jb.Refine``) and the distillation
+(``jb.Distill``), beside the block run's own settings (capture, fine-tuning, seed). Its JSON form
+(:meth:`CompressionConfig.to_dict`, every saved run's identity) is the flat one runs were saved with;
+:meth:`CompressionConfig.from_dict` reads it back, and a flat dict written before a field existed loads
+with :data:`LATER_FIELDS`' defaults, which reproduce the behaviour of that time.
 """
 
 from __future__ import annotations
@@ -10,16 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-
 from jaxbsd.solver.bases import Basis, BSpline
 from jaxbsd.solver.cmtf import CMTFConfig
 from jaxbsd.compression.distill import Distill
 from jaxbsd.compression.budget import ALLOCATIONS
-from jaxbsd.compression.methods import JUDGES, Method, get_method, method_names
+from jaxbsd.compression.methods import BSD, Auto, Method, get_method, method_names
 from jaxbsd.compression.refine import Refine
-from jaxbsd.compression.methods.warm_start import SELECTIONS
 
-__all__ = ["CompressionConfig", "METHODS", "ORDERS", "CAPTURES", "LATER_FIELDS", "DISTILL_FIELDS"]
+__all__ = ["CompressionConfig", "PAPER_BSD", "METHODS", "ORDERS", "CAPTURES", "LATER_FIELDS", "DISTILL_FIELDS"]
 
 #: The methods a block can be compressed with.
 METHODS = method_names()
@@ -27,29 +28,36 @@ ORDERS = {"front-to-back": "fb", "back-to-front": "bf"}
 #: Where each block's sampling points come from (see :class:`CompressionConfig`).
 CAPTURES = ("current", "original")
 
+#: The paper's decoupling, the block run's default method: the solver at the paper's settings (cubic
+#: B-splines with ν = 4, λ = 0.25, the robust updates, 300 sweeps), random starts, the restart with the
+#: lowest training objective. (``compress_model``'s ``"bsd"`` warm-starts and selects by output error.)
+PAPER_BSD = BSD(config=CMTFConfig(rank=1, basis=BSpline(3, 4), lam=0.25, robust=True, max_iter=300, tol=1e-8),
+                restarts=1, warm_start=False, selection="objective")
+#: What a method name means in a block run (``CompressionConfig(method="bsd")``): the paper's settings.
+_BY_NAME = {"bsd": PAPER_BSD, "auto": Auto(bsd=dataclasses.replace(PAPER_BSD, warm_start=None, selection="output"))}
+
 
 @dataclasses.dataclass(frozen=True)
 class CompressionConfig:
     """How each block is compressed and fine-tuned.
 
     Attributes:
-      method: ``"bsd"`` (decoupling), ``"svd"`` or ``"drone"`` (low-rank baselines), ``"prune"``
-        (structured pruning of hidden units with a least-squares refit of the output layer) or
-        ``"auto"`` (per block, the better on held-out calibration tokens of a decoupling
-        warm-started from the pruned MLP, its restart chosen by output error, and the pruned MLP
-        within the same parameters; see :class:`jaxbsd.compression.methods.Auto`; the record's
-        ``method`` is the kept one and ``auto`` says why).
-      basis: basis of the internal functions (``"bsd"`` only).
-      rank: decoupling rank, the low-rank baselines' rank, or the hidden units pruning keeps; ``None`` = the block's width
-        (the paper's choice, ``r = m``) for ``"bsd"``; required for the baselines unless
-        ``reduction`` is given.
+      method: a method object (``jb.BSD(config=jb.CMTFConfig(...), restarts=..., warm_start=...,
+        selection=...)``, ``jb.SVD()``, ``jb.DRONE()``, ``jb.Prune()``, ``jb.Auto(...)``), or its name:
+        ``"bsd"`` is :data:`PAPER_BSD` (the paper's solver settings, random starts, selection by
+        objective), ``"auto"`` an :class:`~jaxbsd.compression.methods.Auto` of that decoupling
+        warm-started and selected by output error, judged by the whole model's outputs (the
+        record's ``method`` is the candidate kept and ``auto`` says why). The decoupling's rank is
+        set per block (``rank``); the rank of the method's ``CMTFConfig`` is not used.
+      rank: decoupling rank, the low-rank baselines' rank, or the hidden units pruning keeps; ``None`` =
+        the block's width (the paper's choice, ``r = m``) for a decoupling; required for the
+        baselines unless ``reduction`` is given.
       reduction: instead of ``rank``, ``ρ``: the compressed model keeps at most ``(1 − ρ)·P``
         of the original's ``P`` parameters (paper §6.5); the ranks are planned up front.
       allocation: how ``reduction`` is shared by the blocks: ``"uniform"`` or ``"greedy"``
-        (see :func:`~jaxbsd.compression.engine.compress_model`).
-      robust, lam, max_iter, restarts, tol: solver settings (``"bsd"`` only).
-      num_samples: ``S``, sampling points (token vectors) per block (with
-        ``samples_per_rank``, the smallest S).
+        (see :func:`~jaxbsd.compression.api.compress_model`).
+      num_samples: ``S``, sampling points (token vectors) per block (with ``samples_per_rank``,
+        the smallest S).
       samples_per_rank: if > 0, ``S = max(num_samples, samples_per_rank · r)`` for a block
         compressed at rank ``r`` (S grows with the rank; 0: ``S = num_samples`` always).
       capture: where the sampling points of every block come from. ``"current"`` (default):
@@ -58,93 +66,58 @@ class CompressionConfig:
         replacement (the same images per step as ``"current"``); the function decoupled is still
         the block's current MLP, evaluated at those points.
       capture_images: training images whose tokens the samples are drawn from.
-      warm_start: ``"bsd"`` only: add one restart started from the block's MLP pruned to
-        ``rank − 1`` units plus a constant unit (:func:`jaxbsd.compression.methods.warm_init`); ``"auto"``
-        always warm-starts.
-      selection: ``"bsd"`` only: which restart is kept, ``"objective"`` (the solver's) or
-        ``"output"`` (the output error on held-out calibration tokens); ``"auto"`` uses ``"output"``.
-      auto_judge: ``"auto"`` only: how each block's two candidates are compared. ``"model"``
-        (default): the whole model's outputs (logits) with the candidate in place, on
-        ``judge_images`` held-out training images (drawn apart from the block's calibration
-        images), against the original model's outputs on them
-        (:func:`jaxbsd.compression.surgery.output_judge`). ``"block"``: the MLP's output error on its
-        held-out check tokens (the rule before the end-to-end judge).
-      judge_images: ``auto_judge="model"`` only: how many training images the candidates are
-        judged on (fewer if the training split has fewer outside the calibration images). Two
-        candidates often differ by a few tenths of a point of accuracy; on 256 images the judge's
-        last choice was the worse one on 6,000 other held-out images (and on the test split) in
-        4 of the 6 ViT/Fashion-MNIST runs at ρ ≥ 0.35, hence 2048 (forward passes only).
       structured: use the structured Jacobian for standard MLP blocks.
       finetune_epochs: epochs of fine-tuning after every replacement (0 = none).
       lr, batch_size, schedule: fine-tuning optimizer settings.
       val_fraction: held-out share of the training split for selecting fine-tuned weights
         (0: no hold-out, fine-tuned weights always kept).
       seed: seeds the image subset, the token draw, the solver and the fine-tuning.
-      refine_steps: steps of the label-free refinement of each replacement
-        (:class:`~jaxbsd.compression.refine.Refine`; 0: none), before fine-tuning.
-      refine_lr, refine_target: its learning rate and target (``"consistent"``, the default: the
-        original model's MLP outputs on the step's capture images; ``"local"``: the original MLP
-        on the tokens the compressed model feeds it).
-      refine_batch: its tokens per step (None: all of them, full batch).
-      distill_steps: steps of label-free distillation of the whole model after the last step
-        (:class:`~jaxbsd.compression.distill.Distill`; 0: none): the compressed model is trained to
-        reproduce the original model's logits on ``distill_images`` training images
-        (:func:`distill_indices`; their labels are never read), the best step on held-out images kept.
-      distill_lr, distill_batch, distill_loss, distill_temperature, distill_trainable: its learning
-        rate, images per step, loss (``"kl"`` on the logits by default), temperature and which
-        parameters train (see :class:`~jaxbsd.compression.distill.Distill`).
-      distill_schedule, distill_warmup: its learning-rate schedule (``"cosine"``, the default, or
-        ``"constant"``) and the cosine's warm-up steps.
+      judge_images: for ``Auto(judge="model")``: how many training images the candidates are judged
+        on (drawn apart from the block's calibration images; fewer if the split has fewer). Two
+        candidates often differ by a few tenths of a point, which 256 images do not resolve.
+      refine: the label-free refinement of each replacement before its fine-tuning
+        (:class:`~jaxbsd.compression.refine.Refine`), or None (the default: none).
+      distill: label-free distillation of the whole model after the last step
+        (:class:`~jaxbsd.compression.distill.Distill`: the compressed model trained to reproduce the
+        original's logits on ``distill_images`` training images, their labels never read, the best
+        step on held-out images kept), or None (the default: none).
       distill_images: how many training images (outside the validation hold-out) it uses, fewer
         if the split has fewer.
     """
 
-    method: str = "bsd"
-    basis: Basis = BSpline(3, 4)
+    method: Method | str = PAPER_BSD
     rank: int | None = None
-    robust: bool = True
-    lam: float = 0.25
-    max_iter: int = 300
-    restarts: int = 1
-    tol: float = 1e-8
+    reduction: float | None = None
+    allocation: str = "uniform"
     num_samples: int = 128
+    samples_per_rank: int = 0
+    capture: str = "current"
     capture_images: int = 256
     structured: bool = True
     finetune_epochs: int = 5
     lr: float = 1e-4
     batch_size: int = 128
     schedule: str = "constant"
-    reduction: float | None = None
-    allocation: str = "uniform"
     val_fraction: float = 0.1
     seed: int = 0
-    samples_per_rank: int = 0
-    capture: str = "current"
-    warm_start: bool = False
-    selection: str = "objective"
-    auto_judge: str = "model"
     judge_images: int = 2048
-    refine_steps: int = 0
-    refine_lr: float = 1e-3
-    refine_target: str = "consistent"
-    refine_batch: int | None = Refine.batch_size
-    distill_steps: int = 0
-    distill_lr: float = Distill.learning_rate
-    distill_batch: int | None = Distill.batch_size
+    refine: Refine | None = None
+    distill: Distill | None = None
     distill_images: int = 16384
-    distill_loss: str = "kl"
-    distill_temperature: float = 2.0
-    distill_trainable: str = "replaced"
-    distill_schedule: str = Distill.schedule
-    distill_warmup: int = 0
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.method == "auto" and self.allocation != "uniform":
-            raise ValueError(f"allocation={self.allocation!r}: method 'auto' shares the budget uniformly")
-        if self.method not in ("bsd", "auto") and self.rank is None and self.reduction is None:
-            raise ValueError(f"rank (or reduction) must be given for method {self.method!r}")
+        if isinstance(self.method, str):
+            if self.method not in METHODS:
+                raise ValueError(f"method must be one of {METHODS} or a method object, got {self.method!r}")
+            object.__setattr__(self, "method", _BY_NAME.get(self.method) or get_method(self.method))
+        elif not isinstance(self.method, Method):
+            raise ValueError(f"method must be one of {METHODS} or a method object (jb.BSD(...), jb.Prune(), ...), "
+                             f"got {type(self.method).__name__}")
+        name = self.method.name
+        if not self.method.uneven and self.allocation != "uniform":
+            raise ValueError(f"allocation={self.allocation!r}: method {name!r} shares the budget uniformly")
+        if self._decoupling() is None and self.rank is None and self.reduction is None:
+            raise ValueError(f"rank (or reduction) must be given for method {name!r}")
         if self.reduction is not None and self.rank is not None:
             raise ValueError("give at most one of rank and reduction")
         if self.reduction is not None and not (isinstance(self.reduction, (int, float)) and 0 <= self.reduction < 1):
@@ -153,90 +126,147 @@ class CompressionConfig:
             raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {self.allocation!r}")
         if not (isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in [0, 1), got {self.val_fraction!r}")
-        for name in ("num_samples", "capture_images", "judge_images", "restarts", "max_iter", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
+        for field in ("num_samples", "capture_images", "judge_images", "batch_size"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        if isinstance(self.finetune_epochs, bool) or not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
             raise ValueError(f"finetune_epochs must be an int >= 0, got {self.finetune_epochs!r}")
-        if not isinstance(self.samples_per_rank, int) or self.samples_per_rank < 0:
+        if isinstance(self.samples_per_rank, bool) or not isinstance(self.samples_per_rank, int) or self.samples_per_rank < 0:
             raise ValueError(f"samples_per_rank must be an int >= 0, got {self.samples_per_rank!r}")
         if self.capture not in CAPTURES:
             raise ValueError(f"capture must be one of {CAPTURES}, got {self.capture!r}")
-        if not isinstance(self.warm_start, bool):
-            raise ValueError(f"warm_start must be a bool, got {self.warm_start!r}")
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
-        self.refine  # validates the refinement settings
-        self.distill  # and the distillation's
+        if self.refine is not None and not isinstance(self.refine, Refine):
+            raise ValueError(f"refine must be a jaxbsd.Refine or None, got {type(self.refine).__name__}")
+        if self.distill is not None and not isinstance(self.distill, Distill):
+            raise ValueError(f"distill must be a jaxbsd.Distill or None, got {type(self.distill).__name__}")
         if isinstance(self.distill_images, bool) or not isinstance(self.distill_images, int) or self.distill_images < 2:
             raise ValueError(f"distill_images must be an int >= 2, got {self.distill_images!r}")
-        if self.auto_judge not in JUDGES:
-            raise ValueError(f"auto_judge must be one of {JUDGES}, got {self.auto_judge!r}")
+        # A stage of no steps is no stage.
+        if self.refine is not None and self.refine.steps == 0:
+            object.__setattr__(self, "refine", None)
+        if self.distill is not None and self.distill.steps == 0:
+            object.__setattr__(self, "distill", None)
+
+    def _decoupling(self) -> BSD | None:
+        """The decoupling the method runs (its own, or ``auto``'s candidate), or None."""
+        return self.method if isinstance(self.method, BSD) else getattr(self.method, "bsd", None)
+
+    @property
+    def basis(self):
+        """The decoupling's basis (the paper's cubic B-splines for a method without one: records name it)."""
+        return (self._decoupling() or PAPER_BSD).config.basis
 
     def samples_for(self, rank: int) -> int:
         """``S`` for a block compressed at ``rank``: ``max(num_samples, samples_per_rank · rank)``."""
         return max(self.num_samples, self.samples_per_rank * int(rank))
 
-    def solver_config(self, width: int) -> CMTFConfig:
-        return CMTFConfig(
-            rank=self.rank or width, basis=self.basis, lam=self.lam, robust=self.robust,
-            max_iter=self.max_iter, tol=self.tol,
-        )
-
-    @property
-    def refine(self) -> Refine | None:
-        """The refinement stage these settings describe (None with ``refine_steps=0``)."""
-        if isinstance(self.refine_steps, bool) or not isinstance(self.refine_steps, int) or self.refine_steps < 0:
-            raise ValueError(f"refine_steps must be an int >= 0, got {self.refine_steps!r}")
-        refine = Refine(steps=self.refine_steps, learning_rate=self.refine_lr, target=self.refine_target,
-                        batch_size=self.refine_batch)
-        return refine if self.refine_steps else None
-
-    @property
-    def distill(self) -> Distill | None:
-        """The distillation stage these settings describe (None with ``distill_steps=0``)."""
-        if isinstance(self.distill_steps, bool) or not isinstance(self.distill_steps, int) or self.distill_steps < 0:
-            raise ValueError(f"distill_steps must be an int >= 0, got {self.distill_steps!r}")
-        distill = Distill(steps=self.distill_steps, learning_rate=self.distill_lr, batch_size=self.distill_batch,
-                          loss=self.distill_loss, temperature=self.distill_temperature,
-                          trainable=self.distill_trainable, schedule=self.distill_schedule,
-                          warmup=self.distill_warmup)
-        return distill if self.distill_steps else None
-
     def method_object(self) -> Method:
-        """The method object this configuration describes (its solver settings, restarts, warm
-        start, selection and judge on it)."""
-        solver = self.solver_config(1)
-        if self.method == "bsd":
-            return get_method("bsd", config=solver, restarts=self.restarts, warm_start=self.warm_start,
-                              selection=self.selection)
-        if self.method == "auto":
-            return get_method("auto", config=solver, restarts=self.restarts, auto_judge=self.auto_judge)
-        return get_method(self.method)
+        """The method the run builds with: ``method``, its decoupling's ``CMTFConfig`` at rank
+        ``rank`` (or 1; each block sets its own)."""
+        bsd = self._decoupling()
+        if bsd is None:
+            return self.method
+        sized = dataclasses.replace(bsd, config=dataclasses.replace(bsd.config, rank=self.rank or 1))
+        return sized if bsd is self.method else dataclasses.replace(self.method, bsd=sized)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["basis"] = self.basis.to_dict()
-        # Fields added later are left out at their defaults, so the run ids (and the resume
-        # states) of runs configured before they existed stay valid.
+        """The flat JSON form runs are saved and resumed by (the fields of the method, the refinement
+        and the distillation under their flat names; settings that mean nothing for this run, and
+        fields added later at their defaults, left out, so identities of older runs stay valid)."""
+        bsd = self._decoupling() or PAPER_BSD
+        solver = bsd.config
+        # Auto warm-starts and selects by output error whatever these say: the flat fields keep their defaults.
+        own = isinstance(self.method, BSD)
+        d = {"method": self.method.name, "basis": solver.basis.to_dict(), "rank": self.rank, "robust": solver.robust,
+             "lam": solver.lam, "max_iter": solver.max_iter, "restarts": bsd.restarts, "tol": solver.tol,
+             "num_samples": self.num_samples, "capture_images": self.capture_images, "structured": self.structured,
+             "finetune_epochs": self.finetune_epochs, "lr": self.lr, "batch_size": self.batch_size,
+             "schedule": self.schedule, "reduction": self.reduction, "allocation": self.allocation,
+             "val_fraction": self.val_fraction, "seed": self.seed, "samples_per_rank": self.samples_per_rank,
+             "capture": self.capture, "warm_start": bool(bsd.warm_start) if own else False,
+             "selection": bsd.selection if own else "objective", "judge_images": self.judge_images}
+        if isinstance(self.method, Auto):
+            d["auto_judge"] = self.method.judge
+        d.update(_refine_fields(self.refine))
+        d.update(_distill_fields(self.distill, self.distill_images))
         for name, default in LATER_FIELDS.items():
-            if d[name] == default:
+            if name in d and d[name] == default:
                 del d[name]
-        if self.method != "auto":
-            d.pop("auto_judge", None)  # only "auto" has candidates to judge
-        if self.method != "auto" or self.auto_judge != "model":
+        if not isinstance(self.method, Auto) or self.method.judge != "model":
             d.pop("judge_images", None)  # only the model judge looks at images
-        if not self.refine_steps:  # no refinement: its settings mean nothing
-            d.pop("refine_lr", None)
-            d.pop("refine_target", None)
-            d.pop("refine_batch", None)
-        if not self.distill_steps:  # no distillation: its settings mean nothing
-            for name in DISTILL_FIELDS:
-                d.pop(name, None)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompressionConfig":
+        """The configuration of a flat dict (:meth:`to_dict`'s form, or one saved before a field
+        existed: :data:`LATER_FIELDS`' defaults). ``ValueError`` naming an unknown key."""
+        d = {**LATER_FIELDS, **DEFAULTS, **d}
+        unknown = sorted(set(d) - set(DEFAULTS) - set(LATER_FIELDS))
+        if unknown:
+            raise ValueError(f"config: unknown field(s) {unknown}")
+        for field in ("refine_steps", "distill_steps"):  # named as the flat form names them
+            if isinstance(d[field], bool) or not isinstance(d[field], int) or d[field] < 0:
+                raise ValueError(f"{field} must be an int >= 0, got {d[field]!r}")
+        name = d["method"]
+        basis = Basis.from_dict(d["basis"]) if isinstance(d["basis"], dict) else d["basis"]
+        solver = CMTFConfig(rank=1, basis=basis, lam=d["lam"], robust=d["robust"], max_iter=d["max_iter"], tol=d["tol"])
+        if name == "bsd":
+            method = BSD(config=solver, restarts=d["restarts"], warm_start=d["warm_start"], selection=d["selection"])
+        elif name == "auto":
+            method = Auto(bsd=BSD(config=solver, restarts=d["restarts"], warm_start=None, selection="output"),
+                          judge=d["auto_judge"])
+        else:
+            method = name
+        refine = (Refine(steps=d["refine_steps"], learning_rate=d["refine_lr"], target=d["refine_target"],
+                         batch_size=d["refine_batch"]) if d["refine_steps"] else None)
+        distill = (Distill(steps=d["distill_steps"], learning_rate=d["distill_lr"], batch_size=d["distill_batch"],
+                           loss=d["distill_loss"], temperature=d["distill_temperature"],
+                           trainable=d["distill_trainable"], schedule=d["distill_schedule"],
+                           warmup=d["distill_warmup"]) if d["distill_steps"] else None)
+        return cls(method=method, refine=refine, distill=distill,
+                   **{f: d[f] for f in _RUN_FIELDS if f in d})
 
+
+def _refine_fields(refine: Refine | None) -> dict[str, Any]:
+    if refine is None:
+        return {"refine_steps": 0}
+    out = {"refine_steps": refine.steps, "refine_lr": refine.learning_rate, "refine_target": refine.target,
+           "refine_batch": refine.batch_size}
+    # The refinement's other settings, only where not Refine's defaults (runs before had the defaults).
+    out.update({f"refine_{f.name}": getattr(refine, f.name) for f in dataclasses.fields(Refine)
+                if f.name in ("holdout", "max_tokens", "eval_every") and getattr(refine, f.name) != f.default})
+    return out
+
+
+def _distill_fields(distill: Distill | None, images: int) -> dict[str, Any]:
+    if distill is None:
+        return {"distill_steps": 0}
+    if callable(distill.loss) or distill.forward is not None:
+        raise ValueError("distill: a block run's distillation takes a loss by name and the model's own forward")
+    out = {"distill_steps": distill.steps, "distill_lr": distill.learning_rate, "distill_batch": distill.batch_size,
+           "distill_images": images, "distill_loss": distill.loss, "distill_temperature": distill.temperature,
+           "distill_trainable": distill.trainable, "distill_schedule": distill.schedule,
+           "distill_warmup": distill.warmup}
+    out.update({f"distill_{f.name}": getattr(distill, f.name) for f in dataclasses.fields(Distill)
+                if f.name in ("holdout", "eval_every") and getattr(distill, f.name) != f.default})
+    return out
+
+
+#: The block run's own fields (not the method's, refinement's or distillation's).
+_RUN_FIELDS = ("rank", "reduction", "allocation", "num_samples", "samples_per_rank", "capture", "capture_images",
+               "structured", "finetune_epochs", "lr", "batch_size", "schedule", "val_fraction", "seed",
+               "judge_images", "distill_images")
+#: The flat form's fields and the values a configuration of today's defaults gives them.
+DEFAULTS = {"method": "bsd", "basis": BSpline(3, 4).to_dict(), "rank": None, "robust": True, "lam": 0.25,
+            "max_iter": 300, "restarts": 1, "tol": 1e-8, "num_samples": 128, "capture_images": 256, "structured": True,
+            "finetune_epochs": 5, "lr": 1e-4, "batch_size": 128, "schedule": "constant", "reduction": None,
+            "allocation": "uniform", "val_fraction": 0.1, "seed": 0, "samples_per_rank": 0, "capture": "current",
+            "warm_start": False, "selection": "objective", "auto_judge": "model", "judge_images": 2048,
+            "refine_steps": 0, "refine_lr": 1e-3, "refine_target": "consistent", "refine_batch": Refine.batch_size,
+            "distill_steps": 0, "distill_lr": 1e-3, "distill_batch": 64, "distill_images": 16384,
+            "distill_loss": "kl", "distill_temperature": 2.0, "distill_trainable": "replaced",
+            "distill_schedule": "cosine", "distill_warmup": 0}
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
@@ -245,5 +275,3 @@ LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False
 #: The distillation's settings, left out of a run's identity without distillation.
 DISTILL_FIELDS = ("distill_lr", "distill_batch", "distill_images", "distill_loss", "distill_temperature",
                    "distill_trainable", "distill_schedule", "distill_warmup")
-
-
