@@ -120,7 +120,7 @@ def unit_config(setting: Setting, reduction: float, seed: int, plan: dict, args)
     # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
     # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
     judge = {"auto-block": "block"}.get(method, "model")
-    return CompressionConfig.from_dict(dict(  # the study's settings are the configuration's flat form
+    return CompressionConfig.from_flat(**dict(  # the study's settings are the configuration's flat form
         method="bsd" if method.startswith("bsd") else "auto" if method.startswith("auto") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
         reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=variant.get("lam", 0.25),
         max_iter=variant.get("max_iter", plan["max_iter"]), num_samples=args.samples or 128,

@@ -447,7 +447,8 @@ def test_the_cli_and_compress_accept_auto():
     assert "auto_judge" not in compress.CompressionConfig(method="bsd").to_dict()
     assert "auto_judge" not in compress.CompressionConfig(method=Auto(judge="block")).to_dict()
     assert compress.CompressionConfig(method="auto").to_dict()["auto_judge"] == "model"
-    assert compress.CompressionConfig.from_dict({"method": "auto", "auto_judge": "block"}).method.judge == "block"
+    assert compress.CompressionConfig.from_flat(method="auto", auto_judge="block").method.judge == "block"
+    assert compress.CompressionConfig.from_dict({"method": "auto"}).method.judge == "block"  # saved before it existed
 
 
 @pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU

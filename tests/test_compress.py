@@ -285,3 +285,40 @@ def test_samples_grow_with_the_rank_and_old_run_ids_stay_valid():
     d = compress.CompressionConfig().to_dict()
     assert "capture" not in d and "samples_per_rank" not in d
     assert compress.CompressionConfig(capture="original").to_dict()["capture"] == "original"
+
+
+@pytest.mark.parametrize("flat", [
+    {},
+    {"method": "prune", "reduction": 0.3, "refine_steps": 300},
+    {"method": "auto", "reduction": 0.5, "auto_judge": "block", "max_iter": 100, "restarts": 2},
+    {"method": "bsd", "basis": {"kind": "BSpline", "degree": 2, "dof": 8}, "lam": 4.0, "warm_start": True,
+     "selection": "output", "refine_steps": 50, "refine_lr": 0.02, "refine_target": "local", "refine_batch": None},
+    {"method": "svd", "rank": 3, "distill_steps": 40, "distill_images": 1024, "distill_schedule": "constant"},
+])
+def test_the_flat_form_reads_back_to_the_same_identity_and_the_same_objects(flat):
+    """``from_dict`` of a saved flat form gives a configuration whose ``to_dict`` is that form again (as
+    ``to_dict`` writes it: the run's identity), and whose objects are those one would build by hand."""
+    config = compress.CompressionConfig.from_flat(**flat)
+    again = compress.CompressionConfig.from_dict(config.to_dict())  # as a saved run is read back
+    assert again.to_dict() == config.to_dict()
+    assert (again.method, again.refine, again.distill) == (config.method, config.refine, config.distill)
+    name = flat.get("method", "bsd")
+    assert config.method.name == name
+    if name == "bsd":
+        assert config.method.config.lam == flat.get("lam", 0.25) and config.method.warm_start == flat.get("warm_start", False)
+    assert (config.refine is None) == (not flat.get("refine_steps"))
+    assert (config.distill is None) == (not flat.get("distill_steps"))
+    for key in ("refine_steps", "distill_steps", "distill_images", "lam"):
+        if flat.get(key) not in (None, 0, 0.25):
+            assert config.to_dict()[key] == flat[key]
+
+
+def test_a_configuration_of_objects_refuses_what_is_not_one():
+    with pytest.raises(ValueError, match="method"):
+        compress.CompressionConfig(method=3)
+    with pytest.raises(ValueError, match="refine"):
+        compress.CompressionConfig(refine={"steps": 3})
+    with pytest.raises(ValueError, match="unknown"):
+        compress.CompressionConfig.from_dict({"lamda": 0.1})
+    with pytest.raises(ValueError, match="refine_steps"):
+        compress.CompressionConfig.from_flat(refine_steps=-1)

@@ -319,7 +319,7 @@ def test_compression_config_and_cli_take_distillation_and_old_run_ids_stay_valid
     from jaxbsd.cli.compress import validate_compress_args
     from jaxbsd.compression import blockwise
 
-    flat = blockwise.CompressionConfig.from_dict  # the flat form runs were saved with
+    flat = lambda fields: blockwise.CompressionConfig.from_flat(**fields)  # noqa: E731  (the flat keywords)
     assert "distill_steps" not in blockwise.CompressionConfig().to_dict()
     # without steps the other settings mean nothing: the same identity
     assert flat({"distill_lr": 1e-2}).to_dict() == blockwise.CompressionConfig().to_dict()

@@ -411,7 +411,7 @@ import jaxbsd as jb  # noqa: E402
 from jaxbsd.data import load_dataset  # noqa: E402
 from jaxbsd.models import ViTConfig, build_model  # noqa: E402
 
-CONFIG = jb.CompressionConfig.from_dict(dict(basis=jb.BSpline(2, 4), rank=4, num_samples=40, capture_images=16,
+CONFIG = jb.CompressionConfig.from_flat(**dict(basis=jb.BSpline(2, 4), rank=4, num_samples=40, capture_images=16,
                                               max_iter=20, finetune_epochs=1, batch_size=32))
 
 

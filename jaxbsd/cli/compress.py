@@ -61,7 +61,7 @@ def validate_compress_args(args: argparse.Namespace):
     from jaxbsd.compression import blockwise as compress
 
     # The flags are the configuration's flat form (its saved identity): one table turns them into objects.
-    config = compress.CompressionConfig.from_dict(dict(
+    config = compress.CompressionConfig.from_flat(**dict(
         method=args.method, basis=_basis(args), rank=args.rank, robust=not args.non_robust, lam=args.lam,
         max_iter=args.max_iter, restarts=args.restarts, num_samples=args.samples,
         finetune_epochs=args.finetune_epochs, lr=args.lr, seed=args.seed,

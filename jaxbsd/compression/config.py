@@ -199,9 +199,19 @@ class CompressionConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CompressionConfig":
-        """The configuration of a flat dict (:meth:`to_dict`'s form, or one saved before a field
-        existed: :data:`LATER_FIELDS`' defaults). ``ValueError`` naming an unknown key."""
-        d = {**LATER_FIELDS, **DEFAULTS, **d}
+        """The configuration a saved flat dict describes (:meth:`to_dict`'s form): a field it lacks was
+        left out at its :data:`LATER_FIELDS` default (or did not exist yet), so it takes that one.
+        ``ValueError`` naming an unknown key."""
+        return cls._from_flat({**DEFAULTS, **LATER_FIELDS, **d})
+
+    @classmethod
+    def from_flat(cls, **fields) -> "CompressionConfig":
+        """The configuration of flat keywords (``lam=``, ``refine_steps=``, … as the CLI's flags and
+        the studies' settings name them), today's defaults for the others (:data:`DEFAULTS`)."""
+        return cls._from_flat({**DEFAULTS, **fields})
+
+    @classmethod
+    def _from_flat(cls, d: dict[str, Any]) -> "CompressionConfig":
         unknown = sorted(set(d) - set(DEFAULTS) - set(LATER_FIELDS))
         if unknown:
             raise ValueError(f"config: unknown field(s) {unknown}")
