@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 T = pytest.importorskip("transformers")
 
 VOCAB = 64
-LLAMA = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+LLAMA = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=VOCAB, max_position_embeddings=64)
-VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=16,
+VIT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, image_size=16,
            patch_size=8, num_labels=3)
 
 
@@ -119,6 +119,7 @@ def _hf_probabilities(model, pixels):
         return torch.log_softmax(model(pixel_values=pixels).logits.double(), -1).numpy()
 
 
+@pytest.mark.slow  # ≈ 3 s; the default run keeps the Llama's end to end and the image refusals below
 def test_a_pruned_vit_reads_back_in_transformers_with_the_reported_figures(vit_dir, tmp_path):
     from PIL import Image
 
