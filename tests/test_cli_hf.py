@@ -85,16 +85,16 @@ def test_a_decoupling_is_written_with_save_compressed(tmp_path, texts, capsys, m
 
 @pytest.mark.parametrize("break_it,match", [
     ("missing", "no such file or directory"),
-    ("mpnet", "model_type is 'mpnet'"),
+    ("t5", "model_type is 't5'"),
     ("bin", "only pytorch_model.bin"),
 ])
 def test_bad_directories_are_one_line_errors_with_exit_status_2(tmp_path, texts, capsys, break_it, match):
     model = write_tiny_bert(tmp_path / "m")
     if break_it == "missing":
         model = tmp_path / "nothing"
-    elif break_it == "mpnet":  # a family the BERT command does not read
+    elif break_it == "t5":  # a family jaxbsd does not read
         c = json.loads((model / "config.json").read_text())
-        (model / "config.json").write_text(json.dumps({**c, "model_type": "mpnet"}))
+        (model / "config.json").write_text(json.dumps({**c, "model_type": "t5"}))
     else:
         (model / "model.safetensors").rename(model / "pytorch_model.bin")
     with pytest.raises(SystemExit) as exit_:

@@ -1,4 +1,4 @@
-"""Encoder families of Hugging Face directories (roberta, xlm-roberta, distilbert, mpnet), both ways.
+"""Encoder families of Hugging Face directories (bert, roberta, xlm-roberta, distilbert, mpnet), both ways.
 
 Oracle: ``transformers`` itself. Tiny random-init models (every parameter redrawn, so a swapped
 bias or LayerNorm shows) are saved with ``save_pretrained`` and read by
@@ -28,6 +28,7 @@ DISTIL = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, vocab_size=VOCAB, ma
 
 #: name -> transformers config (each covers an eps, an activation, a padding id or position variant).
 CASES = {
+    "bert-gelu_new-eps": lambda: T.BertConfig(**SIZES, hidden_act="gelu_new", layer_norm_eps=1e-6),
     "roberta-gelu": lambda: T.RobertaConfig(**SIZES, layer_norm_eps=1e-5, type_vocab_size=1, pad_token_id=1),
     "roberta-relu-pad0": lambda: T.RobertaConfig(**SIZES, hidden_act="relu", type_vocab_size=2, pad_token_id=0),
     "xlm-roberta-gelu_new": lambda: T.XLMRobertaConfig(**SIZES, hidden_act="gelu_new", type_vocab_size=1),

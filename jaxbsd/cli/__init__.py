@@ -34,7 +34,7 @@ __all__ = ["build_parser", "main", "add_train_command", "train_config_from_args"
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_train_command,     # jaxbsd train (jaxbsd.cli.train; --model lm: jaxbsd.cli.lm)
     add_compress_command,  # jaxbsd compress, the main job (jaxbsd.cli.compress)
-    add_compress_hf_command,  # jaxbsd compress-hf, a Hugging Face BERT directory (jaxbsd.cli.hf)
+    add_compress_hf_command,  # jaxbsd compress-hf, a Hugging Face checkpoint of any family (jaxbsd.cli.hf)
 ]
 
 
