@@ -1,8 +1,9 @@
 """One process of ``tests/test_mesh_invariance.py``: compresses a model the other tests do not use
 (four GELU blocks in ``nnx.Sequential``, LayerNorm and residuals, MLPs found by discovery, float32)
-on one device (``group=True``) and with a mesh over every device (``XLA_FLAGS`` set by the caller),
-for each ``METHOD:REFINE`` of ``CASES`` (``"prune:1,bsd:0"``), and writes both models' outputs on a
-probe batch to ``OUT`` (``.npz``, keys ``<method>-<refine>-one`` and ``-mesh``).
+one MLP at a time (the default), grouped on one device (``group=True``) and with a mesh over every
+device (``XLA_FLAGS`` set by the caller), for each ``METHOD:REFINE`` of ``CASES`` (``"prune:1,bsd:0"``),
+and writes the models' outputs on a probe batch to ``OUT`` (``.npz``, keys ``<method>-<refine>-seq``,
+``-one`` and ``-mesh``).
 
 ``python tests/mesh_invariance_worker.py OUT``
 """
@@ -48,7 +49,8 @@ for case in os.environ["CASES"].split(","):
     name, refined = case.split(":")
     method = {"bsd": fast_bsd, "auto": jb.Auto(bsd=fast_bsd), "prune": jb.Prune()}[name]
     refine = jb.Refine(steps=60) if refined == "1" else None
-    for where, execution in (("one", jb.Execution(group=True)), ("mesh", jb.Execution(mesh=mesh))):
+    for where, execution in (("seq", jb.Execution()), ("one", jb.Execution(group=True)),
+                             ("mesh", jb.Execution(mesh=mesh))):
         model, _ = jb.compress_model(build(), calibration, key=jax.random.key(0), mlps=None, reduction=0.3,
                                      method=method, refine=refine, execution=execution)
         out[f"{case.replace(':', '-')}-{where}"] = np.asarray(model(probe))

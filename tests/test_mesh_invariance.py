@@ -2,7 +2,8 @@
 
 In a subprocess with four virtual CPU devices (the device count is fixed before JAX starts),
 :mod:`tests.mesh_invariance_worker` compresses a model the grouped tests do not use (discovered
-GELU MLPs in ``nnx.Sequential``) grouped on one device and with a mesh over the four. A capture
+GELU MLPs in ``nnx.Sequential``) one MLP at a time and grouped on one device, and with a mesh over
+the four. A capture
 split over the devices, or a sharded solve or refinement that computes something else than one
 device does, shows as a difference far above rounding: the decoupling's sweeps and the
 refinement's Adam steps amplify any change of rounding in their inputs (a capture split over the
@@ -32,7 +33,8 @@ def test_a_mesh_of_four_gives_the_one_device_model_in_float32(tmp_path):
     result = np.load(out)
     assert int(result["devices"]) == 4
     for case in CASES:
-        one, mesh = (result[f"{case.replace(':', '-')}-{where}"] for where in ("one", "mesh"))
+        seq, one, mesh = (result[f"{case.replace(':', '-')}-{where}"] for where in ("seq", "one", "mesh"))
         assert one.dtype == np.float32
-        rel = np.linalg.norm(mesh - one) / np.linalg.norm(one)
-        assert rel <= 1e-5, (case, rel)
+        for other, what in ((one, "grouped on one device"), (seq, "one MLP at a time")):
+            rel = np.linalg.norm(mesh - other) / np.linalg.norm(other)
+            assert rel <= 1e-5, (case, what, rel)

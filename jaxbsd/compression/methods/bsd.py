@@ -159,7 +159,10 @@ class BSD(Method):
               judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
         start = time.perf_counter()
         jac, kind, config, init, skipped = self.prepare(site, int(rank))
-        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init,
+        # shard=None: one MLP's solve on one device, whatever the count. Spreading its samples or
+        # restarts over the devices reorders the reductions, whose rounding the sweeps amplify: the
+        # model would depend on the device count. Devices serve a grouped run's blocks instead.
+        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init, shard=None,
                        progress=bars_wanted())  # the sweeps' bar of Execution(progress=True)
         return self.finish(site, res, init is not None, kind, skipped, start)
 
