@@ -287,7 +287,7 @@ def test_every_method_on_a_toy_vit_and_a_gated_lm(method, kind):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("method", ["prune", "svd"])
+@pytest.mark.parametrize("method", [pytest.param("prune", marks=pytest.mark.slow), "svd"])  # 12 s: prune slow
 def test_a_swin_distils_after_its_replacements(method):
     """Swin (windowed attention, patch merging between stages): every MLP replaced, then the
     logits distilled; the held-out loss recomputed from the returned model in numpy, the structure
