@@ -35,6 +35,7 @@ Parameters are float32; every broadcast is between arrays of equal rank
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from typing import Any
@@ -359,6 +360,36 @@ def pool(hidden: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
     raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
 
 
+class _StaticByContent:
+    """A static attribute (a tokenizer) that compares and hashes by its serialized content.
+
+    A static attribute is part of the module's graphdef, the key of every compiled program of the
+    model (``nnx.jit``, a jitted ``nnx.merge``). A ``tokenizers.Tokenizer`` compares by identity,
+    so each loaded encoder would compile its own programs, and the cache would keep them and the
+    tokenizer alive for the process; by content, two loads of one directory share them. Objects
+    without ``to_str`` (None, anything else) compare by identity.
+    """
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: Any):
+        self.value = value
+        to_str = getattr(value, "to_str", None)
+        # Hashed once: the graphdef is hashed on every jitted call.
+        self._key = (type(value), hashlib.sha256(to_str().encode()).hexdigest()) if callable(to_str) else id(value)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, _StaticByContent):
+            return NotImplemented
+        return self.value is other.value or (not isinstance(self._key, int) and self._key == other._key)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"StaticByContent({type(self.value).__name__})"
+
+
 class Encoder(nnx.Module):
     """A sentence encoder: a :class:`Bert`, its tokenizer and the pooling pipeline.
 
@@ -389,8 +420,17 @@ class Encoder(nnx.Module):
         self.pooling = pooling
         self.normalize = bool(normalize)
         self.max_seq_length = max_seq_length
-        self.tokenizer = nnx.static(tokenizer)  # structure, not state: it is no pytree
+        self._tokenizer = nnx.static(_StaticByContent(tokenizer))  # structure, not state: it is no pytree
         self.source = None if source is None else str(source)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The ``tokenizers.Tokenizer`` (or None)."""
+        return self._tokenizer.value
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = nnx.static(_StaticByContent(tokenizer))
 
     def __call__(self, ids: jax.Array, mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
