@@ -88,8 +88,9 @@ class SolverState(NamedTuple):
 # --------------------------------------------------------------------------- algorithm steps
 
 
-def _normalize(state: SolverState, eps: jax.Array) -> SolverState:
-    """Algorithm 2: unit-norm rows of W0 and columns of W1 with a norm floor ``eps``."""
+def _normalize(state: SolverState, eps: jax.Array, basis=None) -> SolverState:
+    """Algorithm 2: unit-norm rows of W0 and columns of W1 with a norm floor ``eps`` (and the
+    basis's state that the data cannot refit, rescaled with the rows: ``basis.rescaled_state``)."""
     beta0 = jnp.maximum(jnp.linalg.norm(state.W0, axis=1), eps)  # (r,)
     beta1 = jnp.maximum(jnp.linalg.norm(state.W1, axis=0), eps)  # (r,)
     return state._replace(
@@ -97,13 +98,15 @@ def _normalize(state: SolverState, eps: jax.Array) -> SolverState:
         W1=state.W1 / beta1[None, :],
         G=state.G * (beta0 * beta1)[None, :],
         R=state.R * beta1[None, :],
+        knots=state.knots if basis is None else jax.vmap(basis.rescaled_state)(state.knots, beta0),
     )
 
 
 def _project(
-    X: jax.Array, W0: jax.Array, G: jax.Array, R: jax.Array, config: CMTFConfig
+    X: jax.Array, W0: jax.Array, G: jax.Array, R: jax.Array, config: CMTFConfig, knots: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Algorithm 3 for all ranks at once: refit knots and coefficients, project G and R.
+    """Algorithm 3 for all ranks at once: refit knots (``basis.refit``, from the current
+    ``knots (r, K)``) and coefficients, project G and R.
 
     Returns:
       ``(G, R, coef, knots)`` with shapes ``(S, r), (S, r), (r, ν), (r, K)``.
@@ -111,7 +114,7 @@ def _project(
     basis, lam = config.basis, config.lam
     # Rank-major layout throughout: every per-rank quantity is a contiguous row.
     U = W0 @ X.T  # (r, S)
-    knots = jax.vmap(basis.fit)(U)  # (r, K)
+    knots = jax.vmap(basis.fit)(U) if knots is None else jax.vmap(basis.refit)(U, knots)  # (r, K)
     B, dB = jax.vmap(basis.design)(U, knots)  # (r, S, ν) each
     Gt, Rt = G.T, R.T  # (r, S)
     if config.robust:
@@ -156,7 +159,7 @@ def _sweep(state: SolverState, problem: Problem, config: CMTFConfig, sq_norm_J: 
     jac, F, X = problem
     lam, mu_w = config.lam, config.effective_mu_w
     if config.robust:
-        state = _normalize(state, config.eps)
+        state = _normalize(state, config.eps, config.basis)
     W0, W1, G, R = state.W0, state.W1, state.G, state.R
     GtG = G.T @ G
     # W1 ← (M1 + λ Fᵀ R)(GᵀG ∘ W0W0ᵀ + λ RᵀR + μ_W I)⁻¹
@@ -181,7 +184,7 @@ def _sweep(state: SolverState, problem: Problem, config: CMTFConfig, sq_norm_J: 
         R = wide_least_squares(W1, F)
     else:
         R = (pinv_solve_by_eigh if r == n else pinv_solve)(W1tW1, F @ W1)
-    G, R, coef, knots = _project(X, W0, G, R, config)
+    G, R, coef, knots = _project(X, W0, G, R, config, state.knots)
     new = SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
     res_J = jnp.maximum(sq_norm_J - 2 * jnp.sum(G * M3) + cpd_sq_norm(W0, W1, G), 0)
     res_F = jnp.sum((F - R @ W1.T) ** 2)

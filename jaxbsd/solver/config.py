@@ -109,7 +109,7 @@ class CMTFConfig:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
         if not isinstance(self.basis, Basis):
-            raise ValueError(f"basis must be a jaxbsd basis (BSpline, Polynomial, ReLU), got {self.basis!r}")
+            raise ValueError(f"basis must be a jaxbsd basis (BSpline, Polynomial, ReLU, Augmented), got {self.basis!r}")
         if not isinstance(self.robust, bool):
             raise ValueError(f"robust must be a bool, got {self.robust!r}")
         for name in ("lam", "mu_w", "mu_c", "eps", "tol"):
