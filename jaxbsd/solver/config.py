@@ -23,6 +23,7 @@ class Status(enum.IntEnum):
     MAX_ITERATIONS = 1  #: ``max_iter`` sweeps done
     DIVERGED = 2  #: the objective exceeded ``divergence`` × the best objective this restart reached
     NONFINITE = 3  #: a sweep produced inf/NaN; the best finite iterate is returned
+    EARLY_STOPPED = 4  #: the kept iterate was not improved on for ``patience`` sweeps
 
     @property
     def message(self) -> str:
@@ -34,6 +35,7 @@ _STATUS_MESSAGES = {
     Status.MAX_ITERATIONS: "reached max_iter without meeting tol",
     Status.DIVERGED: "objective diverged; returned the best iterate",
     Status.NONFINITE: "a sweep produced non-finite values; returned the best finite iterate",
+    Status.EARLY_STOPPED: "no sweep improved on the kept iterate for `patience` sweeps; returned it",
 }
 
 
@@ -42,7 +44,7 @@ _STATUS_MESSAGES = {
 #: Fields of :class:`CMTFConfig` that are pytree leaves (traced under ``jit``/``vmap``).
 TRACED_FIELDS = ("lam", "mu_w", "mu_c", "eps", "tol", "divergence")
 #: Fields that fix the program's structure (shapes, branches): static, part of the treedef.
-STATIC_FIELDS = ("rank", "basis", "robust", "max_iter", "divergence_patience")
+STATIC_FIELDS = ("rank", "basis", "robust", "max_iter", "divergence_patience", "patience")
 
 
 def _concrete_scalar(name: str, value: Any) -> float | None:
@@ -91,6 +93,10 @@ class CMTFConfig:
         has single-sweep spikes of 1e15 × its best and then returns to it). The best finite
         iterate is returned either way.
       divergence_patience: consecutive sweeps above ``divergence`` × best before DIVERGED.
+      patience: ``None`` (the default): no early stopping. An int ``p >= 1``: stop with
+        ``Status.EARLY_STOPPED`` once ``p`` consecutive sweeps have not improved on the kept
+        iterate, judged by the held-out output error when the solve is given held-out tokens
+        (:func:`jaxbsd.decouple`'s ``heldout``), else by the training objective.
     """
 
     rank: int
@@ -104,6 +110,13 @@ class CMTFConfig:
     tol: Any = 1e-10
     divergence: Any = 1e8
     divergence_patience: int = 10
+    patience: int | None = None
+
+    def __repr__(self) -> str:
+        # The dataclass's own repr, with ``patience`` only when set: a run's identity records the
+        # repr, and configs without early stopping keep the identity they had before it existed.
+        shown = [f.name for f in dataclasses.fields(self) if f.name != "patience" or self.patience is not None]
+        return f"CMTFConfig({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
@@ -123,6 +136,9 @@ class CMTFConfig:
             raise ValueError(f"divergence must be > 1, got {self.divergence!r}")
         if not (isinstance(self.divergence_patience, int) and self.divergence_patience >= 1):
             raise ValueError(f"divergence_patience must be an int >= 1, got {self.divergence_patience!r}")
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
+                                          or self.patience < 1):
+            raise ValueError(f"patience must be None or an int >= 1, got {self.patience!r}")
 
     def replace(self, **changes: Any) -> "CMTFConfig":
         """A new config with ``changes`` applied (validated like the constructor)."""
