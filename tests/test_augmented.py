@@ -291,3 +291,24 @@ def test_best_iterate_not_worse_than_pruning_at_the_same_parameter_count():
                                rtol=1e-10)
     assert res.model.num_params() <= k_prune * (m + n + 1) + n
     assert test_error(res.model) <= 1.01 * test_error(pruned)
+
+
+@pytest.mark.slow
+def test_bsd_best_iterate_reports_the_sweep_kept():
+    """``jb.BSD(best_iterate=True)`` through ``compress_model``: the report says which sweep was kept
+    and why the solve stopped; the default BSD reports neither."""
+    from test_compress_model import PATHS, SPEC, Net, calibration
+
+    config = jb.CMTFConfig(rank=1, basis=jb.Augmented(jb.BSpline(3, 4), "gelu"), max_iter=30, tol=0.0, patience=4)
+    method = jb.BSD(config=config, best_iterate=True)
+    assert "best_iterate" in method.to_dict() and "best_iterate" not in jb.BSD().to_dict()
+    _, report = jb.compress_model(Net(), calibration(), mlps=PATHS[:1], ranks={PATHS[0]: 6}, method=method,
+                                  mlp_specs=SPEC, key=jax.random.key(0))
+    mlp = report.mlps[0]
+    assert isinstance(mlp.sweep_kept, int) and 0 <= mlp.sweep_kept <= 30
+    assert mlp.stopped in ("early_stopped", "max_iterations", "converged")
+    assert mlp.restart_warm and mlp.params_after == metrics.params_bsd(8, 8, 6, 5)
+    _, plain = jb.compress_model(Net(), calibration(), mlps=PATHS[:1], ranks={PATHS[0]: 6},
+                                 method=jb.BSD(config=config.replace(patience=None)), mlp_specs=SPEC,
+                                 key=jax.random.key(0))
+    assert plain.mlps[0].sweep_kept is None and plain.mlps[0].stopped is None
