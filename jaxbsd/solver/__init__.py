@@ -6,7 +6,6 @@
 * :mod:`~jaxbsd.solver.driver` — :func:`decouple` (restarts batched in one program) and :func:`problem`;
 * :mod:`~jaxbsd.solver.jacobians` — the Jacobian operators (dense, an MLP's, a gated MLP's);
 * :mod:`~jaxbsd.solver.bases`, :mod:`~jaxbsd.solver.bspline` — the univariate bases;
-* :mod:`~jaxbsd.solver.heldout` — keeping the iterate of lowest held-out error, early stopping;
 * :mod:`~jaxbsd.solver.decoupled` — the decoupled function ``W1 g(W0 x)``;
 * :mod:`~jaxbsd.solver.metrics`, :mod:`~jaxbsd.solver.sampling` — errors, parameter counts, samples;
 * :mod:`~jaxbsd.solver.fingerprint` — the solver's numerical fingerprint (what staleness is judged by).

@@ -39,10 +39,10 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbsd.solver.config import CMTFConfig, Status
+from jaxbsd.solver.config import CMTFConfig, HeldOut, Status, Tracker
 from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.solver.jacobians import JacobianOperator, cpd_sq_norm
-from jaxbsd.solver.heldout import HeldOut, Tracker, score as _heldout_score, tracking as _tracking
+from jaxbsd.solver.metrics import relative_error
 from jaxbsd.solver.linalg import lstsq, pinv_solve, pinv_solve_by_eigh, small_tikhonov_solve, tikhonov_solve, wide_least_squares
 
 __all__ = [
@@ -303,6 +303,19 @@ class Iteration(NamedTuple):
     @property
     def running(self) -> jax.Array:
         return self.status < 0
+
+
+def _tracking(config: CMTFConfig, heldout: HeldOut | None) -> bool:
+    """Whether a restart needs a :class:`Tracker`: held-out tokens or early stopping."""
+    return heldout is not None or config.patience is not None
+
+
+def _heldout_score(state: SolverState, objective: jax.Array, config: CMTFConfig, heldout: HeldOut | None):
+    """The criterion iterates are kept by: the held-out ``‖Y − f̂(X)‖²/‖Y‖²``, else the objective."""
+    if heldout is None:
+        return objective
+    model = Decoupled(W0=state.W0, W1=state.W1, coef=state.coef, knots=state.knots, basis=config.basis)
+    return relative_error(heldout.Y, model(heldout.X))
 
 
 @jax.jit  # (as init_state)

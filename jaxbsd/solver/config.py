@@ -1,11 +1,13 @@
 """The solver's configuration and its outcome codes: :class:`CMTFConfig` (a pytree of static and
-traced fields, so a sweep over λ or the tolerances is one compiled program) and :class:`Status`."""
+traced fields, so a sweep over λ or the tolerances is one compiled program) and :class:`Status`;
+and what an opt-in held-out selection adds to a solve: its tokens (:class:`HeldOut`) and its
+bookkeeping (:class:`Tracker`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ import numpy as np
 
 from jaxbsd.solver.bases import Basis, BSpline
 
-__all__ = ["CMTFConfig", "Status", "TRACED_FIELDS", "STATIC_FIELDS"]
+__all__ = ["CMTFConfig", "Status", "HeldOut", "Tracker", "TRACED_FIELDS", "STATIC_FIELDS"]
 
 
 class Status(enum.IntEnum):
@@ -37,6 +39,29 @@ _STATUS_MESSAGES = {
     Status.NONFINITE: "a sweep produced non-finite values; returned the best finite iterate",
     Status.EARLY_STOPPED: "no sweep improved on the kept iterate for `patience` sweeps; returned it",
 }
+
+
+# --------------------------------------------------------------------------- held-out selection
+
+
+class HeldOut(NamedTuple):
+    """Tokens that judge the iterates, outside the solver's samples (a pytree).
+
+    Attributes:
+      X: ``(N, m)`` inputs; Y: ``(N, n)`` the function's outputs there.
+    """
+
+    X: jax.Array
+    Y: jax.Array
+
+
+class Tracker(NamedTuple):
+    """Which iterate a restart keeps when it is judged by held-out tokens or stops early."""
+
+    score: jax.Array  #: the kept iterate's held-out relative output error (without tokens: objective)
+    kept: jax.Array  #: the sweep that produced it (0: the initial state)
+    stale: jax.Array  #: sweeps since the kept iterate last changed
+    lowest_objective: jax.Array  #: the lowest finite training objective so far (the divergence rule's)
 
 
 # --------------------------------------------------------------------------- configuration
