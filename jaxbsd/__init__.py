@@ -11,7 +11,7 @@ saving and loading compressed models. The stepwise solver and the Jacobian opera
 
 from jaxbsd import solver
 from jaxbsd.checkpoint import load_compressed, save_compressed
-from jaxbsd.solver.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd.solver.bases import Augmented, Basis, BSpline, Polynomial, ReLU
 from jaxbsd.solver.cmtf import CMTFConfig, DecouplingResult, Status
 from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.solver.driver import configure_cpu_threads, decouple
@@ -43,7 +43,7 @@ __all__ = [
     # decoupling a function
     "decouple", "CMTFConfig", "DecouplingResult", "Decoupled", "Status", "configure_cpu_threads",
     # the bases
-    "Basis", "BSpline", "Polynomial", "ReLU",
+    "Augmented", "Basis", "BSpline", "Polynomial", "ReLU",
     # compressing a model
     "compress_model", "Execution", "Refine", "Distill", "CompressionReport", "MLPReport", "MLPSpec", "GatedMLPSpec",
     "Method", "BSD", "Prune", "SVD", "DRONE", "Auto", "get_method",

@@ -39,6 +39,11 @@ class MLPReport:
       output_error_heldout: the kept restart's relative output error on the selection tokens.
       selection_tokens: ``"held-out"`` (``Site.fit_X``, calibration tokens outside the check
         set) or ``"check"`` (fewer than 64 of those: the check tokens).
+      sweep_kept: for a decoupling solved with ``BSD(best_iterate=True)`` (or an early-stopping
+        ``config.patience``), the sweep whose iterate the kept restart returned (0: its initial
+        state, the warm start's pruned MLP); else None.
+      stopped: with ``sweep_kept``, why the kept restart's solve stopped: the lower-case name of
+        its :class:`~jaxbsd.Status` (``"early_stopped"``, ``"max_iterations"``, ``"converged"``…).
       auto: for ``method="auto"``, ``{"kept": "bsd" | "prune", "reason": …, "bsd": {rank,
         params, output_error, restart_warm}, "prune": {rank, params, output_error,
         fit_tokens}}``: both candidates and why one was kept; else None.
@@ -82,6 +87,8 @@ class MLPReport:
     restart_by_output: int | None = None
     output_error_heldout: float | None = None
     selection_tokens: str | None = None
+    sweep_kept: int | None = None
+    stopped: str | None = None
     auto: dict[str, Any] | None = None
     warm_start_skipped: str | None = None
     notes: str | None = None
@@ -161,5 +168,5 @@ class CompressionReport:
 
 #: The :class:`MLPReport` fields a method may fill from its build ``info`` (beyond the common ones).
 REPORT_FIELDS = ("selection", "restart", "restart_warm", "restart_by_objective", "restart_by_output",
-                 "output_error_heldout", "selection_tokens", "auto", "warm_start_skipped", "notes", "refine",
+                 "output_error_heldout", "selection_tokens", "sweep_kept", "stopped", "auto", "warm_start_skipped", "notes", "refine",
                  "group")

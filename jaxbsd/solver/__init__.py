@@ -12,10 +12,11 @@
 """
 
 from jaxbsd.solver import bases, bspline, jacobians, metrics
-from jaxbsd.solver.bases import Basis, BSpline, Polynomial, ReLU
+from jaxbsd.solver.bases import Augmented, Basis, BSpline, Polynomial, ReLU
 from jaxbsd.solver.cmtf import (
     CMTFConfig,
     DecouplingResult,
+    HeldOut,
     Iteration,
     Problem,
     RestartResult,
@@ -43,8 +44,8 @@ from jaxbsd.solver.sampling import sample
 
 __all__ = [
     "bases", "bspline", "jacobians", "metrics",
-    "Basis", "BSpline", "Polynomial", "ReLU",
-    "CMTFConfig", "DecouplingResult", "Iteration", "Problem", "RestartResult", "SolverState", "Status",
+    "Augmented", "Basis", "BSpline", "Polynomial", "ReLU",
+    "CMTFConfig", "DecouplingResult", "HeldOut", "Iteration", "Problem", "RestartResult", "SolverState", "Status",
     "advance", "begin", "finish", "init_state", "select_best", "solve", "sweep",
     "Decoupled", "configure_cpu_threads", "decouple", "problem",
     "DenseJacobian", "GatedJacobian", "JacobianOperator", "StructuredJacobian", "gated_mlp", "gated_mlp_jacobian",

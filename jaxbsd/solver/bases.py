@@ -11,12 +11,21 @@ with one small interface:
 
 ``BSpline`` is the paper's parameterization; ``Polynomial`` (R-CMTF-PD, monomials on raw
 ``u``, ill-conditioning kept on purpose) and ``ReLU`` (Zniyed et al.) are its baselines.
+``Augmented(inner, activation)`` adds an MLP's own activation to any of them, so that a
+decoupling contains the MLP it was started from.
+
+Two more methods have defaults that every basis above keeps: ``refit(u, knots)`` (the knots a
+solver sweep places, ``fit(u)``: all the state comes from the data) and ``rescaled_state(knots,
+alpha)`` (the state after the solver divides a ``W0`` row by ``alpha``; unchanged, since it is
+refitted anyway). ``Augmented`` overrides both: its activation's input scale and shift are state
+that the data cannot tell.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +39,7 @@ from jaxbsd.solver import bspline
 _jit_method = functools.partial(jax.jit, static_argnums=0)
 _jit_evaluate = functools.partial(jax.jit, static_argnums=(0, 4), static_argnames=("derivative",))
 
-__all__ = ["Basis", "BSpline", "Polynomial", "ReLU"]
+__all__ = ["Basis", "BSpline", "Polynomial", "ReLU", "Augmented", "AUGMENT_ACTIVATIONS"]
 
 
 def _trailing(v: jax.Array, ndim: int) -> jax.Array:
@@ -72,6 +81,16 @@ class Basis:
         """
         raise NotImplementedError
 
+    def refit(self, u: jax.Array, knots: jax.Array) -> jax.Array:
+        """The knots ``(K,)`` a solver sweep places for activations ``u (S,)``, given the current
+        ones; ``fit(u)`` unless part of the state cannot be read off the data."""
+        return self.fit(u)
+
+    def rescaled_state(self, knots: jax.Array, alpha: jax.Array) -> jax.Array:
+        """The knots ``(K,)`` after the input is divided by ``alpha`` (the solver's normalization
+        of a ``W0`` row), before :meth:`refit`; unchanged when :meth:`refit` ignores them."""
+        return knots
+
     def to_dict(self) -> dict:
         """JSON-able description, ``{"kind": class name, **fields}``; inverse of :meth:`from_dict`."""
         return {"kind": type(self).__name__, **dataclasses.asdict(self)}
@@ -81,13 +100,15 @@ class Basis:
         """The basis described by ``description`` (as written by :meth:`to_dict`).
 
         Raises:
-          ValueError: if ``kind`` is not one of ``BSpline``, ``Polynomial``, ``ReLU``.
+          ValueError: if ``kind`` is not one of ``BSpline``, ``Polynomial``, ``ReLU``, ``Augmented``.
         """
         fields = dict(description)
         kind = fields.pop("kind", None)
-        kinds = {cls.__name__: cls for cls in (BSpline, Polynomial, ReLU)}
+        kinds = {cls.__name__: cls for cls in (BSpline, Polynomial, ReLU, Augmented)}
         if kind not in kinds:
             raise ValueError(f"description['kind'] must be one of {sorted(kinds)}, got {kind!r}")
+        if kind == "Augmented" and isinstance(fields.get("inner"), dict):
+            fields["inner"] = Basis.from_dict(fields["inner"])
         return kinds[kind](**fields)
 
 
@@ -243,3 +264,133 @@ class ReLU(Basis):
     def rescale_input(self, knots, coef, alpha):
         # max(α v − k, 0) = α max(v − k/α, 0) for α > 0; the constant column is unchanged.
         return knots / alpha, coef * jnp.concatenate([jnp.ones((1,), coef.dtype), jnp.full((self.dof - 1,), alpha, coef.dtype)])
+
+
+
+# --------------------------------------------------------------------------- activation-augmented
+
+
+def _gelu_derivative(x):
+    # d/dx [x Φ(x)] = Φ(x) + x φ(x) (the structured Jacobian's formula, jaxbsd.models.layers).
+    cdf = 0.5 * (1.0 + jax.lax.erf(x / math.sqrt(2.0)))
+    pdf = jnp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return cdf + x * pdf
+
+
+def _silu_derivative(x):
+    s = jax.nn.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+def _jvp_derivative(h):
+    # For an elementwise h the JVP along ones is h' entrywise.
+    return lambda x: jax.jvp(h, (x,), (jnp.ones_like(x),))[1]
+
+
+def _gelu_tanh(x):
+    return jax.nn.gelu(x, approximate=True)
+
+
+#: The activations :class:`Augmented` can add, ``name -> (σ, σ')``: the same functions as the
+#: models' (:data:`jaxbsd.models.layers.ACTIVATIONS`; the solver core cannot import them).
+AUGMENT_ACTIVATIONS = {
+    "gelu": (lambda x: jax.nn.gelu(x, approximate=False), _gelu_derivative),
+    "gelu_tanh": (_gelu_tanh, _jvp_derivative(_gelu_tanh)),
+    "relu": (jax.nn.relu, lambda x: (x > 0).astype(x.dtype)),  # subgradient 0 at the kink
+    "silu": (jax.nn.silu, _silu_derivative),
+    "tanh": (jnp.tanh, lambda x: 1 - jnp.tanh(x) ** 2),
+    "sigmoid": (jax.nn.sigmoid, lambda x: jax.nn.sigmoid(x) * (1 - jax.nn.sigmoid(x))),
+}
+
+
+def _activation(name: str, x: jax.Array, derivative: int) -> jax.Array:
+    """``σ⁽ᵈ⁾(x)`` entrywise (orders above 1 by forward differentiation of ``σ'``)."""
+    value, slope = AUGMENT_ACTIVATIONS[name]
+    if derivative == 0:
+        return value(x)
+    fn = slope
+    for _ in range(derivative - 1):
+        fn = _jvp_derivative(fn)
+    return fn(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmented(Basis):
+    """``g(u) = Σ_k c_k B_k(u) + a σ(s u + t)``: the basis ``inner`` plus one activation function.
+
+    With ``a = 1`` and ``c`` a constant, ``g`` is an MLP's hidden unit ``σ(u + b)`` (``t = b``,
+    ``s = 1``) exactly, so a decoupling in this basis contains the pruned MLP it is warm-started
+    from (:func:`jaxbsd.compression.methods.warm_start.decoupled_from_pruned`).
+
+    Layout of one internal function's arrays:
+
+    * ``coef (ν + 1,)``: ``inner``'s ``ν`` coefficients, then ``a``;
+    * ``knots (K + 2,)``: ``inner``'s ``K`` knots, then ``s`` and ``t``, the activation's input
+      scale and shift. Like knots they are fixed state, not parameters: :meth:`fit` sets
+      ``s = 1, t = 0``; the solver's normalization of a ``W0`` row by ``α`` multiplies ``s`` by
+      ``α`` (:meth:`rescaled_state`), so the activation sees the same input; :meth:`refit`
+      places ``inner``'s knots on the data and keeps ``s, t``.
+
+    Attributes:
+      inner: the spline (or polynomial, ReLU) part; not itself an ``Augmented``.
+      activation: a key of :data:`AUGMENT_ACTIVATIONS` (``"gelu"`` exact, ``"gelu_tanh"``,
+        ``"relu"``, ``"silu"``, ``"tanh"``, ``"sigmoid"``).
+    """
+
+    inner: Basis = BSpline(3, 4)
+    activation: str = "gelu"
+
+    def __post_init__(self):
+        if not isinstance(self.inner, Basis) or isinstance(self.inner, Augmented):
+            raise ValueError(f"inner must be a BSpline, Polynomial or ReLU basis, got {self.inner!r}")
+        if self.activation not in AUGMENT_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(AUGMENT_ACTIVATIONS)}, got {self.activation!r}")
+
+    @property
+    def num_coef(self) -> int:
+        return self.inner.num_coef + 1
+
+    @property
+    def num_knots(self) -> int:
+        return self.inner.num_knots + 2
+
+    def to_dict(self) -> dict:
+        return {"kind": "Augmented", "inner": self.inner.to_dict(), "activation": self.activation}
+
+    def _split(self, knots):
+        K = self.inner.num_knots
+        return knots[..., :K], knots[..., K], knots[..., K + 1]
+
+    @_jit_method
+    def fit(self, u):
+        u = jnp.asarray(u)
+        return jnp.concatenate([self.inner.fit(u), jnp.asarray([1.0, 0.0], u.dtype)])
+
+    def refit(self, u, knots):
+        return jnp.concatenate([self.inner.fit(u), knots[self.inner.num_knots:]])
+
+    def rescaled_state(self, knots, alpha):
+        inner, scale, shift = self._split(knots)
+        return jnp.concatenate([inner, jnp.stack([scale * alpha, shift])])
+
+    @_jit_method
+    def design(self, u, knots):
+        inner, scale, shift = self._split(knots)
+        B, dB = self.inner.design(u, inner)
+        z = scale * u + shift
+        value = _activation(self.activation, z, 0)[..., None]
+        slope = (scale * _activation(self.activation, z, 1))[..., None]
+        return jnp.concatenate([B, value], axis=-1), jnp.concatenate([dB, slope], axis=-1)
+
+    @_jit_evaluate
+    def evaluate(self, u, knots, coef, derivative=0):
+        inner, scale, shift = self._split(knots)
+        spline = self.inner.evaluate(u, inner, coef[:-1], derivative)
+        return spline + coef[-1] * scale**derivative * _activation(self.activation, scale * u + shift, derivative)
+
+    def rescale_input(self, knots, coef, alpha):
+        # σ(s (α v) + t): the scale takes α, the inner basis rescales as it does alone.
+        inner, scale, shift = self._split(knots)
+        inner_knots, inner_coef = self.inner.rescale_input(inner, coef[:-1], alpha)
+        knots = jnp.concatenate([inner_knots, jnp.stack([scale * alpha, shift]).astype(inner_knots.dtype)])
+        return knots, jnp.concatenate([inner_coef, coef[-1:]])

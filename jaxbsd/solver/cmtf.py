@@ -16,6 +16,12 @@ functions of arrays and a :class:`CMTFConfig` (a pytree: its numbers are traced,
 * :func:`solve` ``(key, problem, config) -> RestartResult``: one restart, a ``lax.while_loop``;
 * :func:`select_best` ``(runs, config) -> DecouplingResult``: the best of stacked restarts.
 
+Given held-out tokens (:class:`HeldOut`, the ``heldout`` argument of :func:`begin`,
+:func:`advance`, :func:`finish`, :func:`solve`), a restart keeps the iterate with the lowest
+held-out output error instead (iterate 0 included when it is a warm start), restarts are
+compared by it, and ``config.patience`` stops a restart early (:class:`Status` ``EARLY_STOPPED``)
+once that many sweeps have not improved on its kept iterate.
+
 :func:`jaxbsd.decouple` (``jaxbsd/driver.py``) is the convenient driver on top: validation,
 devices, batching of restarts, progress.
 
@@ -33,14 +39,17 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbsd.solver.config import CMTFConfig, Status
+from jaxbsd.solver.config import CMTFConfig, HeldOut, Status, Tracker
 from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.solver.jacobians import JacobianOperator, cpd_sq_norm
+from jaxbsd.solver.metrics import relative_error
 from jaxbsd.solver.linalg import lstsq, pinv_solve, pinv_solve_by_eigh, small_tikhonov_solve, tikhonov_solve, wide_least_squares
 
 __all__ = [
     "CMTFConfig",
     "Problem",
+    "HeldOut",
+    "Tracker",
     "SolverState",
     "Status",
     "Errors",
@@ -88,8 +97,9 @@ class SolverState(NamedTuple):
 # --------------------------------------------------------------------------- algorithm steps
 
 
-def _normalize(state: SolverState, eps: jax.Array) -> SolverState:
-    """Algorithm 2: unit-norm rows of W0 and columns of W1 with a norm floor ``eps``."""
+def _normalize(state: SolverState, eps: jax.Array, basis=None) -> SolverState:
+    """Algorithm 2: unit-norm rows of W0 and columns of W1 with a norm floor ``eps`` (and the
+    basis's state that the data cannot refit, rescaled with the rows: ``basis.rescaled_state``)."""
     beta0 = jnp.maximum(jnp.linalg.norm(state.W0, axis=1), eps)  # (r,)
     beta1 = jnp.maximum(jnp.linalg.norm(state.W1, axis=0), eps)  # (r,)
     return state._replace(
@@ -97,13 +107,15 @@ def _normalize(state: SolverState, eps: jax.Array) -> SolverState:
         W1=state.W1 / beta1[None, :],
         G=state.G * (beta0 * beta1)[None, :],
         R=state.R * beta1[None, :],
+        knots=state.knots if basis is None else jax.vmap(basis.rescaled_state)(state.knots, beta0),
     )
 
 
 def _project(
-    X: jax.Array, W0: jax.Array, G: jax.Array, R: jax.Array, config: CMTFConfig
+    X: jax.Array, W0: jax.Array, G: jax.Array, R: jax.Array, config: CMTFConfig, knots: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Algorithm 3 for all ranks at once: refit knots and coefficients, project G and R.
+    """Algorithm 3 for all ranks at once: refit knots (``basis.refit``, from the current
+    ``knots (r, K)``) and coefficients, project G and R.
 
     Returns:
       ``(G, R, coef, knots)`` with shapes ``(S, r), (S, r), (r, ν), (r, K)``.
@@ -111,7 +123,7 @@ def _project(
     basis, lam = config.basis, config.lam
     # Rank-major layout throughout: every per-rank quantity is a contiguous row.
     U = W0 @ X.T  # (r, S)
-    knots = jax.vmap(basis.fit)(U)  # (r, K)
+    knots = jax.vmap(basis.fit)(U) if knots is None else jax.vmap(basis.refit)(U, knots)  # (r, K)
     B, dB = jax.vmap(basis.design)(U, knots)  # (r, S, ν) each
     Gt, Rt = G.T, R.T  # (r, S)
     if config.robust:
@@ -156,7 +168,7 @@ def _sweep(state: SolverState, problem: Problem, config: CMTFConfig, sq_norm_J: 
     jac, F, X = problem
     lam, mu_w = config.lam, config.effective_mu_w
     if config.robust:
-        state = _normalize(state, config.eps)
+        state = _normalize(state, config.eps, config.basis)
     W0, W1, G, R = state.W0, state.W1, state.G, state.R
     GtG = G.T @ G
     # W1 ← (M1 + λ Fᵀ R)(GᵀG ∘ W0W0ᵀ + λ RᵀR + μ_W I)⁻¹
@@ -181,7 +193,7 @@ def _sweep(state: SolverState, problem: Problem, config: CMTFConfig, sq_norm_J: 
         R = wide_least_squares(W1, F)
     else:
         R = (pinv_solve_by_eigh if r == n else pinv_solve)(W1tW1, F @ W1)
-    G, R, coef, knots = _project(X, W0, G, R, config)
+    G, R, coef, knots = _project(X, W0, G, R, config, state.knots)
     new = SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
     res_J = jnp.maximum(sq_norm_J - 2 * jnp.sum(G * M3) + cpd_sq_norm(W0, W1, G), 0)
     res_F = jnp.sum((F - R @ W1.T) ** 2)
@@ -265,6 +277,11 @@ class RestartResult(NamedTuple):
     iterations: jax.Array  #: sweeps done
     status: jax.Array  #: a :class:`Status` value
     dead_ranks: jax.Array  #: ranks whose W0 row or W1 column norm is at or below ``eps``
+    #: with held-out tokens or ``config.patience``: the sweep whose iterate was kept (0: the initial
+    #: state); else None
+    kept_sweep: jax.Array | None = None
+    #: with held-out tokens: the kept iterate's held-out relative output error; else None
+    heldout_error: jax.Array | None = None
 
 
 class Iteration(NamedTuple):
@@ -280,10 +297,25 @@ class Iteration(NamedTuple):
     history_F: jax.Array  #: ``(max_iter,)``
     status: jax.Array  #: ``-1`` while running, else a :class:`Status`
     strikes: jax.Array  #: consecutive sweeps above ``divergence`` × best
+    #: the early-stopping bookkeeping, with held-out tokens or ``config.patience``; else None
+    tracker: Tracker | None = None
 
     @property
     def running(self) -> jax.Array:
         return self.status < 0
+
+
+def _tracking(config: CMTFConfig, heldout: HeldOut | None) -> bool:
+    """Whether a restart needs a :class:`Tracker`: held-out tokens or early stopping."""
+    return heldout is not None or config.patience is not None
+
+
+def _heldout_score(state: SolverState, objective: jax.Array, config: CMTFConfig, heldout: HeldOut | None):
+    """The criterion iterates are kept by: the held-out ``‖Y − f̂(X)‖²/‖Y‖²``, else the objective."""
+    if heldout is None:
+        return objective
+    model = Decoupled(W0=state.W0, W1=state.W1, coef=state.coef, knots=state.knots, basis=config.basis)
+    return relative_error(heldout.Y, model(heldout.X))
 
 
 @jax.jit  # (as init_state)
@@ -314,12 +346,13 @@ def warm_state(problem: Problem, config: CMTFConfig, model: Decoupled) -> Solver
     return SolverState(W0=W0, W1=W1, G=G, R=R, coef=coef, knots=knots)
 
 
-def begin(key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverState | None = None) -> Iteration:
+def begin(key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverState | None = None,
+          heldout: HeldOut | None = None) -> Iteration:
     """Loop state before the first sweep (the initial state is the fallback best iterate).
 
     ``init``: start from this state (:func:`warm_state`) instead of the random one of ``key``.
-    A warm initial state also competes as an iterate: if no sweep improves on its objective,
-    the restart returns it unchanged.
+    A warm initial state also competes as an iterate: if no sweep improves on its objective
+    (its held-out error, given ``heldout``), the restart returns it unchanged.
     """
     config = config.cast(problem.F.dtype)
     norms = _norms(problem, config.lam)
@@ -332,6 +365,12 @@ def begin(key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverS
         # a sweep beats it. A random initial state is only the fallback, never a candidate.
         finite0 = _finite(state0) & jnp.isfinite(errs0.objective)
         best_errors = jax.tree_util.tree_map(lambda e: jnp.where(finite0, e, inf), errs0)
+    tracker = None
+    if _tracking(config, heldout):
+        score0 = _heldout_score(state0, errs0.objective, config, heldout)
+        candidate = (init is not None) & _finite(state0) & jnp.isfinite(errs0.objective) & jnp.isfinite(score0)
+        zero = jnp.asarray(0)
+        tracker = Tracker(jnp.where(candidate, score0, inf), zero, zero, best_errors.objective)
     return Iteration(
         it=jnp.asarray(0),
         state=state0,
@@ -342,18 +381,31 @@ def begin(key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverS
         history_F=jnp.full((config.max_iter,), errs0.res_F / norms.F),
         status=jnp.asarray(-1),
         strikes=jnp.asarray(0),
+        tracker=tracker,
     )
 
 
-def advance(loop: Iteration, problem: Problem, config: CMTFConfig) -> Iteration:
+def advance(loop: Iteration, problem: Problem, config: CMTFConfig, *, heldout: HeldOut | None = None) -> Iteration:
     """One sweep of a running restart, with the bookkeeping of Algorithm 1's loop: best
-    iterate, history, and the stopping rules (convergence, divergence, non-finite, max_iter).
-    Call it only while ``loop.running`` (a stopped restart is not continued)."""
+    iterate (by objective, or by held-out error given ``heldout``), history, and the stopping
+    rules (convergence, divergence, non-finite, patience, max_iter). Call it only while
+    ``loop.running`` (a stopped restart is not continued)."""
     config = config.cast(problem.F.dtype)
     norms = _norms(problem, config.lam)
     new, errs = _sweep(loop.state, problem, config, problem.jac.sq_norm())
     finite = _finite(new) & jnp.isfinite(errs.objective)
-    improved = finite & (errs.objective < loop.best_errors.objective)
+    tracker, lowest, stopped = loop.tracker, loop.best_errors.objective, jnp.asarray(False)
+    if tracker is None:
+        improved = finite & (errs.objective < loop.best_errors.objective)
+    else:
+        score = _heldout_score(new, errs.objective, config, heldout)
+        improved = finite & jnp.isfinite(score) & (score < tracker.score)
+        lowest = tracker.lowest_objective
+        stale = jnp.where(improved, 0, tracker.stale + 1)
+        tracker = Tracker(jnp.where(improved, score, tracker.score), jnp.where(improved, loop.it + 1, tracker.kept),
+                          stale, jnp.where(finite, jnp.minimum(lowest, errs.objective), lowest))
+        if config.patience is not None:
+            stopped = stale >= config.patience
     best = jax.tree_util.tree_map(lambda a, b: jnp.where(improved, a, b), new, loop.best)
     best_errors = jax.tree_util.tree_map(lambda a, b: jnp.where(improved, a, b), errs, loop.best_errors)
     # A non-finite sweep records the last finite errors; entries from this sweep on are
@@ -368,25 +420,25 @@ def advance(loop: Iteration, problem: Problem, config: CMTFConfig) -> Iteration:
     )
     # Divergence is judged against this restart's own best objective, never against the
     # data's scale: a large but improving start is healthy.
-    best_so_far = jnp.maximum(loop.best_errors.objective, jnp.finfo(norms.scale.dtype).eps * norms.scale)
-    above = jnp.isfinite(loop.best_errors.objective) & (errs.objective > config.divergence * best_so_far)
+    best_so_far = jnp.maximum(lowest, jnp.finfo(norms.scale.dtype).eps * norms.scale)
+    above = jnp.isfinite(lowest) & (errs.objective > config.divergence * best_so_far)
     strikes = jnp.where(above, loop.strikes + 1, 0)
     diverged = strikes >= config.divergence_patience
     status = jnp.select(
-        [~finite, diverged, converged, loop.it + 1 >= config.max_iter],
-        [Status.NONFINITE, Status.DIVERGED, Status.CONVERGED, Status.MAX_ITERATIONS],
+        [~finite, diverged, converged, stopped, loop.it + 1 >= config.max_iter],
+        [Status.NONFINITE, Status.DIVERGED, Status.CONVERGED, Status.EARLY_STOPPED, Status.MAX_ITERATIONS],
         -1,
     )
     # A non-finite sweep is not continued from: the loop stops with the best iterate.
     return Iteration(
         loop.it + 1, new, errs.objective, best, best_errors,
-        jnp.where(tail, err_J, loop.history_J), jnp.where(tail, err_F, loop.history_F), status, strikes,
+        jnp.where(tail, err_J, loop.history_J), jnp.where(tail, err_F, loop.history_F), status, strikes, tracker,
     )
 
 
-def finish(loop: Iteration, problem: Problem, config: CMTFConfig) -> RestartResult:
+def finish(loop: Iteration, problem: Problem, config: CMTFConfig, *, heldout: HeldOut | None = None) -> RestartResult:
     """The restart's result from its best iterate (the initial state if no sweep was finite),
-    with exact residuals."""
+    with exact residuals (and, given ``heldout``, the kept iterate's held-out error)."""
     config = config.cast(problem.F.dtype)
     norms = _norms(problem, config.lam)
     errs = _errors(loop.best, problem, config.lam)
@@ -400,6 +452,8 @@ def finish(loop: Iteration, problem: Problem, config: CMTFConfig) -> RestartResu
         iterations=loop.it,
         status=loop.status,
         dead_ranks=_dead_ranks(loop.best, config.eps),
+        kept_sweep=None if loop.tracker is None else loop.tracker.kept,
+        heldout_error=None if heldout is None else loop.tracker.score,
     )
 
 
@@ -415,7 +469,7 @@ SweepHook = Callable[[Iteration], None]
 
 def solve(
     key: jax.Array, problem: Problem, config: CMTFConfig, *, init: SolverState | None = None,
-    on_sweep: SweepHook | None = None,
+    on_sweep: SweepHook | None = None, heldout: HeldOut | None = None,
 ) -> RestartResult:
     """One restart of R-CMTF-BSD as a bounded ``lax.while_loop`` (jittable, vmappable over
     the key, the problem's arrays or the config's numbers).
@@ -432,19 +486,21 @@ def solve(
       on_sweep: optional hook called inside the loop after each sweep with the traced
         :class:`Iteration` (for monitoring with ``jax.experimental.io_callback``); it must not
         be batched by an enclosing ``vmap`` if it branches on the iteration count.
+      heldout: keep the iterate with the lowest output error on these tokens (:class:`HeldOut`)
+        instead of the lowest objective; ``config.patience`` stops early by the same criterion.
 
     Returns:
       A :class:`RestartResult`.
     """
 
     def body(loop: Iteration) -> Iteration:
-        loop = advance(loop, problem, config)
+        loop = advance(loop, problem, config, heldout=heldout)
         if on_sweep is not None:
             on_sweep(loop)
         return loop
 
-    loop = jax.lax.while_loop(lambda l: l.running, body, begin(key, problem, config, init=init))
-    return finish(loop, problem, config)
+    loop = jax.lax.while_loop(lambda l: l.running, body, begin(key, problem, config, init=init, heldout=heldout))
+    return finish(loop, problem, config, heldout=heldout)
 
 
 # --------------------------------------------------------------------------- several restarts
@@ -468,6 +524,10 @@ class DecouplingResult:
         a :class:`RestartResult` whose ``state`` is the restart's best iterate and whose
         ``history_J``/``history_F`` are ``(restarts, max_iter)``.
       config: the configuration.
+      kept_sweep: with held-out tokens or ``config.patience``, the sweep whose iterate the best
+        restart kept (0: its initial state); else None.
+      heldout_error: with held-out tokens (by which restarts are then compared), the best
+        restart's held-out relative output error; else None.
     """
 
     model: Decoupled
@@ -480,6 +540,8 @@ class DecouplingResult:
     best_restart: jax.Array
     restarts: RestartResult
     config: CMTFConfig
+    kept_sweep: jax.Array | None = None
+    heldout_error: jax.Array | None = None
 
     @property
     def history(self) -> dict[str, jax.Array]:
@@ -494,13 +556,15 @@ class DecouplingResult:
 
 def select_best(runs: RestartResult, config: CMTFConfig) -> DecouplingResult:
     """The result of restarts stacked on a leading axis (``jax.vmap(solve)`` over keys): the
-    best one by training objective (non-finite objectives never win), and all of them.
+    best one by training objective (by held-out error when the restarts have one; non-finite
+    values never win), and all of them.
 
     Args:
       runs: a :class:`RestartResult` whose leaves have a leading restart axis ``(R, ...)``.
       config: the config the restarts were solved with.
     """
-    best = jnp.argmin(jnp.where(jnp.isfinite(runs.objective), runs.objective, jnp.inf))
+    score = runs.objective if runs.heldout_error is None else runs.heldout_error
+    best = jnp.argmin(jnp.where(jnp.isfinite(score), score, jnp.inf))
     pick = lambda x: x[best]  # noqa: E731
     s = jax.tree_util.tree_map(pick, runs.state)
     return DecouplingResult(
@@ -514,4 +578,6 @@ def select_best(runs: RestartResult, config: CMTFConfig) -> DecouplingResult:
         best_restart=best,
         restarts=runs,
         config=config,
+        kept_sweep=None if runs.kept_sweep is None else pick(runs.kept_sweep),
+        heldout_error=None if runs.heldout_error is None else pick(runs.heldout_error),
     )

@@ -1,11 +1,13 @@
 """The solver's configuration and its outcome codes: :class:`CMTFConfig` (a pytree of static and
-traced fields, so a sweep over λ or the tolerances is one compiled program) and :class:`Status`."""
+traced fields, so a sweep over λ or the tolerances is one compiled program) and :class:`Status`;
+and what an opt-in held-out selection adds to a solve: its tokens (:class:`HeldOut`) and its
+bookkeeping (:class:`Tracker`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ import numpy as np
 
 from jaxbsd.solver.bases import Basis, BSpline
 
-__all__ = ["CMTFConfig", "Status", "TRACED_FIELDS", "STATIC_FIELDS"]
+__all__ = ["CMTFConfig", "Status", "HeldOut", "Tracker", "TRACED_FIELDS", "STATIC_FIELDS"]
 
 
 class Status(enum.IntEnum):
@@ -23,6 +25,7 @@ class Status(enum.IntEnum):
     MAX_ITERATIONS = 1  #: ``max_iter`` sweeps done
     DIVERGED = 2  #: the objective exceeded ``divergence`` × the best objective this restart reached
     NONFINITE = 3  #: a sweep produced inf/NaN; the best finite iterate is returned
+    EARLY_STOPPED = 4  #: the kept iterate was not improved on for ``patience`` sweeps
 
     @property
     def message(self) -> str:
@@ -34,7 +37,31 @@ _STATUS_MESSAGES = {
     Status.MAX_ITERATIONS: "reached max_iter without meeting tol",
     Status.DIVERGED: "objective diverged; returned the best iterate",
     Status.NONFINITE: "a sweep produced non-finite values; returned the best finite iterate",
+    Status.EARLY_STOPPED: "no sweep improved on the kept iterate for `patience` sweeps; returned it",
 }
+
+
+# --------------------------------------------------------------------------- held-out selection
+
+
+class HeldOut(NamedTuple):
+    """Tokens that judge the iterates, outside the solver's samples (a pytree).
+
+    Attributes:
+      X: ``(N, m)`` inputs; Y: ``(N, n)`` the function's outputs there.
+    """
+
+    X: jax.Array
+    Y: jax.Array
+
+
+class Tracker(NamedTuple):
+    """Which iterate a restart keeps when it is judged by held-out tokens or stops early."""
+
+    score: jax.Array  #: the kept iterate's held-out relative output error (without tokens: objective)
+    kept: jax.Array  #: the sweep that produced it (0: the initial state)
+    stale: jax.Array  #: sweeps since the kept iterate last changed
+    lowest_objective: jax.Array  #: the lowest finite training objective so far (the divergence rule's)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -42,7 +69,7 @@ _STATUS_MESSAGES = {
 #: Fields of :class:`CMTFConfig` that are pytree leaves (traced under ``jit``/``vmap``).
 TRACED_FIELDS = ("lam", "mu_w", "mu_c", "eps", "tol", "divergence")
 #: Fields that fix the program's structure (shapes, branches): static, part of the treedef.
-STATIC_FIELDS = ("rank", "basis", "robust", "max_iter", "divergence_patience")
+STATIC_FIELDS = ("rank", "basis", "robust", "max_iter", "divergence_patience", "patience")
 
 
 def _concrete_scalar(name: str, value: Any) -> float | None:
@@ -91,6 +118,10 @@ class CMTFConfig:
         has single-sweep spikes of 1e15 × its best and then returns to it). The best finite
         iterate is returned either way.
       divergence_patience: consecutive sweeps above ``divergence`` × best before DIVERGED.
+      patience: ``None`` (the default): no early stopping. An int ``p >= 1``: stop with
+        ``Status.EARLY_STOPPED`` once ``p`` consecutive sweeps have not improved on the kept
+        iterate, judged by the held-out output error when the solve is given held-out tokens
+        (:func:`jaxbsd.decouple`'s ``heldout``), else by the training objective.
     """
 
     rank: int
@@ -104,12 +135,19 @@ class CMTFConfig:
     tol: Any = 1e-10
     divergence: Any = 1e8
     divergence_patience: int = 10
+    patience: int | None = None
+
+    def __repr__(self) -> str:
+        # The dataclass's own repr, with ``patience`` only when set: a run's identity records the
+        # repr, and configs without early stopping keep the identity they had before it existed.
+        shown = [f.name for f in dataclasses.fields(self) if f.name != "patience" or self.patience is not None]
+        return f"CMTFConfig({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
         if not isinstance(self.basis, Basis):
-            raise ValueError(f"basis must be a jaxbsd basis (BSpline, Polynomial, ReLU), got {self.basis!r}")
+            raise ValueError(f"basis must be a jaxbsd basis (BSpline, Polynomial, ReLU, Augmented), got {self.basis!r}")
         if not isinstance(self.robust, bool):
             raise ValueError(f"robust must be a bool, got {self.robust!r}")
         for name in ("lam", "mu_w", "mu_c", "eps", "tol"):
@@ -123,6 +161,9 @@ class CMTFConfig:
             raise ValueError(f"divergence must be > 1, got {self.divergence!r}")
         if not (isinstance(self.divergence_patience, int) and self.divergence_patience >= 1):
             raise ValueError(f"divergence_patience must be an int >= 1, got {self.divergence_patience!r}")
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
+                                          or self.patience < 1):
+            raise ValueError(f"patience must be None or an int >= 1, got {self.patience!r}")
 
     def replace(self, **changes: Any) -> "CMTFConfig":
         """A new config with ``changes`` applied (validated like the constructor)."""

@@ -8,6 +8,7 @@ configuration that keeps jaxlib's LAPACK from fighting XLA for the cores.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -250,7 +251,7 @@ def _stack_warm(runs: Any, warm: Any) -> Any:
     return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]]), runs, warm)
 
 
-def _run_map(keys, problem, config, channel, every, warm=None, report=True) -> cmtf.RestartResult:
+def _run_map(keys, problem, config, channel, every, warm=None, report=True, heldout=None) -> cmtf.RestartResult:
     """Restarts one after the other (``lax.map``); each restart's loop reports itself (unless
     ``report`` is False: no progress hook in the program at all). A warm start (``warm``, a
     :class:`~jaxbsd.solver.cmtf.SolverState`) runs after the random restarts."""
@@ -260,24 +261,25 @@ def _run_map(keys, problem, config, channel, every, warm=None, report=True) -> c
 
     def one(args):
         index, key = args
-        return cmtf.solve(key, problem, config, on_sweep=hook(index))
+        return cmtf.solve(key, problem, config, on_sweep=hook(index), heldout=heldout)
 
     runs = jax.lax.map(one, (jnp.arange(keys.shape[0]), keys))
     if warm is None:
         return runs
-    warm_run = cmtf.solve(keys[0], problem, config, init=warm, on_sweep=hook(jnp.asarray(keys.shape[0])))
+    warm_run = cmtf.solve(keys[0], problem, config, init=warm, on_sweep=hook(jnp.asarray(keys.shape[0])),
+                          heldout=heldout)
     return _stack_warm(runs, warm_run)
 
 
-def _run_vmap(keys, problem, config, channel, every, warm=None, report=True) -> cmtf.RestartResult:
+def _run_vmap(keys, problem, config, channel, every, warm=None, report=True, heldout=None) -> cmtf.RestartResult:
     """All restarts in one loop with a shared sweep counter: each sweep is one batched step
     of every running restart (stopped ones are held), as ``vmap`` of the while loop would do,
     and the progress report sees all restarts at once. A warm start (``warm``) is the last
     restart of the batch."""
-    over = lambda fn: jax.vmap(fn, in_axes=(0, None, None))  # noqa: E731
+    over = lambda fn: jax.vmap(functools.partial(fn, heldout=heldout), in_axes=(0, None, None))  # noqa: E731
     loops = over(cmtf.begin)(keys, problem, config)
     if warm is not None:
-        loops = _stack_warm(loops, cmtf.begin(keys[0], problem, config, init=warm))
+        loops = _stack_warm(loops, cmtf.begin(keys[0], problem, config, init=warm, heldout=heldout))
 
     def hold(running, new, old):
         mask = running.reshape(running.shape + (1,) * (new.ndim - 1))
@@ -295,14 +297,14 @@ def _run_vmap(keys, problem, config, channel, every, warm=None, report=True) -> 
     return over(cmtf.finish)(loops, problem, config)
 
 
-def decouple_compiled(keys, problem, config, channel, every, init=None, *, batch: str,
+def decouple_compiled(keys, problem, config, channel, every, init=None, heldout=None, *, batch: str,
                        report: bool = True) -> DecouplingResult:
     """The whole solve of one problem. ``report=False`` leaves the progress hook out of the
     program (a group of blocks vmaps this function: a batched hook would call the host every
-    sweep); the numbers are the same either way."""
+    sweep); the numbers are the same either way. ``heldout``: a :class:`~jaxbsd.solver.cmtf.HeldOut`."""
     run = _run_vmap if batch == "vmap" else _run_map
     warm = None if init is None else cmtf.warm_state(problem, config, init)
-    return cmtf.select_best(run(keys, problem, config, channel, every, warm, report), config)
+    return cmtf.select_best(run(keys, problem, config, channel, every, warm, report, heldout), config)
 
 
 #: The whole solve as one compiled function: with the progress hook (``report=True``) when progress
@@ -359,6 +361,21 @@ def check_init(init: Any, prob: Problem, config: CMTFConfig) -> Decoupled:
     return jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), init)
 
 
+def check_heldout(heldout: Any, prob: Problem) -> cmtf.HeldOut:
+    """``decouple(heldout=...)`` validated: ``(X_h (N, m), Y_h (N, n))``, finite, ``N >= 1``,
+    as a :class:`~jaxbsd.solver.cmtf.HeldOut` in the problem's dtype."""
+    if not isinstance(heldout, (tuple, list)) or len(heldout) != 2:
+        raise ValueError(f"heldout must be a pair (X_h, Y_h), got {type(heldout).__name__}")
+    S, n, m = prob.jac.shape
+    X_h = _as_array("heldout[0]", heldout[0], 2, f"(N, m = {m})")
+    Y_h = _as_array("heldout[1]", heldout[1], 2, f"(N, n = {n})")
+    if X_h.shape[1] != m or Y_h.shape != (X_h.shape[0], n) or X_h.shape[0] < 1:
+        raise ValueError(f"heldout must be (X_h (N, {m}), Y_h (N, {n})) with N >= 1, got {X_h.shape} and {Y_h.shape}")
+    _check_values({"heldout[0]": X_h, "heldout[1]": Y_h})
+    dtype = prob.F.dtype
+    return cmtf.HeldOut(X=jnp.asarray(X_h, dtype), Y=jnp.asarray(Y_h, dtype))
+
+
 def decouple(
     J: Any,
     F: Any,
@@ -372,6 +389,7 @@ def decouple(
     shard: str | None = "auto",
     batch: str | None = None,
     init: Decoupled | None = None,
+    heldout: tuple[Any, Any] | None = None,
 ) -> DecouplingResult:
     """Decouple ``f(x) ≈ W1 g(W0 x)`` from Jacobians and outputs at sampling points.
 
@@ -399,6 +417,12 @@ def decouple(
         a pruned MLP written as a decoupling), run alongside the ``restarts`` random ones as
         the last restart (index ``restarts``); the best of all is kept. Its basis and rank
         must be the config's. The random restarts are the same with or without it.
+      heldout: ``(X_h (N, m), Y_h (N, n))``, tokens outside the samples and the function's
+        outputs there: each restart then keeps its iterate of lowest relative output error on
+        them (the warm start's initial one included) instead of its last best objective, the
+        restarts are compared by it, ``config.patience`` (if set) stops a restart once that many
+        sweeps have not improved on it, and the result reports ``kept_sweep`` and
+        ``heldout_error``. ``None`` (the default): none of this, the same program as before.
 
     Returns:
       A :class:`~jaxbsd.DecouplingResult`; ``result.model`` is the best restart's model.
@@ -425,18 +449,21 @@ def decouple(
         )
     if init is not None:
         init = check_init(init, prob, config)
+    if heldout is not None:
+        heldout = check_heldout(heldout, prob)
     batch = restart_batching(batch, restarts)
     keys, prob = _place(jax.random.split(key, restarts), prob, shard)
     every = (progress_every or max(1, config.max_iter // 20)) if progress else 0
     if not progress:
-        return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, batch=batch, report=False)
+        return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, heldout, batch=batch,
+                             report=False)
     report, close = _reporter(progress, restarts + (init is not None), config, batch)
     with _REPORTERS_LOCK:
         channel = next(_CHANNELS)
         _REPORTERS[channel] = report
     try:
         return jax.block_until_ready(
-            _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, batch=batch))
+            _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, heldout, batch=batch))
     finally:
         with _REPORTERS_LOCK:
             del _REPORTERS[channel]

@@ -72,6 +72,8 @@ class Built:
       pruning: for a pruned replacement, the units kept (:class:`Pruning`); else None.
       choice: for a decoupling, how its restart was chosen (:class:`RestartChoice`); else None.
       status, iterations: for a decoupling, the kept restart's solver status and sweeps; else None.
+      sweep_kept, stopped: for a decoupling that tracked its iterates (``BSD(best_iterate=True)``
+        or ``config.patience``), the sweep kept and the status's lower-case name; else None.
       warm_start_skipped: for a decoupling without the warm start it would have had, why; else None.
       method, rank, auto: for ``method="auto"``, the candidate kept, its rank and both candidates'
         report; else None.
@@ -90,6 +92,8 @@ class Built:
     choice: RestartChoice | None = None
     status: int | None = None
     iterations: int | None = None
+    sweep_kept: int | None = None
+    stopped: str | None = None
     warm_start_skipped: str | None = None
     method: str | None = None
     rank: int | None = None
@@ -113,6 +117,8 @@ class Built:
         out.update(error_J=self.error_J, error_F=self.error_F)
         if self.status is not None:
             out.update(status=self.status, iterations=self.iterations)
+        if self.sweep_kept is not None:
+            out.update(sweep_kept=self.sweep_kept, stopped=self.stopped)
         out.update(jacobian=self.jacobian, output_error=self.output_error)
         if self.notes is not None:
             out["notes"] = self.notes

@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxbsd.solver import metrics
 from jaxbsd.solver.bases import BSpline
-from jaxbsd.solver.cmtf import CMTFConfig
+from jaxbsd.solver.cmtf import CMTFConfig, Status
 from jaxbsd.compression.methods.base import Built, Method, RestartChoice, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
@@ -77,12 +77,19 @@ class BSD(Method):
       selection: the restart kept: ``"objective"`` (the solver's training objective on the
         samples) or ``"output"`` (the relative output error on held-out calibration tokens,
         :func:`~jaxbsd.compression.sites.selection_tokens`).
+      best_iterate: ``True``: inside the solve, every restart keeps its iterate of lowest output
+        error on those selection tokens (the warm start's initial one, the pruned MLP, included:
+        ``jb.decouple(heldout=...)``), and ``config.patience`` (if set) stops it once that many
+        sweeps have not improved on it; the report says which sweep was kept (``sweep_kept``) and
+        why the solve stopped (``stopped``). Sites are then solved one at a time, never grouped.
+        ``False`` (the default): each restart's lowest-objective iterate, as before.
     """
 
     config: CMTFConfig = DEFAULT_CONFIG
     restarts: int = 1
     warm_start: bool | None = None
     selection: str = "output"
+    best_iterate: bool = False
 
     name = "bsd"
     needs_spec = False
@@ -97,6 +104,14 @@ class BSD(Method):
             raise ValueError(f"warm_start must be True, False or None, got {self.warm_start!r}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if not isinstance(self.best_iterate, bool):
+            raise ValueError(f"best_iterate must be True or False, got {self.best_iterate!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if not self.best_iterate:  # a run's identity stays what it was before the option existed
+            del out["best_iterate"]
+        return out
 
     @property
     def dof(self) -> int:
@@ -148,12 +163,15 @@ class BSD(Method):
         chosen = choice.restart
         module = DecoupledMLP.from_decoupled(res.restart_model(chosen), dtype=param_dtype(site.module, site.X.dtype))
         pick = lambda a: a[chosen]  # noqa: E731
+        tracked = res.restarts.kept_sweep is not None
+        status = int(pick(res.restarts.status))
         return Built(module, error_J=float(pick(res.restarts.error_J)), error_F=float(pick(res.restarts.error_F)),
                      jacobian=kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
                      seconds=time.perf_counter() - start,
                      notes=sampling_notes(site, int(module.W0[...].shape[0])),  # W0: (rank, m)
-                     choice=choice, status=int(pick(res.restarts.status)),
-                     iterations=int(pick(res.restarts.iterations)), warm_start_skipped=skipped)
+                     choice=choice, status=status, iterations=int(pick(res.restarts.iterations)),
+                     sweep_kept=int(pick(res.restarts.kept_sweep)) if tracked else None,
+                     stopped=Status(status).name.lower() if tracked else None, warm_start_skipped=skipped)
 
     def build(self, site: Site, rank, key: jax.Array, *,
               judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
@@ -162,8 +180,9 @@ class BSD(Method):
         # shard=None: one MLP's solve on one device, whatever the count. Spreading its samples or
         # restarts over the devices reorders the reductions, whose rounding the sweeps amplify: the
         # model would depend on the device count. Devices serve a grouped run's blocks instead.
+        heldout = selection_tokens(site)[:2] if self.best_iterate else None
         res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init, shard=None,
-                       progress=bars_wanted())  # the sweeps' bar of Execution(progress=True)
+                       progress=bars_wanted(), heldout=heldout)  # the sweeps' bar of Execution(progress=True)
         return self.finish(site, res, init is not None, kind, skipped, start)
 
     def group_inputs(self, sites, ranks) -> tuple[list, list, list]:
@@ -181,6 +200,8 @@ class BSD(Method):
         starts and the objective's selection inside it; the held-out selection and the module per
         block after it, as :meth:`build` does. Sites whose problems differ in structure (a warm
         start for some only, say) are solved in one program per structure."""
+        if self.best_iterate:  # the grouped program has no held-out tokens: one site at a time
+            return [self.build(site, rank, key) for site, rank, key in zip(sites, ranks, keys)]
         start = time.perf_counter()
         preps, problems, inits = self.group_inputs(sites, ranks)
         buckets: dict = {}
@@ -242,11 +263,11 @@ def _choose_restart(res, site: Site, selection: str, *, warm: bool, errors=None)
         selection_tokens=kind)
 
 
-def _from_options(config=None, restarts=1, warm_start=None, selection=None, **options):
+def _from_options(config=None, restarts=1, warm_start=None, selection=None, best_iterate=False, **options):
     refuse_options("bsd", options, ())
     selection = "output" if selection is None else selection
     return BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=warm_start,
-               selection=selection)
+               selection=selection, best_iterate=best_iterate)
 
 
 register("bsd", _from_options)

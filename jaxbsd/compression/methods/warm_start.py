@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbsd.solver import metrics
-from jaxbsd.solver.bases import Basis
+from jaxbsd.solver.bases import AUGMENT_ACTIVATIONS, Augmented, Basis
 from jaxbsd.solver.cmtf import DecouplingResult
 from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.models.layers import ACTIVATIONS
@@ -51,6 +51,30 @@ def _fit_internal(basis: Basis, u: np.ndarray, values: np.ndarray) -> tuple[np.n
     return np.asarray(knots, np.float64), coef
 
 
+def _fit_augmented(basis: Augmented, u: np.ndarray, shift: float, values: np.ndarray,
+                   weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(knots (K + 2,), coef (ν + 1,))`` of ``u ↦ weight · σ(u + shift) + e(u)`` in an
+    :class:`~jaxbsd.solver.bases.Augmented` basis: the activation's coefficient ``weight``, its
+    scale 1 and shift ``shift``, and the inner basis fitted by least squares at ``u (S,)`` to
+    what remains of ``values (S,)`` (a constant for a pruned unit: exact in a basis with constants)."""
+    activation = np.asarray(AUGMENT_ACTIVATIONS[basis.activation][0](jnp.asarray(u + shift)), np.float64)
+    inner_knots, inner_coef = _fit_internal(basis.inner, u, values - weight * activation)
+    return np.concatenate([inner_knots, [1.0, shift]]), np.concatenate([inner_coef, [weight]])
+
+
+def _fit_units(basis: Basis, U: np.ndarray, targets: np.ndarray, shifts: np.ndarray, weights: np.ndarray,
+               exact: bool):
+    """``(knots (rank, K), coef (rank, ν))`` of every internal function: through the activation
+    (``exact``: ``basis`` is augmented with the pruned MLP's own; ``weights``: 1 for a unit, 0 for
+    the constant one), or by least squares of the whole basis."""
+    rank = U.shape[1]
+    if exact:
+        fits = [_fit_augmented(basis, U[:, i], float(shifts[i]), targets[:, i], float(weights[i])) for i in range(rank)]
+    else:
+        fits = [_fit_internal(basis, U[:, i], targets[:, i]) for i in range(rank)]
+    return np.stack([f[0] for f in fits]).reshape(rank, basis.num_knots), np.stack([f[1] for f in fits])
+
+
 def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int | None = None) -> Decoupled:
     """The decoupled model of a pruned MLP, to warm-start the solver (``jb.decouple(init=...)``).
 
@@ -58,7 +82,9 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
 
     * ``W0[i] = K1[:, i]ᵀ`` for ``i < k`` (the kept rows of the first layer, unscaled);
     * ``g_i ≈ u ↦ h(u + b1_i) + c_i`` in ``basis``: knots ``basis.fit(u_i)`` and least-squares
-      coefficients at ``u_i = X W0[i]ᵀ``;
+      coefficients at ``u_i = X W0[i]ᵀ``; in an :class:`~jaxbsd.solver.bases.Augmented` basis
+      whose activation is the MLP's (by name), exactly: the activation's coefficient 1, scale 1
+      and shift ``b1_i``, and ``c_i`` in the inner basis (so ``e_i = 0`` below, to rounding);
     * ``W1[:, i] = K2[i, :]`` (the refitted output layer);
     * the output bias ``b2``: with ``rank = k + 1`` the last internal function is the constant 1
       (fitted the same way; ``W0`` row: the leading right singular vector of ``X``, so its knots
@@ -119,9 +145,11 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
         W1 = np.concatenate([W1, b2[:, None]], axis=1)
         U = np.concatenate([U, (Xh @ direction)[:, None]], axis=1)
         targets = np.concatenate([hidden, np.ones((Xh.shape[0], 1))], axis=1)
-    fits = [_fit_internal(basis, U[:, i], targets[:, i]) for i in range(rank)]
-    knots = np.stack([f[0] for f in fits]).reshape(rank, basis.num_knots)
-    coef = np.stack([f[1] for f in fits])
+    # Another activation than the MLP's (or a callable one): least squares of the whole basis.
+    exact = isinstance(basis, Augmented) and basis.activation == pruned.activation
+    shifts = np.concatenate([b1, np.zeros(rank - k)])
+    weights = np.concatenate([np.ones(k), np.zeros(rank - k)])
+    knots, coef = _fit_units(basis, U, targets, shifts, weights, exact)
     if not all(np.all(np.isfinite(a)) for a in (W0, W1, coef, knots)):
         raise ValueError("pruned: its decoupled form is not finite (non-finite weights or activations)")
     dtype = jnp.asarray(X).dtype
