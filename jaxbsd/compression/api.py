@@ -368,13 +368,11 @@ def compress_model(
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
                 order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine,
                 devices=devices)
-    # The capture runs on one device whatever the mesh: a batch split over the devices is computed
-    # by programs of other shapes, whose rounding the decoupling and the refinement amplify, so the
-    # model would depend on the number of devices.
+    # The capture runs on one device whatever the mesh (split over devices, programs of other shapes
+    # round otherwise, and the decoupling and refinement amplify it: the model would depend on the count).
     source = BatchCalibration(calibration, mlps, key, method.num_samples)
     params_before = count_params(model)
-    finetune = execution.finetune
-    after_step = (lambda model, path, step: finetune(model)) if finetune is not None else None
+    after_step = (lambda model, path, step: execution.finetune(model)) if execution.finetune is not None else None
     targets = _teacher(model, calibration, distill.forward) if distill is not None else None  # before replacing
     with listener(execution.progress) as progress:
         records = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,
