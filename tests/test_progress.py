@@ -56,6 +56,7 @@ def test_bars_on_a_terminal_change_no_number(capsys, monkeypatch):
     loud, _ = _compress(jb.Execution(progress=True))
     err = capsys.readouterr().err
     assert "refinement steps" in err  # the bar of the refinement's compiled loop
+    assert f"{REFINE.steps}/{REFINE.steps}" in err  # advanced by the loop's reports to its last step
     for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(quiet, nnx.Param)),
                                  nnx.to_flat_state(nnx.state(loud, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))

@@ -41,17 +41,13 @@ def largest_reduction(method: Method, sites: Sequence[Site], params_total: int) 
     return (sum(s.params for s in sites) - floor) / params_total
 
 
-def check_budget(method: Method, sites: Sequence[Site], budget: int, reduction: float, *,
-                 params_total: int | None = None) -> None:
+def check_budget(method: Method, sites: Sequence[Site], budget: int, reduction: float, params_total: int) -> None:
     """``ValueError`` naming ``reduction`` if ``budget`` cannot hold the smallest replacement of
-    every site, with the largest reduction that can be met (given ``params_total``, the model's
-    parameters)."""
+    every site, with the largest reduction that can be met (``params_total``: the model's parameters)."""
     floor = sum(method.params(s, method.min_rank(s)) for s in sites)
     if floor <= budget:
         return
     mlp_params = sum(s.params for s in sites)
-    if params_total is None:  # the model's size, from the budget's definition (budget_for)
-        params_total = round((budget + mlp_params) / (1 - reduction))
     limit = math.floor(1e4 * largest_reduction(method, sites, params_total)) / 1e4
     raise ValueError(
         f"reduction={reduction} cannot be met by method {method.name!r}, which compresses only the {len(sites)} "

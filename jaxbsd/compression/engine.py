@@ -168,7 +168,7 @@ def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site],
         return {p: method.check_rank(sites[p], int(r)) for p, r in plan.ranks.items()}, cache
     ordered = [sites[p] for p in plan.paths]
     budget = budgets.budget_for(plan.reduction, params_total, ordered)
-    budgets.check_budget(method, ordered, budget, plan.reduction, params_total=params_total)
+    budgets.check_budget(method, ordered, budget, plan.reduction, params_total)
     chosen = budgets.uniform_ranks(method, ordered, budget)
     if plan.allocation == "greedy":
         floor = sum(method.params(s, method.min_rank(s)) for s in ordered)

@@ -21,12 +21,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import itertools
 import sys
-import threading
 from typing import Callable, Iterator
 
-import numpy as np
+from jaxbsd.solver import driver
 
 __all__ = ["MLPProgress", "ProgressPrinter", "listener", "bars_wanted", "step_bar", "emit", "format_event"]
 
@@ -111,16 +109,9 @@ def bars_wanted() -> bool:
     return _BARS.get()
 
 
-_CHANNELS = itertools.count(1)
-_BAR_OF: dict[int, object] = {}
-_LOCK = threading.Lock()
-
-
-def emit(channel, done) -> None:
-    """Host side of a compiled loop's report: advance the bar of ``channel`` to ``done`` steps."""
-    bar = _BAR_OF.get(int(np.asarray(channel)))
-    if bar is not None:
-        bar.update(int(np.asarray(done)) - bar.n)
+#: What a compiled loop calls to report its steps: ``io_callback(emit, None, channel, done)`` (the
+#: solver's channels, :func:`jaxbsd.solver.driver.reporting`).
+emit = driver.emit
 
 
 @contextlib.contextmanager
@@ -133,13 +124,10 @@ def step_bar(total: int, desc: str) -> Iterator[int | None]:
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
-    with _LOCK:
-        channel = next(_CHANNELS)
-        _BAR_OF[channel] = bar
+    # mininterval=0: every report is drawn (about 50 a run), the last one included.
+    bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, mininterval=0)
     try:
-        yield channel
+        with driver.reporting(lambda done: bar.update(int(done) - bar.n)) as channel:
+            yield channel
     finally:
-        with _LOCK:
-            del _BAR_OF[channel]
         bar.close()

@@ -8,12 +8,13 @@ configuration that keeps jaxlib's LAPACK from fighting XLA for the cores.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -223,13 +224,26 @@ _CHANNELS = itertools.count(1)
 _REPORTERS_LOCK = threading.Lock()
 
 
-def _emit(channel, restart, iteration, error_J, error_F) -> None:
-    """Host side of the progress callback: the same function in every compiled program (so
-    the program does not depend on who listens); it forwards to the reporter registered on
-    ``channel``, if any."""
-    reporter = _REPORTERS.get(int(channel))
+def emit(channel, *values) -> None:
+    """Host side of a compiled loop's report, ``io_callback(emit, None, channel, *values)``: the
+    same function in every compiled program (so the program does not depend on who listens); it
+    forwards the values (as numpy) to the reporter registered on ``channel`` (:func:`reporting`), if any."""
+    reporter = _REPORTERS.get(int(np.asarray(channel)))
     if reporter is not None:
-        reporter(np.asarray(restart), np.asarray(iteration), np.asarray(error_J), np.asarray(error_F))
+        reporter(*(np.asarray(v) for v in values))
+
+
+@contextlib.contextmanager
+def reporting(reporter: Callable[..., None]) -> Iterator[int]:
+    """A fresh channel (an int) that :func:`emit` forwards to ``reporter`` while the block runs."""
+    with _REPORTERS_LOCK:
+        channel = next(_CHANNELS)
+        _REPORTERS[channel] = reporter
+    try:
+        yield channel
+    finally:
+        with _REPORTERS_LOCK:
+            del _REPORTERS[channel]
 
 
 def _hook(channel: jax.Array, every: jax.Array, restart: jax.Array, count: jax.Array, loop: cmtf.Iteration) -> None:
@@ -241,7 +255,7 @@ def _hook(channel: jax.Array, every: jax.Array, restart: jax.Array, count: jax.A
     fire = (every > 0) & ((count % jnp.maximum(every, 1) == 0) | done)
     jax.lax.cond(
         fire,
-        lambda: io_callback(_emit, None, channel, restart, loop.it, pick(loop.history_J), pick(loop.history_F)),
+        lambda: io_callback(emit, None, channel, restart, loop.it, pick(loop.history_J), pick(loop.history_F)),
         lambda: None,
     )
 
@@ -315,7 +329,7 @@ _decouple_jit = jax.jit(decouple_compiled, static_argnames=("batch", "report"))
 
 
 def _reporter(progress: bool | ProgressCallback, restarts: int, config: CMTFConfig, batch: str):
-    """``(reporter, close)``: what :func:`_emit` calls, and what ends the display."""
+    """``(reporter, close)``: what :func:`emit` calls, and what ends the display."""
     latest_J = np.full((restarts,), np.nan)
     latest_F = np.full((restarts,), np.nan)
     sweeps = np.zeros((restarts,), np.int64)
@@ -458,13 +472,9 @@ def decouple(
         return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, heldout, batch=batch,
                              report=False)
     report, close = _reporter(progress, restarts + (init is not None), config, batch)
-    with _REPORTERS_LOCK:
-        channel = next(_CHANNELS)
-        _REPORTERS[channel] = report
     try:
-        return jax.block_until_ready(
-            _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, heldout, batch=batch))
+        with reporting(report) as channel:
+            return jax.block_until_ready(
+                _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, heldout, batch=batch))
     finally:
-        with _REPORTERS_LOCK:
-            del _REPORTERS[channel]
         close()
