@@ -316,3 +316,10 @@ def test_bsd_best_iterate_reports_the_sweep_kept():
                                  method=jb.BSD(config=config.replace(patience=None)), mlp_specs=SPEC,
                                  key=jax.random.key(0))
     assert plain.mlps[0].sweep_kept is None and plain.mlps[0].stopped is None
+
+
+def test_best_iterate_is_in_a_run_identity_only_when_set():
+    """An option added after runs were saved: at its default, a saved run's identity (``Method.to_dict``)
+    is what it was before the option existed; ``num_samples`` is recorded beside the method, never in it."""
+    assert "best_iterate" not in jb.BSD().to_dict() and jb.BSD(best_iterate=True).to_dict()["best_iterate"] == "True"
+    assert set(jb.BSD(num_samples=64).to_dict()) == {"method", "config", "restarts", "warm_start", "selection"}

@@ -27,6 +27,12 @@ __all__ = ["Method", "Built", "Pruning", "RestartChoice", "register", "get_metho
            "no_warm_start", "refuse_options"]
 
 
+#: A method field's ``metadata`` key saying how :meth:`Method.to_dict` (a resumable run's identity) writes it:
+#: ``"never"``, or ``"unless-default"`` (an option added after runs were saved: at its default, their
+#: identities stay what they were); absent: always.
+IDENTITY = "identity"
+
+
 @dataclasses.dataclass(frozen=True)
 class Pruning:
     """Which hidden units a pruned replacement keeps.
@@ -155,7 +161,8 @@ class Method:
     judges_by_model: ClassVar[bool] = False
     refines_candidates: ClassVar[bool] = False
 
-    num_samples: int | None = dataclasses.field(default=None, kw_only=True)
+    # A run's identity records it beside the method.
+    num_samples: int | None = dataclasses.field(default=None, kw_only=True, metadata={IDENTITY: "never"})
 
     def __post_init__(self):
         S = self.num_samples
@@ -231,9 +238,10 @@ class Method:
         """The method and its options as JSON data (part of a resumable run's identity)."""
         out = {"method": self.name}
         for f in dataclasses.fields(self):
-            if f.name == "num_samples":  # a run's identity records it beside the method
-                continue
             value = getattr(self, f.name)
+            if f.metadata.get(IDENTITY) == "never" or (f.metadata.get(IDENTITY) == "unless-default"
+                                                         and value == f.default):
+                continue
             out[f.name] = value.to_dict() if hasattr(value, "to_dict") else repr(value)
         return out
 

@@ -20,7 +20,7 @@ from flax import nnx
 from jaxbsd.solver import metrics
 from jaxbsd.solver.bases import BSpline
 from jaxbsd.solver.cmtf import CMTFConfig, Status
-from jaxbsd.compression.methods.base import Built, Method, RestartChoice, refuse_options, register
+from jaxbsd.compression.methods.base import IDENTITY, Built, Method, RestartChoice, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
@@ -89,7 +89,7 @@ class BSD(Method):
     restarts: int = 1
     warm_start: bool | None = None
     selection: str = "output"
-    best_iterate: bool = False
+    best_iterate: bool = dataclasses.field(default=False, metadata={IDENTITY: "unless-default"})
 
     name = "bsd"
     needs_spec = False
@@ -106,12 +106,6 @@ class BSD(Method):
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if not isinstance(self.best_iterate, bool):
             raise ValueError(f"best_iterate must be True or False, got {self.best_iterate!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        if not self.best_iterate:  # a run's identity stays what it was before the option existed
-            del out["best_iterate"]
-        return out
 
     @property
     def dof(self) -> int:
