@@ -170,31 +170,35 @@ class CompressionConfig:
         sized = dataclasses.replace(bsd, config=dataclasses.replace(bsd.config, rank=self.rank or 1))
         return sized if bsd is self.method else dataclasses.replace(self.method, bsd=sized)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The flat JSON form runs are saved and resumed by (the fields of the method, the refinement
-        and the distillation under their flat names; settings that mean nothing for this run, and
-        fields added later at their defaults, left out, so identities of older runs stay valid)."""
+    def _flat(self) -> dict[str, Any]:
+        """Every setting under its flat name (the method's, the refinement's and the distillation's
+        included), nothing left out."""
         bsd = self._decoupling() or PAPER_BSD
         solver = bsd.config
         # Auto warm-starts and selects by output error whatever these say: the flat fields keep their defaults.
         own = isinstance(self.method, BSD)
-        d = {"method": self.method.name, "basis": solver.basis.to_dict(), "rank": self.rank, "robust": solver.robust,
-             "lam": solver.lam, "max_iter": solver.max_iter, "restarts": bsd.restarts, "tol": solver.tol,
-             "num_samples": self.num_samples, "capture_images": self.capture_images, "structured": self.structured,
-             "finetune_epochs": self.finetune_epochs, "lr": self.lr, "batch_size": self.batch_size,
-             "schedule": self.schedule, "reduction": self.reduction, "allocation": self.allocation,
-             "val_fraction": self.val_fraction, "seed": self.seed, "samples_per_rank": self.samples_per_rank,
-             "capture": self.capture, "warm_start": bool(bsd.warm_start) if own else False,
-             "selection": bsd.selection if own else "objective", "judge_images": self.judge_images}
-        if isinstance(self.method, Auto):
-            d["auto_judge"] = self.method.judge
-        d.update(_refine_fields(self.refine))
-        d.update(_distill_fields(self.distill, self.distill_images))
+        return {"method": self.method.name, "basis": solver.basis.to_dict(), "robust": solver.robust,
+                "lam": solver.lam, "max_iter": solver.max_iter, "restarts": bsd.restarts, "tol": solver.tol,
+                "warm_start": bool(bsd.warm_start) if own else False,
+                "selection": bsd.selection if own else "objective",
+                "auto_judge": self.method.judge if isinstance(self.method, Auto) else _BY_NAME["auto"].judge,
+                **{name: getattr(self, name) for name in _RUN_FIELDS},
+                **_refine_fields(self.refine), **_distill_fields(self.distill, self.distill_images)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat JSON form runs are saved and resumed by (the fields of the method, the refinement
+        and the distillation under their flat names; settings that mean nothing for this run, and
+        fields added later at their defaults, left out, so identities of older runs stay valid)."""
+        d = self._flat()
+        if not isinstance(self.method, Auto):
+            del d["auto_judge"]  # only "auto" has candidates to judge
         for name, default in LATER_FIELDS.items():
             if name in d and d[name] == default:
                 del d[name]
         if not isinstance(self.method, Auto) or self.method.judge != "model":
             d.pop("judge_images", None)  # only the model judge looks at images
+        if self.distill is None:  # no distillation: its images mean nothing
+            d.pop("distill_images")
         return d
 
     @classmethod
@@ -234,8 +238,8 @@ class CompressionConfig:
                            loss=d["distill_loss"], temperature=d["distill_temperature"],
                            trainable=d["distill_trainable"], schedule=d["distill_schedule"],
                            warmup=d["distill_warmup"]) if d["distill_steps"] else None)
-        return cls(method=method, refine=refine, distill=distill,
-                   **{f: d[f] for f in _RUN_FIELDS if f in d})
+        return cls(method=method, refine=refine, distill=distill, distill_images=d["distill_images"],
+                   **{f: d[f] for f in _RUN_FIELDS})
 
 
 def _refine_fields(refine: Refine | None) -> dict[str, Any]:
@@ -251,7 +255,7 @@ def _refine_fields(refine: Refine | None) -> dict[str, Any]:
 
 def _distill_fields(distill: Distill | None, images: int) -> dict[str, Any]:
     if distill is None:
-        return {"distill_steps": 0}
+        return {"distill_steps": 0, "distill_images": images}
     if callable(distill.loss) or distill.forward is not None:
         raise ValueError("distill: a block run's distillation takes a loss by name and the model's own forward")
     out = {"distill_steps": distill.steps, "distill_lr": distill.learning_rate, "distill_batch": distill.batch_size,
@@ -264,19 +268,14 @@ def _distill_fields(distill: Distill | None, images: int) -> dict[str, Any]:
 
 
 #: The block run's own fields (not the method's, refinement's or distillation's).
-_RUN_FIELDS = ("rank", "reduction", "allocation", "num_samples", "samples_per_rank", "capture", "capture_images",
-               "structured", "finetune_epochs", "lr", "batch_size", "schedule", "val_fraction", "seed",
-               "judge_images", "distill_images")
-#: The flat form's fields and the values a configuration of today's defaults gives them.
-DEFAULTS = {"method": "bsd", "basis": BSpline(3, 4).to_dict(), "rank": None, "robust": True, "lam": 0.25,
-            "max_iter": 300, "restarts": 1, "tol": 1e-8, "num_samples": 128, "capture_images": 256, "structured": True,
-            "finetune_epochs": 5, "lr": 1e-4, "batch_size": 128, "schedule": "constant", "reduction": None,
-            "allocation": "uniform", "val_fraction": 0.1, "seed": 0, "samples_per_rank": 0, "capture": "current",
-            "warm_start": False, "selection": "objective", "auto_judge": "model", "judge_images": 2048,
-            "refine_steps": 0, "refine_lr": 1e-3, "refine_target": "consistent", "refine_batch": Refine.batch_size,
-            "distill_steps": 0, "distill_lr": 1e-3, "distill_batch": 64, "distill_images": 16384,
-            "distill_loss": "kl", "distill_temperature": 2.0, "distill_trainable": "replaced",
-            "distill_schedule": "cosine", "distill_warmup": 0}
+_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(CompressionConfig)
+                    if f.name not in ("method", "refine", "distill", "distill_images"))
+#: The distillation a flat form's ``distill_steps`` turns on, but for the fields it gives (the block run's
+#: defaults: the KL divergence of the logits at temperature 2).
+_BLOCK_DISTILL = Distill(loss="kl", temperature=2.0)
+#: The flat form's fields at today's defaults (what :meth:`CompressionConfig.from_flat` fills in).
+DEFAULTS = {**CompressionConfig()._flat(), **_refine_fields(Refine()),
+            **_distill_fields(_BLOCK_DISTILL, CompressionConfig.distill_images), "refine_steps": 0, "distill_steps": 0}
 #: Fields added after runs were already saved, with the defaults that reproduce the old behaviour.
 LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
