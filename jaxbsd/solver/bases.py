@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
 from jaxbsd.solver import bspline
+from jaxbsd.solver.activations import ACTIVATION_DERIVATIVES, ACTIVATIONS, elementwise_derivative
 
 
 #: The bases' ``fit``/``design``/``evaluate`` as one compiled program each (the basis itself is
@@ -270,37 +270,9 @@ class ReLU(Basis):
 # --------------------------------------------------------------------------- activation-augmented
 
 
-def _gelu_derivative(x):
-    # d/dx [x Φ(x)] = Φ(x) + x φ(x) (the structured Jacobian's formula, jaxbsd.models.layers).
-    cdf = 0.5 * (1.0 + jax.lax.erf(x / math.sqrt(2.0)))
-    pdf = jnp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return cdf + x * pdf
-
-
-def _silu_derivative(x):
-    s = jax.nn.sigmoid(x)
-    return s * (1 + x * (1 - s))
-
-
-def _jvp_derivative(h):
-    # For an elementwise h the JVP along ones is h' entrywise.
-    return lambda x: jax.jvp(h, (x,), (jnp.ones_like(x),))[1]
-
-
-def _gelu_tanh(x):
-    return jax.nn.gelu(x, approximate=True)
-
-
-#: The activations :class:`Augmented` can add, ``name -> (σ, σ')``: the same functions as the
-#: models' (:data:`jaxbsd.models.layers.ACTIVATIONS`; the solver core cannot import them).
-AUGMENT_ACTIVATIONS = {
-    "gelu": (lambda x: jax.nn.gelu(x, approximate=False), _gelu_derivative),
-    "gelu_tanh": (_gelu_tanh, _jvp_derivative(_gelu_tanh)),
-    "relu": (jax.nn.relu, lambda x: (x > 0).astype(x.dtype)),  # subgradient 0 at the kink
-    "silu": (jax.nn.silu, _silu_derivative),
-    "tanh": (jnp.tanh, lambda x: 1 - jnp.tanh(x) ** 2),
-    "sigmoid": (jax.nn.sigmoid, lambda x: jax.nn.sigmoid(x) * (1 - jax.nn.sigmoid(x))),
-}
+#: The activations :class:`Augmented` can add, ``name -> (σ, σ')``: the models' own
+#: (:mod:`jaxbsd.solver.activations`).
+AUGMENT_ACTIVATIONS = {name: (ACTIVATIONS[name], ACTIVATION_DERIVATIVES[name]) for name in ACTIVATIONS}
 
 
 def _activation(name: str, x: jax.Array, derivative: int) -> jax.Array:
@@ -310,7 +282,7 @@ def _activation(name: str, x: jax.Array, derivative: int) -> jax.Array:
         return value(x)
     fn = slope
     for _ in range(derivative - 1):
-        fn = _jvp_derivative(fn)
+        fn = elementwise_derivative(fn)
     return fn(x)
 
 
