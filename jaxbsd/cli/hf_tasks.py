@@ -60,14 +60,21 @@ class Task:
     text_default: bool = False
 
 
-def read_paragraphs(flag: str, path: pathlib.Path) -> list[str]:
-    """The blank-line separated paragraphs of a UTF-8 text file (``ValueError`` naming ``flag``)."""
+def _read_text(flag: str, path: pathlib.Path) -> str:
+    """A UTF-8 text file's text (``ValueError`` naming ``flag``)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{flag} {path}: cannot read ({err}); expected UTF-8 text") from err
-    paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
-    paragraphs = [p for p in paragraphs if p]
+
+
+def read_paragraphs(flag: str, path: pathlib.Path, *, keep_whitespace: bool = False) -> list[str]:
+    """The blank-line (``"\\n\\n"``) separated paragraphs of a UTF-8 text file (``ValueError`` naming ``flag``):
+    each with its whitespace collapsed to single spaces, or with ``keep_whitespace`` as written (newlines
+    and indentation kept; only the newlines that begin or end it dropped). Empty paragraphs are left out."""
+    text = _read_text(flag, path)
+    pieces = text.split("\n\n")
+    paragraphs = [p.strip("\n") if keep_whitespace else " ".join(p.split()) for p in pieces if p.strip()]
     if not paragraphs:
         raise ValueError(f"{flag} {path}: no text")
     return paragraphs
@@ -106,8 +113,12 @@ def task_for(args, model, model_dir: pathlib.Path, calib_file, eval_file, images
 # ----------------------------------------------------------------------------- text
 
 
-def _texts(args, calib_file, eval_file, *, min_eval: int):
-    """``(calibration texts, evaluation passages, pairs, calibration source, evaluation source)``."""
+def _texts(args, calib_file, eval_file, *, min_eval: int, stream: bool = False):
+    """``(calibration texts, evaluation passages, pairs, calibration source, evaluation source)``.
+
+    With ``stream`` (causal LMs) the calibration is one text, as written: the ``--calibration-text`` file
+    whole, or the docs' calibration passages joined by blank lines; ``--eval-text`` paragraphs keep their
+    whitespace. Otherwise (encoders) every text is a paragraph with its whitespace collapsed."""
     import numpy as np
 
     from jaxbsd import data
@@ -119,12 +130,19 @@ def _texts(args, calib_file, eval_file, *, min_eval: int):
         except (FileNotFoundError, ValueError) as err:
             missing = "--calibration-text" if calib_file is None else "--eval-text"
             raise ValueError(f"{missing}: no default text ({err}); pass {missing} FILE") from err
-    calibration = (read_paragraphs("--calibration-text", calib_file) if calib_file is not None
-                   else docs.passages("calibration"))
+    if calib_file is None:
+        calibration = docs.passages("calibration")
+        calibration = "\n\n".join(calibration) if stream else calibration
+    elif stream:
+        calibration = _read_text("--calibration-text", calib_file)
+        if not calibration.strip():
+            raise ValueError(f"--calibration-text {calib_file}: no text")
+    else:
+        calibration = read_paragraphs("--calibration-text", calib_file)
     calib_source = str(calib_file) if calib_file is not None else f"{DOCS}, calibration files"
     pairs = []
     if eval_file is not None:
-        passages = read_paragraphs("--eval-text", eval_file)[: args.eval_texts]
+        passages = read_paragraphs("--eval-text", eval_file, keep_whitespace=stream)[: args.eval_texts]
         eval_source = str(eval_file)
         if len(passages) < min_eval:
             raise ValueError(f"--eval-text {eval_file}: {len(passages)} paragraph(s); the fidelity report needs "
@@ -222,11 +240,10 @@ def _decoder_task(args, model, model_dir, calib_file, eval_file) -> Task:
 
     longest, vocab_size = _decoder_limits(model)
     tok = _tokenizer(model_dir, vocab_size)
-    calibration, passages, _, calib_source, eval_source = _texts(args, calib_file, eval_file, min_eval=1)
+    calibration, passages, _, calib_source, eval_source = _texts(args, calib_file, eval_file, min_eval=1,
+                                                                 stream=True)
     seq_len = min(args.seq_len, longest)
-    stream = np.concatenate([np.asarray(e.ids, np.int32) for e in tok.encode_batch(calibration,
-                                                                                   add_special_tokens=False)]
-                            + [np.zeros(0, np.int32)])
+    stream = np.asarray(tok.encode(calibration, add_special_tokens=False).ids, np.int32)
     n = stream.size // seq_len
     if n < args.windows:
         raise ValueError(f"--calibration-text: {stream.size} tokens give {n} windows of {seq_len}; --windows "
@@ -242,8 +259,8 @@ def _decoder_task(args, model, model_dir, calib_file, eval_file) -> Task:
     for i, r in enumerate(rows):
         ids[i, :r.size], mask[i, :r.size] = r, 1
     return Task("decoder", windows,
-                {"source": calib_source, "texts": len(calibration), "windows": args.windows,
-                 "tokens_per_window": int(seq_len), "tokens": int(windows.size)},
+                {"source": calib_source, "characters": len(calibration), "stream_tokens": int(stream.size),
+                 "windows": args.windows, "tokens_per_window": int(seq_len), "tokens": int(windows.size)},
                 {"source": eval_source, "texts": len(rows), "tokens": int(mask.sum()),
                  "predicted_tokens": int(mask[:, 1:].sum()), "tokens_per_text_at_most": int(seq_len)},
                 lambda original, compressed: _decoder_scores(original, compressed, ids, mask),
@@ -396,7 +413,8 @@ def _images(args, model, images):
 
 def _preprocess(model, images):
     """Model inputs ``(N, size, size, C)`` float32 and what was done: the model's
-    ``preprocessor_config.json``, else ``ViTImageProcessor``'s defaults at the model's image size."""
+    ``preprocessor_config.json``, else ``ViTImageProcessor``'s defaults at the model's image size (mean and
+    std 0.5 for each of the model's channels)."""
     import numpy as np
 
     from jaxbsd.models.vit.preprocessing import ImageProcessor
@@ -404,8 +422,9 @@ def _preprocess(model, images):
     processor = getattr(model, "image_processor", None)
     how = "the checkpoint's preprocessor_config.json"
     if processor is None:
-        size = model.config.image_size
-        processor = ImageProcessor.from_config({"size": {"height": size, "width": size}})
+        size, half = model.config.image_size, [0.5] * model.config.channels
+        processor = ImageProcessor.from_config({"size": {"height": size, "width": size}, "image_mean": half,
+                                                "image_std": half})
         how = (f"no preprocessor_config.json: ViTImageProcessor's defaults (bilinear resize to {size}x{size}, "
                "rescale 1/255, mean 0.5, std 0.5)")
     return np.concatenate([processor(np.asarray(im)[None]) for im in images]), how
