@@ -17,7 +17,8 @@ from, and says what each figure is measured on; the kept hidden units of a pruni
 ``--out/kept_units.json``.
 
 Text (encoders, causal LMs): ``--calibration-text`` and ``--eval-text`` are UTF-8 files whose
-paragraphs (blank-line separated) are the texts; without them, the Python 3.11 documentation
+paragraphs (blank-line separated) are the texts (a causal LM calibrates on the calibration file as
+written, and its paragraphs keep their newlines and indentation); without them, the Python 3.11 documentation
 (:func:`jaxbsd.data.docs_texts`: shipped with the package) gives its calibration files and its
 evaluation files (split by file). Images (image classifiers): ``--images``, a data set name of
 :mod:`jaxbsd.data` (read from ``$JAXBSD_DATA``; default ``cifar10``, or ``mnist`` for one channel),
@@ -191,11 +192,12 @@ def add_compress_hf_command(subparsers: argparse._SubParsersAction) -> None:
                    help="label-free refinement steps per MLP (0: none)")
     text = p.add_argument_group("text (encoders and causal LMs)")
     text.add_argument("--calibration-text", default=None,
-                      help="UTF-8 text (paragraphs separated by blank lines) to calibrate on (default: the Python "
-                           "docs' calibration files)")
+                      help="UTF-8 text to calibrate on: encoders its paragraphs (separated by blank lines), causal "
+                           "LMs the text as written (default: the Python docs' calibration files)")
     text.add_argument("--eval-text", "--text", dest="eval_text", default=None,
-                      help="UTF-8 text (paragraphs separated by blank lines) for the fidelity report (default: the "
-                           "Python docs' evaluation files, with title -> section pairs for encoders)")
+                      help="UTF-8 text (paragraphs separated by blank lines; causal LMs keep their whitespace) for "
+                           "the fidelity report (default: the Python docs' evaluation files, with title -> section "
+                           "pairs for encoders)")
     text.add_argument("--windows", type=positive_int, default=32, help="calibration windows")
     text.add_argument("--seq-len", type=positive_int, default=128,
                       help="tokens per calibration window (causal LMs: also the most tokens per evaluation text)")

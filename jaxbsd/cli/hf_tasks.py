@@ -9,7 +9,8 @@ figure is)``, label-free:
   the text's tokens framed by ``[CLS]`` … ``[SEP]``; the embeddings' agreement with the original's
   (mean cosine, neighbour overlap) and, on the docs, title -> section recall;
 * causal LMs (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``qwen3``): windows of the text's token ids
-  (the checkpoint's ``tokenizer.json``, no special tokens); on the evaluation texts (one row each,
+  (the calibration text as written, tokenized whole by the checkpoint's ``tokenizer.json``, no special
+  tokens); on the evaluation texts (paragraphs with their whitespace, one row each,
   the tokenizer's special tokens included, cut to ``--seq-len``, right-padded) bits per token against
   the original's and next-token agreement with it;
 * image classifiers (``vit``, ``deit``): ``--images`` (a data set of :mod:`jaxbsd.data` read from
