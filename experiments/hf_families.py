@@ -46,7 +46,7 @@ from jaxbsd.cli import main as jaxbsd_main
 from jaxbsd.io import read_json
 from jaxbsd.models.vit.preprocessing import ImageProcessor
 
-from checkout import CHECKPOINTS, RESULTS, enable_compilation_cache, rel_path
+from checkout import CHECKPOINTS, RESULTS, ROOT, enable_compilation_cache
 from output import Timer, command_line, machine, write_json
 
 #: The groups, in the order of the table: (group, what the model is).
@@ -121,6 +121,19 @@ def group_arguments(group: str, plan: dict, state: pathlib.Path) -> tuple[list[s
             str(s["windows"]), "--seq-len", str(s["seq_len"]), "--eval-texts", str(s["eval_texts"])], {**facts, **texts}
 
 
+def shown(value):
+    """``value`` (a string, or a dict or list of them) as a result records it: paths inside the checkout
+    relative to it, the MiniLM directory as the command that prints it."""
+    if isinstance(value, dict):
+        return {k: shown(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    minilm = "\"$(python -c 'from jaxbsd.data import minilm_dir; print(minilm_dir())')\""
+    return value.replace(str(data.minilm_dir()), minilm).replace(f"{ROOT}/", "")
+
+
 def run_unit(group: str, method: str, arguments: list[str], facts: dict, plan: dict, state: pathlib.Path,
              log) -> dict:
     """One ``compress-hf`` run in-process; its record from the ``fidelity.json`` it wrote."""
@@ -135,17 +148,17 @@ def run_unit(group: str, method: str, arguments: list[str], facts: dict, plan: d
     seconds = timer()
     report = read_json(out / "fidelity.json")
     record = {"group": group, "model": GROUPS[group], "method": method, **facts,
-              "compress_hf": "jaxbsd " + " ".join(shlex.quote(a) for a in argv), "model_type": report["model_type"],
+              "compress_hf": shown("jaxbsd " + " ".join(map(shlex.quote, argv))), "model_type": report["model_type"],
               "kind": report["kind"], "reduction_target": report["reduction_target"],
               "reduction": report["reduction"], "mlp_reduction": report["mlp_reduction"],
               "params_before": report["params_before"], "params_after": report["params_after"],
               "mlp_params_before": report["mlp_params_before"], "figures": report["fidelity"],
               "reference": report["fidelity_reference"], "about": report["fidelity_about"],
-              "calibration_facts": report["calibration"], "evaluation_facts": report["evaluation"],
-              "written": {k: rel_path(pathlib.Path(v)) for k, v in report["written"].items() if k != "why_not_huggingface"},
+              "calibration_facts": shown(report["calibration"]), "evaluation_facts": shown(report["evaluation"]),
+              "written": shown({k: v for k, v in report["written"].items() if k != "why_not_huggingface"}),
               "seconds": seconds, "machine": machine()}
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in report["fidelity"].items())
-    log(f"{group} {method}: {report['params_before']:,} -> {report['params_after']:,} parameters; {shown} "
+    line = ", ".join(f"{k} {v:.4f}" for k, v in report["fidelity"].items())
+    log(f"{group} {method}: {report['params_before']:,} -> {report['params_after']:,} parameters; {line} "
         f"({seconds:.0f} s)")
     return record
 
