@@ -180,3 +180,15 @@ def test_without_images_or_the_default_data_set_the_error_names_the_flag(vit_dir
     line = _one_line_error(capsys, lambda: _run(vit_dir[0], tmp_path / "o", "--images", str(few)))
     assert "4 images" in line and "--calibration-images 64" in line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_causal_lms_paragraphs_keep_their_whitespace_an_encoders_collapse(tmp_path):
+    from jaxbsd.cli.hf_tasks import read_paragraphs
+
+    text = tmp_path / "code.txt"
+    text.write_text("\n\ndef f():\n    return 1\n\n\n\nclass A:\n\tpass\n\n \n", encoding="utf-8")
+    assert read_paragraphs("--eval-text", text) == ["def f(): return 1", "class A: pass"]
+    assert read_paragraphs("--eval-text", text, keep_whitespace=True) == ["def f():\n    return 1", "class A:\n\tpass"]
+    (tmp_path / "blank.txt").write_text("\n \n\n\t\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="--eval-text .*blank.txt: no text"):
+        read_paragraphs("--eval-text", tmp_path / "blank.txt", keep_whitespace=True)
