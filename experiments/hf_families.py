@@ -75,7 +75,7 @@ def export_vit(path: pathlib.Path) -> tuple[pathlib.Path, dict]:
     vit.image_processor = ImageProcessor(size=None, rescale_factor=1 / 255, image_mean=(mean,), image_std=(std,))
     return models.save_pretrained(vit, path), {
         "checkpoint": "checkpoints/vit-fashion-mnist", "exported_as": "ViTForImageClassification",
-        "preprocessing": f"rescale 1/255, mean {mean:.4f}, std {std:.4f} (Fashion-MNIST's training split)"}
+        "preprocessing": f"rescale 1/255, then Fashion-MNIST's training mean {mean:.4f} and std {std:.4f}"}
 
 
 def export_lm(path: pathlib.Path) -> tuple[pathlib.Path, dict]:
