@@ -153,3 +153,10 @@ def test_export_refuses_uneven_widths_pointing_to_save_compressed(tmp_path):
     with pytest.raises(ValueError, match=r"different hidden widths \[10, 20\].*save_compressed"):
         M.save_pretrained(enc, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_encoder_names_refuses_a_layer_description_of_the_wrong_length():
+    from jaxbsd.models.bert.params import encoder_names
+
+    with pytest.raises(ValueError, match=r"linears and norms must name 6 linears and 2 LayerNorms, got 5 and 2"):
+        encoder_names(M.bert.BertConfig(), "encoder.layer.{i}", ("q", "k", "v", "o", "fc1"), ("n1", "n2"))

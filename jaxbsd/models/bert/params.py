@@ -15,7 +15,9 @@ with a smaller ``intermediate_size``).
 
 :func:`hf_tensors` maps every parameter's NNX state path to its Hugging Face tensor name (and
 whether the tensor is stored transposed: Flax kernels are ``(in, out)``, PyTorch weights
-``(out, in)``); :func:`from_pretrained` and :func:`save_pretrained` go through it both ways.
+``(out, in)``); :func:`from_pretrained` and :func:`save_pretrained` go through it both ways. Every
+encoder family (DistilBERT's and MPNet's too) states its table through :func:`encoder_names`: the
+prefix of a layer and the names of its linears and LayerNorms.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from jaxbsd.models.hub import (copy_through, fill_params, load_tensors, open_che
                                write_file, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
-__all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "linear_names",
-           "norm_names", "config_from_fields"]
+__all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "encoder_names",
+           "LAYER_LINEARS", "LAYER_NORMS", "linear_names", "norm_names", "config_from_fields"]
 
 
 # ----------------------------------------------------------------------------- Hugging Face names
@@ -48,27 +50,52 @@ def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
     the config's ``model_type`` (DistilBERT's and MPNet's from their families' ``params``)."""
     if config.model_type in _OTHER_FAMILIES:
         return _OTHER_FAMILIES[config.model_type]().hf_tensors(config)
-    names = {
-        ("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
-        ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
-        ("embeddings", "norm", "scale"): ("embeddings.LayerNorm.weight", False),
-        ("embeddings", "norm", "bias"): ("embeddings.LayerNorm.bias", False),
-    }
-    if config.type_vocab_size:
-        names[("embeddings", "token_type", "embedding")] = ("embeddings.token_type_embeddings.weight", False)
+    tables = {("embeddings", "token_type", "embedding"): "embeddings.token_type_embeddings.weight"}
+    return encoder_names(config, "encoder.layer.{i}",
+                         ("attention.self.query", "attention.self.key", "attention.self.value",
+                          "attention.output.dense", "intermediate.dense", "output.dense"),
+                         ("attention.output.LayerNorm", "output.LayerNorm"),
+                         tables if config.type_vocab_size else {})
+
+
+#: Our paths of a :class:`Bert` layer's linears, in the order :func:`encoder_names` takes their names.
+LAYER_LINEARS = (("attention", "query"), ("attention", "key"), ("attention", "value"), ("attention", "output"),
+                 ("mlp", "fc1"), ("mlp", "fc2"))
+#: Our paths of a :class:`Bert` layer's LayerNorms, in the order :func:`encoder_names` takes their names.
+LAYER_NORMS = (("attention_norm",), ("output_norm",))
+
+
+def encoder_names(config: BertConfig, layer: str, linears: tuple[str, ...], norms: tuple[str, ...],
+                  tables: dict[tuple, str] | None = None) -> dict[tuple, tuple[str, bool]]:
+    """The name table (:func:`hf_tensors`) of :class:`Bert` in an encoder family's names: what
+    every family states the same way but for the names.
+
+    Args:
+        config: the encoder's config (its ``num_hidden_layers``).
+        layer: the prefix of layer ``i``'s tensors, a format string in ``i`` (``"encoder.layer.{i}"``).
+        linears: the names after ``layer`` of the six linears of :data:`LAYER_LINEARS` (query, key,
+            value, attention output, ``fc1``, ``fc2``), each a ``.weight`` stored transposed and a ``.bias``.
+        norms: the names after ``layer`` of the two LayerNorms of :data:`LAYER_NORMS` (after the
+            attention, after the MLP), each a ``.weight`` (our ``scale``) and a ``.bias``.
+        tables: ``{our path: tensor name}`` of the family's other tables, stored untransposed
+            (token types, relative-position biases), beside the word and position embeddings
+            (``embeddings.word_embeddings.weight``, ``embeddings.position_embeddings.weight``) and the
+            embeddings' LayerNorm (``embeddings.LayerNorm``), which every family names alike.
+
+    Returns:
+        ``{our state path: (tensor name, transposed)}`` for every parameter of :class:`Bert`.
+    """
+    if len(linears) != len(LAYER_LINEARS) or len(norms) != len(LAYER_NORMS):
+        raise ValueError(f"linears and norms must name {len(LAYER_LINEARS)} linears and {len(LAYER_NORMS)} "
+                         f"LayerNorms, got {len(linears)} and {len(norms)}")
+    names = {("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
+             ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
+             **{path: (name, False) for path, name in (tables or {}).items()}}
+    norm_names(names, (), {("embeddings", "norm"): "embeddings.LayerNorm"})
     for i in range(config.num_hidden_layers):
-        hf = f"encoder.layer.{i}"
-        ours = {
-            ("attention", "query"): f"{hf}.attention.self.query",
-            ("attention", "key"): f"{hf}.attention.self.key",
-            ("attention", "value"): f"{hf}.attention.self.value",
-            ("attention", "output"): f"{hf}.attention.output.dense",
-            ("mlp", "fc1"): f"{hf}.intermediate.dense",
-            ("mlp", "fc2"): f"{hf}.output.dense",
-        }
-        linear_names(names, ("layers", i), ours)
-        norm_names(names, ("layers", i), {("attention_norm",): f"{hf}.attention.output.LayerNorm",
-                                          ("output_norm",): f"{hf}.output.LayerNorm"})
+        hf = layer.format(i=i)
+        linear_names(names, ("layers", i), {path: f"{hf}.{name}" for path, name in zip(LAYER_LINEARS, linears)})
+        norm_names(names, ("layers", i), {path: f"{hf}.{name}" for path, name in zip(LAYER_NORMS, norms)})
     return names
 
 
