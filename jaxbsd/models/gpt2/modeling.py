@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxbsd.models.causal_lm import MASK_VALUE, activation_of, allowed_pairs, check_ids
-from jaxbsd.models.layers import EMBED_INIT, MLP, PARAM_DTYPE
+from jaxbsd.models.layers import EMBED_INIT, MLP, PARAM_DTYPE, check_config_ints, check_config_positive
 
 __all__ = ["GPT2Config", "GPT2", "GPT2Block", "GPT2Attention"]
 
@@ -66,16 +66,11 @@ class GPT2Config:
     pad_token_id: int | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_config_ints(self, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head ({self.n_head}) must divide n_embd ({self.n_embd})")
         activation_of(self.activation_function, "activation_function")
-        eps = self.layer_norm_epsilon
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-            raise ValueError(f"layer_norm_epsilon must be a positive finite number, got {eps!r}")
+        check_config_positive(self, "layer_norm_epsilon")
 
     @property
     def activation(self) -> str:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxbsd.models.causal_lm import MASK_VALUE, activation_of, allowed_pairs, check_ids
-from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE
+from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE, check_config_ints, check_config_positive
 from jaxbsd.models.lm.modeling import GatedMLP
 
 __all__ = ["MODEL_TYPES", "ARCHITECTURES", "ROPE_TYPES", "LlamaConfig", "Llama", "LlamaBlock", "LlamaAttention",
@@ -106,21 +106,16 @@ class LlamaConfig:
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_config_ints(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
                              f"({self.num_attention_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (rotary positions rotate pairs), got {self.head_dim}")
         activation_of(self.hidden_act, "hidden_act")
-        for name in ("rms_norm_eps", "rope_theta") + (("rope_factor",) if self.rope_factor is not None else ()):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        check_config_positive(self, "rms_norm_eps", "rope_theta",
+                              *(("rope_factor",) if self.rope_factor is not None else ()))
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or
                                                 not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise ValueError(f"sliding_window must be None or a positive int, got {self.sliding_window!r}")
