@@ -9,21 +9,30 @@
   (possibly pruned) two-layer or gated MLP, and its kernels, for the export;
 * :func:`export_widths`: one MLP width for every block or a ``ValueError`` pointing to
   :func:`jaxbsd.save_compressed`; :func:`copy_source_files`: the tokenizer and generation files of
-  the directory a model was read from.
+  the directory a model was read from;
+* :func:`load_decoder` and :func:`write_decoder`: a family's ``from_pretrained`` and
+  ``save_pretrained`` but for its config, name table and MLP tensors.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from jaxbsd.models.hub import NameTable, fill_params, load_tensors, param_tensors, write_tensors
+from jaxbsd.models.layers import PARAM_DTYPE
+
 __all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_ids", "allowed_pairs", "MASK_VALUE",
-           "standard_mlp", "standard_gated_mlp", "export_widths", "copy_source_files", "SOURCE_FILES"]
+           "standard_mlp", "standard_gated_mlp", "export_widths", "copy_source_files", "SOURCE_FILES",
+           "load_decoder", "write_decoder"]
 
 #: ``hidden_act`` / ``activation_function`` of a Hugging Face config -> the name in
 #: :data:`~jaxbsd.models.layers.ACTIVATIONS` (``gelu_new``, ``gelu_pytorch_tanh`` and ``gelu_fast`` are
@@ -158,3 +167,41 @@ def copy_source_files(source_dir: str | None, root: pathlib.Path) -> list[str]:
             shutil.copyfile(file, root / name)
             copied.append(name)
     return copied
+
+
+def load_decoder(root: pathlib.Path, config, model_class, names: NameTable, prefix: str, describe: str):
+    """``model_class(config, source_dir=root)`` (float32) filled from the checked directory ``root``'s
+    (:func:`~jaxbsd.models.hub.open_checkpoint`) ``model.safetensors`` through the name table ``names``,
+    a tensor named with ``prefix`` (``"model."``, ``"transformer."``, as ``…ForCausalLM`` checkpoints
+    have it) also found without it (a base model's checkpoint); what every decoder family's
+    ``from_pretrained`` shares. Raises ``ValueError`` as :func:`~jaxbsd.models.hub.fill_params` does,
+    followed by ``describe`` (the config's sizes)."""
+    weights = root / "model.safetensors"
+    tensors = load_tensors(weights)
+
+    def lookup(tensors: Mapping, name: str):
+        if name in tensors:
+            return tensors[name]
+        if name.startswith(prefix):
+            return tensors.get(name[len(prefix):])
+        return None
+
+    abstract = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(0), source_dir=str(root)))
+    return fill_params(abstract, names, tensors, str(weights), lookup=lookup, dtype=PARAM_DTYPE, describe=describe)
+
+
+def write_decoder(model, path: str | os.PathLike, config, names: NameTable,
+                  mlps: Mapping[str, np.ndarray]) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face directory: ``model.safetensors`` (float32) of its parameters
+    through the name table ``names`` but for those of its blocks' MLPs (paths ``("blocks", i, "mlp",
+    …)``), whose tensors ``mlps`` gives by name; ``config.json`` from ``config.to_hf()`` (the config of
+    the exported widths); the :data:`SOURCE_FILES` of ``model.source_dir``. What every decoder
+    family's ``save_pretrained`` shares once the MLPs are checked; returns the directory."""
+    tensors = param_tensors(model, {k: v for k, v in names.items() if not (k[0] == "blocks" and k[2] == "mlp")})
+    tensors.update(mlps)
+    root = pathlib.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    write_tensors(tensors, root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    copy_source_files(model.source_dir, root)
+    return root
