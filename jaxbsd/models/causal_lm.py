@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.models.hub import NameTable, fill_params, load_tensors, param_tensors, write_tensors
+from jaxbsd.models.hub import NameTable, fill_params, load_tensors, one_width, param_tensors, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_ids", "allowed_pairs", "MASK_VALUE",
@@ -146,12 +146,8 @@ def export_widths(widths: list[int | None], reasons: list[str], family: str) -> 
     """The one hidden width of every block's MLP, or ``ValueError`` saying why the model is no longer
     a standard ``family`` checkpoint (the first reason, or the uneven widths) and pointing to
     :func:`jaxbsd.save_compressed`."""
-    if reasons or len(set(widths)) != 1:
-        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(set(widths))}"
-        raise ValueError(f"save_pretrained: the model is no longer a standard {family} ({why}); a {family} "
-                         "checkpoint holds MLPs of one width and the original form only. Save it with "
-                         "jaxbsd.save_compressed instead")
-    return int(widths[0])
+    return one_width(widths, reasons, f"model is no longer a standard {family}",
+                     f"a {family} checkpoint holds MLPs of one width and the original form only")
 
 
 def copy_source_files(source_dir: str | None, root: pathlib.Path) -> list[str]:

@@ -9,7 +9,8 @@ The rest of this module is what every family's ``params.py`` shares: reading the
 (:func:`open_checkpoint`, :func:`read_json`, :func:`load_tensors`), filling an abstract module from
 the tensors through a name table (:func:`fill_params`) and the way back (:func:`param_tensors`,
 :func:`write_tensors`, :func:`write_file`, and :func:`copy_through` for the source directory's
-files the export does not change). A name table maps each parameter's NNX state path to its Hugging Face
+files the export does not change), and the check that an export is still of the family's standard
+form (:func:`block_widths`, :func:`one_width`). A name table maps each parameter's NNX state path to its Hugging Face
 tensor name and whether the tensor is stored transposed (Flax kernels are ``(in, out)``, PyTorch
 ``nn.Linear`` weights ``(out, in)``).
 """
@@ -20,7 +21,7 @@ import importlib
 import json
 import os
 import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ from jaxbsd.io import write_bytes_atomic
 
 __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrained", "read_json",
            "open_checkpoint", "load_tensors", "fill_params", "param_tensors", "write_tensors", "write_file",
-           "copy_through", "STALE_SUFFIXES", "STALE_DIRS"]
+           "copy_through", "STALE_SUFFIXES", "STALE_DIRS", "block_widths", "one_width"]
 
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
 FAMILIES: dict[str, str] = {
@@ -234,3 +235,28 @@ def copy_through(source: str | os.PathLike, dest: str | os.PathLike, written: se
             continue
         write_file(dest / relative, file.read_bytes())
     return left_out
+
+
+def block_widths(blocks, at: str, check: Callable[[Any], tuple[int | None, str]]) -> tuple[list, list[str]]:
+    """``(widths, reasons)`` of each ``blocks[i].mlp`` by ``check(mlp)``, which gives ``(hidden width, "")``
+    for an MLP of the family's standard form and ``(None, why not)`` otherwise: ``widths`` one a block
+    (None where refused), ``reasons`` ``"{at}.{i}.mlp: {why}"`` for each refused one."""
+    widths, reasons = [], []
+    for i, block in enumerate(blocks):
+        width, why = check(block.mlp)
+        if width is None:
+            reasons.append(f"{at}.{i}.mlp: {why}")
+        widths.append(width)
+    return widths, reasons
+
+
+def one_width(widths: Sequence[int | None], reasons: Sequence[str], subject: str, holds: str) -> int:
+    """The one hidden width of every block's MLP (:func:`block_widths`), or ``ValueError``
+    ``"save_pretrained: the {subject} ({why}); {holds}. Save it with jaxbsd.save_compressed instead"``,
+    ``why`` the first of ``reasons`` or else the uneven widths; ``subject`` says what the model is no
+    longer (``"model is no longer a standard GPT-2"``), ``holds`` what the checkpoint format holds."""
+    if reasons or len(set(widths)) != 1:
+        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(set(widths))}"
+        raise ValueError(f"save_pretrained: the {subject} ({why}); {holds}. Save it with jaxbsd.save_compressed "
+                         "instead")
+    return int(widths[0])

@@ -33,8 +33,8 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unused
-from jaxbsd.models.hub import (copy_through, fill_params, load_tensors, open_checkpoint, param_tensors, read_json,
-                               write_file, write_tensors)
+from jaxbsd.models.hub import (block_widths, copy_through, fill_params, load_tensors, one_width, open_checkpoint,
+                               param_tensors, read_json, write_file, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "encoder_names",
@@ -328,17 +328,10 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
         raise ValueError(f"encoder must be a jaxbsd.models.bert.Encoder, got {type(encoder).__name__}")
     bert = encoder.bert
     config = bert.config
-    widths, reasons = set(), []
-    for i, layer in enumerate(bert.layers):
-        width, why = standard_mlp(layer.mlp, config.hidden_size, config.activation)
-        if width is None:
-            reasons.append(f"bert.layers.{i}.mlp: {why}")
-        widths.add(width)
-    if reasons or len(widths) != 1:
-        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(widths)}"
-        raise ValueError(f"save_pretrained: the encoder is no longer a standard BERT ({why}); a BERT checkpoint "
-                         "holds uniform two-layer MLPs only. Save it with jaxbsd.save_compressed instead")
-    width = widths.pop()
+    widths, reasons = block_widths(bert.layers, "bert.layers", lambda mlp: standard_mlp(mlp, config.hidden_size,
+                                                                                          config.activation))
+    width = one_width(widths, reasons, "encoder is no longer a standard BERT",
+                      "a BERT checkpoint holds uniform two-layer MLPs only")
     if encoder.tokenizer is None:
         raise ValueError("save_pretrained: the encoder has no tokenizer to write")
     config = dataclasses.replace(config, intermediate_size=width)

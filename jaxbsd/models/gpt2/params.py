@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxbsd.models.causal_lm import export_widths, load_decoder, standard_mlp, write_decoder
 from jaxbsd.models.gpt2.modeling import GPT2, GPT2Config
-from jaxbsd.models.hub import open_checkpoint
+from jaxbsd.models.hub import block_widths, open_checkpoint
 
 __all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
 
@@ -82,12 +82,8 @@ def save_pretrained(model: GPT2, path: str | os.PathLike) -> pathlib.Path:
     if not isinstance(model, GPT2):
         raise ValueError(f"model must be a jaxbsd.models.gpt2.GPT2, got {type(model).__name__}")
     config = model.config
-    widths, reasons = [], []
-    for i, block in enumerate(model.blocks):
-        width, why = standard_mlp(block.mlp, config.n_embd, config.activation)
-        if width is None:
-            reasons.append(f"blocks.{i}.mlp: {why}")
-        widths.append(width)
+    widths, reasons = block_widths(model.blocks, "blocks", lambda mlp: standard_mlp(mlp, config.n_embd,
+                                                                                      config.activation))
     config = dataclasses.replace(config, n_inner=export_widths(widths, reasons, "GPT-2"))
     mlps = {}
     for i, block in enumerate(model.blocks):
