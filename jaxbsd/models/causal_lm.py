@@ -2,6 +2,9 @@
 
 * :data:`HF_ACTIVATIONS` and :func:`activation_of`: a config's ``hidden_act`` /
   ``activation_function`` name -> jaxbsd's activation (unknown names refused by name);
+* :func:`check_config_json` and :func:`config_with_token_ids`: what every decoder config's ``from_hf``
+  checks first (a JSON object of the family's model types with the required fields) and does last
+  (the token ids, the config built, its ``ValueError`` naming the file);
 * :func:`check_ids` and :func:`allowed_pairs`: the ``(batch, seq)`` ids and padding mask every
   causal LM takes, and the boolean ``(batch, 1, seq, seq)`` pattern of the query-key pairs
   attention may use (causal, masked keys removed);
@@ -30,7 +33,8 @@ from flax import nnx
 from jaxbsd.models.hub import NameTable, fill_params, load_tensors, one_width, param_tensors, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 
-__all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_ids", "allowed_pairs", "MASK_VALUE",
+__all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_config_json", "config_with_token_ids",
+           "check_ids", "allowed_pairs", "MASK_VALUE",
            "standard_mlp", "standard_gated_mlp", "export_widths", "copy_source_files", "SOURCE_FILES",
            "load_decoder", "write_decoder"]
 
@@ -60,6 +64,33 @@ def activation_of(name, field: str, where: str | None = None) -> str:
 def hf_activation_name(activation: str) -> str | None:
     """The first Hugging Face name of jaxbsd's ``activation`` (None if it has none)."""
     return next((hf for hf, ours in HF_ACTIVATIONS.items() if ours == activation), None)
+
+
+def check_config_json(data, where: str, model_types: tuple[str, ...], reads: str, required: tuple[str, ...]) -> None:
+    """``ValueError`` naming ``where`` (the ``config.json`` file) unless ``data`` is a JSON object whose
+    ``model_type`` is one of ``model_types`` (else ``"model_type is …; {reads}"``, ``reads`` saying what
+    the family reads) and that has every ``required`` field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("model_type") not in model_types:
+        raise ValueError(f"{where}: model_type is {data.get('model_type')!r}; {reads}")
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}")
+
+
+def config_with_token_ids(cls, values: dict, data: dict, where: str):
+    """``cls(**values)`` with the ``bos_token_id``, ``eos_token_id`` and ``pad_token_id`` of the
+    ``config.json`` dict ``data`` (None where absent; a list of ids as a tuple, so the config stays
+    hashable), to be written back as read; its ``ValueError`` prefixed with ``where``."""
+    def token_id(value):
+        return tuple(value) if isinstance(value, list) else value
+
+    try:
+        return cls(**values, bos_token_id=token_id(data.get("bos_token_id")),
+                   eos_token_id=token_id(data.get("eos_token_id")), pad_token_id=data.get("pad_token_id"))
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
 
 
 def check_ids(ids, mask, max_len: int | None = None) -> None:

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd.models.causal_lm import MASK_VALUE, activation_of, allowed_pairs, check_ids
+from jaxbsd.models.causal_lm import (MASK_VALUE, activation_of, allowed_pairs, check_config_json, check_ids,
+                                     config_with_token_ids)
 from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE, check_config_ints, check_config_positive
 from jaxbsd.models.lm.modeling import GatedMLP
 
@@ -53,10 +54,6 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 ROPE_TYPES = ("default", "linear")
 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-
-
-def _token_id(value):
-    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,14 +128,8 @@ class LlamaConfig:
         for a model type of another family, a missing field, or an option jaxbsd does not compute (a
         ``rope_scaling`` type other than :data:`ROPE_TYPES`, Qwen's ``use_sliding_window``, layer types other
         than full attention, an unknown activation)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        kind = data.get("model_type")
-        if kind not in MODEL_TYPES:
-            raise ValueError(f"{where}: model_type is {kind!r}; jaxbsd.models.llama reads {list(MODEL_TYPES)}")
-        missing = [n for n in _REQUIRED if n not in data]
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {missing}")
+        check_config_json(data, where, MODEL_TYPES, f"jaxbsd.models.llama reads {list(MODEL_TYPES)}", _REQUIRED)
+        kind = data["model_type"]
         theta, factor = _rope(data, where)
         if data.get("use_sliding_window"):
             raise ValueError(f"{where}: use_sliding_window is true; jaxbsd computes full attention only")
@@ -160,13 +151,8 @@ class LlamaConfig:
             qkv_bias=kind == "qwen2" or (kind in ("llama", "qwen3") and attention_bias),
             out_bias=kind in ("llama", "qwen3") and attention_bias,
             mlp_bias=kind == "llama" and bool(data.get("mlp_bias", False)), qk_norm=kind == "qwen3",
-            sliding_window=data.get("sliding_window") if kind == "mistral" else None,
-            bos_token_id=_token_id(data.get("bos_token_id")), eos_token_id=_token_id(data.get("eos_token_id")),
-            pad_token_id=data.get("pad_token_id"))
-        try:
-            return cls(**values)
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from err
+            sliding_window=data.get("sliding_window") if kind == "mistral" else None)
+        return config_with_token_ids(cls, values, data, where)
 
     def to_hf(self) -> dict:
         """A ``config.json`` dict that ``transformers``' class for :attr:`model_type` reads
