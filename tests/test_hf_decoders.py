@@ -192,6 +192,19 @@ def test_low_rank_decoupled_and_uneven_exports_are_refused(checkpoint, tmp_path)
     assert not any((tmp_path / n).exists() for n in ("lowrank", "plain", "uneven", "gelu"))
 
 
+def test_an_mlp_whose_linears_carry_more_parameters_is_refused(checkpoint, tmp_path):
+    # a LoRA layer is an nnx.Linear with two more parameters, which the checkpoint has no place for
+    gpt2 = models.from_pretrained(checkpoint("gpt2-tied-gelu_new")[0])
+    gpt2.blocks[0].mlp.fc1 = nnx.LoRALinear(32, 128, lora_rank=2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp: MLP holds parameters besides fc1 and fc2"):
+        models.save_pretrained(gpt2, tmp_path / "gpt2")
+    qwen = models.from_pretrained(checkpoint("qwen2-gqa-tied")[0])
+    qwen.blocks[1].mlp.up_proj = nnx.LoRALinear(32, 48, lora_rank=2, use_bias=False, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"blocks\.1\.mlp: GatedMLP holds parameters besides its three projections"):
+        models.save_pretrained(qwen, tmp_path / "qwen")
+    assert not any((tmp_path / n).exists() for n in ("gpt2", "qwen"))
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

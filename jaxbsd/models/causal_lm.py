@@ -8,8 +8,9 @@
 * :func:`check_ids` and :func:`allowed_pairs`: the ``(batch, seq)`` ids and padding mask every
   causal LM takes, and the boolean ``(batch, 1, seq, seq)`` pattern of the query-key pairs
   attention may use (causal, masked keys removed);
-* :func:`standard_mlp` / :func:`standard_gated_mlp`: whether a block's MLP is still an ordinary
-  (possibly pruned) two-layer or gated MLP, and its kernels, for the export;
+* :func:`standard_mlp` / :func:`standard_gated_mlp` (from :mod:`jaxbsd.models.hub`, where every family
+  finds them): whether a block's MLP is still an ordinary (possibly pruned) two-layer or gated MLP, and
+  its kernels, for the export;
 * :func:`export_widths`: one MLP width for every block or a ``ValueError`` pointing to
   :func:`jaxbsd.save_compressed`; :func:`copy_source_files`: the tokenizer and generation files of
   the directory a model was read from;
@@ -30,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.models.hub import NameTable, fill_params, load_tensors, one_width, param_tensors, write_tensors
+from jaxbsd.models.hub import (NameTable, fill_params, load_tensors, one_width, param_tensors, standard_gated_mlp,
+                               standard_mlp, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_config_json", "config_with_token_ids",
@@ -116,61 +118,6 @@ def allowed_pairs(mask, seq: int) -> jax.Array:
         return causal
     keys = jnp.asarray(mask).astype(bool).reshape(mask.shape[0], 1, 1, seq)
     return causal & keys
-
-
-def _linears(module, names) -> list | None:
-    found = [getattr(module, n, None) for n in names]
-    return found if all(isinstance(x, nnx.Linear) for x in found) else None
-
-
-def _only_params_of(module, linears) -> bool:
-    """Whether every ``nnx.Param`` of ``module`` belongs to one of ``linears`` (nothing else trained)."""
-    own = sum(1 for _ in nnx.to_flat_state(nnx.state(module, nnx.Param)))
-    return own == sum(sum(1 for _ in nnx.to_flat_state(nnx.state(x, nnx.Param))) for x in linears)
-
-
-def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
-    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` ``dim -> k -> dim`` with
-    both biases and the activation ``activation`` (jaxbsd's :class:`~jaxbsd.models.layers.MLP` or a
-    pruned one, :class:`~jaxbsd.models.compressed.PrunedMLP`), else ``(None, why not)``."""
-    name = type(module).__name__
-    linears = _linears(module, ("fc1", "fc2"))
-    if linears is None:
-        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
-    fc1, fc2 = linears
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if fc1.bias is None or fc2.bias is None:
-        return None, f"{name} lacks a bias"
-    if not _only_params_of(module, linears):
-        return None, f"{name} holds parameters besides fc1 and fc2"
-    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
-        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
-    return int(fc1.out_features), ""
-
-
-def standard_gated_mlp(module, dim: int, activation: str, bias: bool) -> tuple[tuple | None, str]:
-    """``((gate, up, down) nnx.Linear, "")`` if ``module`` is an ordinary gated MLP
-    ``down(h(gate x) ⊙ up x)`` ``dim -> k -> dim`` with the activation ``activation`` and a bias on all
-    three projections iff ``bias``: jaxbsd's :class:`~jaxbsd.models.lm.GatedMLP` (``gate_proj``,
-    ``up_proj``, ``down_proj``) or a pruned one, :class:`~jaxbsd.models.compressed.PrunedGatedMLP`
-    (``gate``, ``up``, ``down``); else ``(None, why not)``."""
-    name = type(module).__name__
-    linears = _linears(module, ("gate_proj", "up_proj", "down_proj")) or _linears(module, ("gate", "up", "down"))
-    if linears is None:
-        return None, f"{name} is not a gated MLP of three dense layers (gate, up, down)"
-    gate, up, down = linears
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if any((x.bias is not None) != bias for x in linears):
-        return None, f"{name} has biases {[x.bias is not None for x in linears]}, the config mlp_bias={bias}"
-    if not _only_params_of(module, linears):
-        return None, f"{name} holds parameters besides its three projections"
-    if (gate.in_features != dim or up.in_features != dim or down.out_features != dim
-            or not gate.out_features == up.out_features == down.in_features):
-        return None, (f"{name} maps {gate.in_features} -> {gate.out_features} (gate), {up.in_features} -> "
-                      f"{up.out_features} (up), {down.in_features} -> {down.out_features} (down)")
-    return (gate, up, down), ""
 
 
 def export_widths(widths: list[int | None], reasons: list[str], family: str) -> int:

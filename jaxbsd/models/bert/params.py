@@ -34,11 +34,11 @@ from flax import nnx
 
 from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unused
 from jaxbsd.models.hub import (block_widths, copy_through, fill_params, load_tensors, one_width, open_checkpoint,
-                               param_tensors, read_json, write_file, write_tensors)
+                               param_tensors, read_json, standard_mlp, write_file, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "encoder_names",
-           "LAYER_LINEARS", "LAYER_NORMS", "linear_names", "norm_names", "config_from_fields"]
+           "LAYER_LINEARS", "LAYER_NORMS", "linear_names", "norm_names", "config_from_fields", "standard_mlp"]
 
 
 # ----------------------------------------------------------------------------- Hugging Face names
@@ -255,25 +255,6 @@ def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ..
 
 
 # ----------------------------------------------------------------------------- saving
-
-
-def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
-    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` with both biases and
-    the config's activation (jaxbsd's :class:`MLP` or a pruned one), else ``(None, why not)``."""
-    fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
-    name = type(module).__name__
-    if not (isinstance(fc1, nnx.Linear) and isinstance(fc2, nnx.Linear)):
-        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if fc1.bias is None or fc2.bias is None:
-        return None, f"{name} lacks a bias"
-    params = [p for p, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))]
-    if len(params) != 4:
-        return None, f"{name} holds parameters besides fc1 and fc2"
-    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
-        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
-    return int(fc1.out_features), ""
 
 
 def _same_tokenizer(tokenizer, file: pathlib.Path) -> bool:
