@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hf_oracle import assert_rel_close, edit_config, edit_tensors, only_pytorch_bin, save, tiny_model
 
 import jaxbsd
 from jaxbsd import models
@@ -70,19 +71,6 @@ def _lm_forward(lm, ids):
     return lm(ids)
 
 
-def _randomize(model, seed: int) -> None:
-    """Redraw every parameter: weights N(0, 0.15²), biases N(0, 0.2²), norm weights U(0.5, 1.5)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
-            elif "norm" in name or ".ln_" in name:
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            else:
-                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """``checkpoint(name) -> (directory, transformers model)``, each case built and saved once."""
@@ -91,12 +79,10 @@ def checkpoint(tmp_path_factory):
     def get(name):
         if name not in built:
             cls, kwargs = CASES[name]
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**kwargs))
-            _randomize(model, seed=len(built))
-            path = tmp_path_factory.mktemp(name)
-            model.save_pretrained(path, safe_serialization=True)
-            built[name] = (path, model.eval())
+            # weights N(0, 0.15²), biases N(0, 0.2²), norm weights U(0.5, 1.5)
+            model = tiny_model(lambda: transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**kwargs)),
+                               seed=len(built), scale=0.15, bias=0.2, norms=True)
+            built[name] = (save(model, tmp_path_factory.mktemp(name)), model)
         return built[name]
 
     return get
@@ -120,11 +106,8 @@ def _hf_logits(model, ids, mask):
 
 
 def _assert_close(ours, ref, mask, tol=1e-5):
-    real = mask.astype(bool)
-    ours, ref = np.asarray(ours)[real], np.asarray(ref)[real]
-    assert ours.dtype == np.float32
-    err = np.abs(ours - ref).max() / np.abs(ref).max()
-    assert err <= tol, err
+    assert np.asarray(ours).dtype == np.float32
+    assert_rel_close(ours, ref, mask, tol)
 
 
 #: The load cases of the slow step (the default run keeps every model type and variant once).
@@ -209,6 +192,19 @@ def test_low_rank_decoupled_and_uneven_exports_are_refused(checkpoint, tmp_path)
     assert not any((tmp_path / n).exists() for n in ("lowrank", "plain", "uneven", "gelu"))
 
 
+def test_an_mlp_whose_linears_carry_more_parameters_is_refused(checkpoint, tmp_path):
+    # a LoRA layer is an nnx.Linear with two more parameters, which the checkpoint has no place for
+    gpt2 = models.from_pretrained(checkpoint("gpt2-tied-gelu_new")[0])
+    gpt2.blocks[0].mlp.fc1 = nnx.LoRALinear(32, 128, lora_rank=2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp: MLP holds parameters besides fc1 and fc2"):
+        models.save_pretrained(gpt2, tmp_path / "gpt2")
+    qwen = models.from_pretrained(checkpoint("qwen2-gqa-tied")[0])
+    qwen.blocks[1].mlp.up_proj = nnx.LoRALinear(32, 48, lora_rank=2, use_bias=False, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"blocks\.1\.mlp: GatedMLP holds parameters besides its three projections"):
+        models.save_pretrained(qwen, tmp_path / "qwen")
+    assert not any((tmp_path / n).exists() for n in ("gpt2", "qwen"))
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -217,13 +213,7 @@ def _copy(checkpoint, name, tmp_path, **config_changes):
     dst = tmp_path / "copy"
     shutil.copytree(src, dst)
     if config_changes:
-        config = json.loads((dst / "config.json").read_text())
-        for key, value in config_changes.items():
-            if value is None:
-                config.pop(key, None)
-            else:
-                config[key] = value
-        (dst / "config.json").write_text(json.dumps(config))
+        edit_config(**config_changes)(dst)
     return dst
 
 
@@ -234,12 +224,11 @@ def test_unsupported_model_type_lists_the_supported_ones(checkpoint, tmp_path):
 
 
 def test_missing_tensor_is_named(checkpoint, tmp_path):
-    from safetensors.numpy import load_file, save_file
+    def drop(tensors):
+        del tensors["model.layers.1.self_attn.k_norm.weight"], tensors["lm_head.weight"]
 
     path = _copy(checkpoint, "qwen3-mha-untied", tmp_path)
-    tensors = load_file(str(path / "model.safetensors"))
-    del tensors["model.layers.1.self_attn.k_norm.weight"], tensors["lm_head.weight"]
-    save_file(tensors, str(path / "model.safetensors"))
+    edit_tensors(drop)(path)
     with pytest.raises(ValueError, match=r"model\.safetensors: missing tensor\(s\) \['model\.layers\.1\.self_attn"
                                          r"\.k_norm\.weight', 'lm_head\.weight'\]"):
         models.from_pretrained(path)
@@ -270,7 +259,7 @@ def test_unsupported_config_option_is_named(checkpoint, tmp_path, name, change, 
 
 def test_only_pytorch_model_bin_is_refused(checkpoint, tmp_path):
     path = _copy(checkpoint, "mistral-gqa-window", tmp_path)
-    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    only_pytorch_bin(path)
     with pytest.raises(ValueError, match=r"no model\.safetensors \(only pytorch_model\.bin"):
         models.from_pretrained(path)
 

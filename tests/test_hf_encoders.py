@@ -14,6 +14,8 @@ import json
 import jax
 import numpy as np
 import pytest
+from hf_oracle import (assert_refused, assert_rel_close, edit_config, edit_tensors, only_pytorch_bin, prune_all, save,
+                       tiny_model)
 
 import jaxbsd
 from jaxbsd import models as M
@@ -48,14 +50,6 @@ def write_tokenizer(path) -> None:
     tok.save(str(path / "tokenizer.json"))
 
 
-def randomize(model) -> None:
-    """Redraw every parameter (random init leaves biases 0 and LayerNorms 1, which hide mix-ups)."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-
-
 def pad_id(config) -> int:
     return 1 if config.model_type == "mpnet" else config.pad_token_id
 
@@ -76,23 +70,12 @@ def hf_hidden(model, ids, mask) -> np.ndarray:
     return out.last_hidden_state.numpy()
 
 
-def assert_close_at_real_tokens(ours, ref, mask, rel=1e-5):
-    real = mask.astype(bool)
-    err = np.max(np.abs(np.asarray(ours)[real] - ref[real])) / np.max(np.abs(ref[real]))
-    assert err <= rel, err
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, tmp_path_factory):
     """``(name, transformers model, its directory)``, built once per module."""
     config = CASES[request.param]()
-    torch.manual_seed(0)
-    model = T.AutoModel.from_config(config).eval()
-    randomize(model)
-    path = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(path, safe_serialization=True)
-    write_tokenizer(path)
-    return request.param, model, path
+    model = tiny_model(lambda: T.AutoModel.from_config(config))
+    return request.param, model, save(model, tmp_path_factory.mktemp(request.param), write_tokenizer)
 
 
 def test_hidden_states_agree_with_transformers_on_a_padded_batch(case):
@@ -100,32 +83,20 @@ def test_hidden_states_agree_with_transformers_on_a_padded_batch(case):
     enc = M.from_pretrained(path)
     assert isinstance(enc, M.Encoder) and enc.bert.config.model_type == model.config.model_type
     ids, mask = batch(model.config)
-    assert_close_at_real_tokens(enc.bert(ids, mask), hf_hidden(model, ids, mask), mask)
-
-
-def prune_all(encoder, width, seed=0):
-    """Every MLP pruned to ``width`` hidden units (the baseline compress_model's "prune" runs)."""
-    from jaxbsd.compression.baselines import prune_mlp
-
-    rng = np.random.default_rng(seed)
-    for layer in encoder.bert.layers:
-        m = layer.mlp
-        tokens = rng.standard_normal((100, m.dim)).astype(np.float32)
-        layer.mlp, _ = prune_mlp(m.fc1.kernel[...], m.fc1.bias[...], m.fc2.kernel[...], m.fc2.bias[...],
-                                 m.activation, width, tokens)
+    assert_rel_close(enc.bert(ids, mask), hf_hidden(model, ids, mask), mask)
 
 
 def test_uniformly_pruned_export_is_read_back_by_transformers(case, tmp_path):
     name, model, path = case
     enc = M.from_pretrained(path)
-    prune_all(enc, 20)
+    prune_all(enc.bert.layers, 20)
     out = M.save_pretrained(enc, tmp_path / "out")
     written = json.loads((out / "config.json").read_text())
     assert written["hidden_dim" if model.config.model_type == "distilbert" else "intermediate_size"] == 20
     back = T.AutoModel.from_pretrained(out).eval()
     assert type(back) is type(model)
     ids, mask = batch(model.config, seed=2)
-    assert_close_at_real_tokens(enc.bert(ids, mask), hf_hidden(back, ids, mask), mask)
+    assert_rel_close(enc.bert(ids, mask), hf_hidden(back, ids, mask), mask)
     if model.config.model_type != "distilbert":  # the pooler is carried over
         np.testing.assert_array_equal(back.pooler.dense.weight.detach().numpy(),
                                       model.pooler.dense.weight.detach().numpy())
@@ -152,67 +123,40 @@ def test_mpnet_buckets_match_transformers_far_past_the_test_length():
 # ----------------------------------------------------------------------------- bad input
 
 
-def _write(tmp_path, config, edit=None):
-    torch.manual_seed(0)
-    T.AutoModel.from_config(config).save_pretrained(tmp_path, safe_serialization=True)
-    write_tokenizer(tmp_path)
-    if edit is not None:
-        edit(tmp_path)
-    return tmp_path
-
-
-def _edit_tensors(change):
-    def edit(path):
-        from safetensors.numpy import load_file, save_file
-
-        tensors = load_file(str(path / "model.safetensors"))
-        change(tensors)
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return edit
-
-
-def _edit_config(**fields):
-    def edit(path):
-        data = json.loads((path / "config.json").read_text())
-        (path / "config.json").write_text(json.dumps({**data, **fields}))
-    return edit
-
-
-def _only_bin(path):
-    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+def _write(tmp_path, config, *edits):
+    """The checkpoint of ``config`` as ``transformers`` initialises it, with a tokenizer, then ``edits``."""
+    return save(tiny_model(lambda: T.AutoModel.from_config(config), seed=None), tmp_path, write_tokenizer, *edits)
 
 
 BAD = [
-    ("distilbert", _edit_tensors(lambda t: t.pop("transformer.layer.1.ffn.lin2.bias")),
+    ("distilbert", edit_tensors(lambda t: t.pop("transformer.layer.1.ffn.lin2.bias")),
      r"model.safetensors: missing tensor\(s\) \['transformer.layer.1.ffn.lin2.bias'\]"),
-    ("mpnet", _edit_tensors(lambda t: t.update({"encoder.relative_attention_bias.weight": np.zeros((32, 3), "f4")})),
+    ("mpnet", edit_tensors(lambda t: t.update({"encoder.relative_attention_bias.weight": np.zeros((32, 3), "f4")})),
      r"encoder.relative_attention_bias.weight has shape \(32, 3\), expected \(32, 4\)"),
-    ("roberta", _edit_config(position_embedding_type="relative_key"),
+    ("roberta", edit_config(position_embedding_type="relative_key"),
      r"config.json: position_embedding_type 'relative_key' is not supported"),
-    ("mpnet", _edit_config(relative_attention_num_buckets=16), r"config.json: relative_attention_num_buckets 16"),
-    ("distilbert", _edit_config(activation="swish"), r"config.json: hidden_act must be one of"),
-    ("xlm-roberta", _only_bin, r"no model.safetensors \(only pytorch_model.bin"),
+    ("mpnet", edit_config(relative_attention_num_buckets=16), r"config.json: relative_attention_num_buckets 16"),
+    ("distilbert", edit_config(activation="swish"), r"config.json: hidden_act must be one of"),
+    ("xlm-roberta", only_pytorch_bin, r"no model.safetensors \(only pytorch_model.bin"),
 ]
 
 
 @pytest.mark.parametrize("model_type, edit, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_checkpoints_get_one_line_value_errors_naming_the_path(tmp_path, model_type, edit, match):
     config = CASES[next(n for n in sorted(CASES) if n.startswith(model_type + "-"))]()
-    path = _write(tmp_path, config, edit)
-    with pytest.raises(ValueError, match=match) as err:
-        M.from_pretrained(path)
-    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+    assert_refused(_write(tmp_path, config, edit), match)
 
 
 def test_export_refuses_uneven_widths_pointing_to_save_compressed(tmp_path):
-    from jaxbsd.compression.baselines import prune_mlp
-
     enc = M.from_pretrained(_write(tmp_path / "src", CASES["distilbert-gelu"]()))
-    rng = np.random.default_rng(0)
-    for layer, k in zip(enc.bert.layers, (20, 10)):
-        m = layer.mlp
-        layer.mlp, _ = prune_mlp(m.fc1.kernel[...], m.fc1.bias[...], m.fc2.kernel[...], m.fc2.bias[...],
-                                 m.activation, k, rng.standard_normal((100, 32)).astype(np.float32))
+    prune_all(enc.bert.layers, (20, 10))
     with pytest.raises(ValueError, match=r"different hidden widths \[10, 20\].*save_compressed"):
         M.save_pretrained(enc, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_encoder_names_refuses_a_layer_description_of_the_wrong_length():
+    from jaxbsd.models.bert.params import encoder_names
+
+    with pytest.raises(ValueError, match=r"linears and norms must name 6 linears and 2 LayerNorms, got 5 and 2"):
+        encoder_names(M.bert.BertConfig(), "encoder.layer.{i}", ("q", "k", "v", "o", "fc1"), ("n1", "n2"))

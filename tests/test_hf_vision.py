@@ -11,6 +11,8 @@ import json
 import jax
 import numpy as np
 import pytest
+from hf_oracle import (assert_refused, assert_rel_close, edit_config, edit_tensors, only_pytorch_bin, prune_all, save,
+                       tiny_model)
 
 import jaxbsd
 from jaxbsd import models as M
@@ -35,15 +37,10 @@ CASES = {
 }
 
 
-def build(name):
+def build(name, seed=1):
+    """The case's classifier, every parameter redrawn (``seed`` None: as ``transformers`` initialises it)."""
     cls, config = CASES[name]()
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # random init leaves biases 0 and LayerNorms 1, which hide mix-ups
-        for p in model.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return model
+    return tiny_model(lambda: cls(config), seed=seed)
 
 
 def images(channels, n=3, size=16, seed=0):
@@ -55,17 +52,10 @@ def hf_logits(model, x) -> np.ndarray:
         return model(pixel_values=torch.as_tensor(x.transpose(0, 3, 1, 2))).logits.numpy()
 
 
-def assert_rel_close(ours, ref, rel=1e-5):
-    err = np.max(np.abs(np.asarray(ours) - ref)) / np.max(np.abs(ref))
-    assert err <= rel, err
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, tmp_path_factory):
     model = build(request.param)
-    path = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(path, safe_serialization=True)
-    return request.param, model, path
+    return request.param, model, save(model, tmp_path_factory.mktemp(request.param))
 
 
 def test_logits_agree_with_transformers(case):
@@ -78,22 +68,10 @@ def test_logits_agree_with_transformers(case):
         assert ours.distilled and ours.head_dist is not None
 
 
-def prune_all(model, width, seed=0):
-    """Every MLP pruned to ``width`` hidden units (the baseline compress_model's "prune" runs)."""
-    from jaxbsd.compression.baselines import prune_mlp
-
-    rng = np.random.default_rng(seed)
-    for block in model.blocks:
-        m = block.mlp
-        tokens = rng.standard_normal((100, m.dim)).astype(np.float32)
-        block.mlp, _ = prune_mlp(m.fc1.kernel[...], m.fc1.bias[...], m.fc2.kernel[...], m.fc2.bias[...],
-                                 m.activation, width, tokens)
-
-
 def test_uniformly_pruned_export_is_read_back_by_transformers(case, tmp_path):
     name, model, path = case
     ours = M.from_pretrained(path)
-    prune_all(ours, 20)
+    prune_all(ours.blocks, 20)
     out = M.save_pretrained(ours, tmp_path / "out")
     assert json.loads((out / "config.json").read_text())["intermediate_size"] == 20
     back = type(model).from_pretrained(out).eval()
@@ -125,9 +103,7 @@ def test_a_jaxbsd_vit_of_its_own_exports_to_vit_for_image_classification(tmp_pat
 ], ids=["vit-bilinear", "deit-bicubic-crop"])
 def test_preprocess_matches_the_transformers_image_processor(tmp_path, processor):
     proc = processor()
-    model = build("vit-gelu")
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    proc.save_pretrained(tmp_path)
+    save(build("vit-gelu"), tmp_path, proc.save_pretrained)
     raw = np.random.default_rng(0).integers(0, 256, (2, 23, 30, 3)).astype(np.uint8)
     ref = proc(list(raw), return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
     ours = M.from_pretrained(tmp_path).preprocess(raw)
@@ -149,23 +125,6 @@ def test_resize_is_pillows_to_the_last_bit():
 # ----------------------------------------------------------------------------- bad input
 
 
-def _edit_config(**fields):
-    def edit(path):
-        data = json.loads((path / "config.json").read_text())
-        (path / "config.json").write_text(json.dumps({**data, **fields}))
-    return edit
-
-
-def _edit_tensors(change):
-    def edit(path):
-        from safetensors.numpy import load_file, save_file
-
-        tensors = load_file(str(path / "model.safetensors"))
-        change(tensors)
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return edit
-
-
 def _preprocessor(**fields):
     def edit(path):
         (path / "preprocessor_config.json").write_text(json.dumps(fields))
@@ -173,24 +132,19 @@ def _preprocessor(**fields):
 
 
 BAD = [
-    ("vit-gelu", _edit_config(qkv_bias=False), r"config.json: qkv_bias False is not supported"),
-    ("vit-gelu", _edit_config(hidden_act="swish"), r"config.json: hidden_act 'swish' is not supported"),
-    ("deit-plain-relu", _edit_tensors(lambda t: t.pop("classifier.bias")), r"missing tensor\(s\) \['classifier.bias'\]"),
-    ("vit-gelu", _edit_tensors(lambda t: t.update({"vit.embeddings.position_embeddings": np.zeros((1, 4, 32), "f4")})),
+    ("vit-gelu", edit_config(qkv_bias=False), r"config.json: qkv_bias False is not supported"),
+    ("vit-gelu", edit_config(hidden_act="swish"), r"config.json: hidden_act 'swish' is not supported"),
+    ("deit-plain-relu", edit_tensors(lambda t: t.pop("classifier.bias")), r"missing tensor\(s\) \['classifier.bias'\]"),
+    ("vit-gelu", edit_tensors(lambda t: t.update({"vit.embeddings.position_embeddings": np.zeros((1, 4, 32), "f4")})),
      r"vit.embeddings.position_embeddings has shape \(1, 4, 32\), expected \(1, 5, 32\)"),
     ("vit-gelu", _preprocessor(size={"height": 16, "width": 16}, resample=0), r"resample 0 is not supported"),
-    ("deit-teacher", lambda p: (p / "model.safetensors").rename(p / "pytorch_model.bin"), r"only pytorch_model.bin"),
+    ("deit-teacher", only_pytorch_bin, r"only pytorch_model.bin"),
 ]
 
 
 @pytest.mark.parametrize("name, edit, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_checkpoints_get_one_line_value_errors_naming_the_path(tmp_path, name, edit, match):
-    cls, config = CASES[name]()
-    cls(config).save_pretrained(tmp_path, safe_serialization=True)
-    edit(tmp_path)
-    with pytest.raises(ValueError, match=match) as err:
-        M.from_pretrained(tmp_path)
-    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+    assert_refused(save(build(name, seed=None), tmp_path, edit), match)
 
 
 def test_export_refuses_a_low_rank_mlp_pointing_to_save_compressed(tmp_path):

@@ -2,28 +2,43 @@
 
 * :data:`HF_ACTIVATIONS` and :func:`activation_of`: a config's ``hidden_act`` /
   ``activation_function`` name -> jaxbsd's activation (unknown names refused by name);
+* :func:`check_config_json` and :func:`config_with_token_ids`: what every decoder config's ``from_hf``
+  checks first (a JSON object of the family's model types with the required fields) and does last
+  (the token ids, the config built, its ``ValueError`` naming the file);
 * :func:`check_ids` and :func:`allowed_pairs`: the ``(batch, seq)`` ids and padding mask every
   causal LM takes, and the boolean ``(batch, 1, seq, seq)`` pattern of the query-key pairs
   attention may use (causal, masked keys removed);
-* :func:`standard_mlp` / :func:`standard_gated_mlp`: whether a block's MLP is still an ordinary
-  (possibly pruned) two-layer or gated MLP, and its kernels, for the export;
+* :func:`standard_mlp` / :func:`standard_gated_mlp` (from :mod:`jaxbsd.models.hub`, where every family
+  finds them): whether a block's MLP is still an ordinary (possibly pruned) two-layer or gated MLP, and
+  its kernels, for the export;
 * :func:`export_widths`: one MLP width for every block or a ``ValueError`` pointing to
   :func:`jaxbsd.save_compressed`; :func:`copy_source_files`: the tokenizer and generation files of
-  the directory a model was read from.
+  the directory a model was read from;
+* :func:`load_decoder` and :func:`write_decoder`: a family's ``from_pretrained`` and
+  ``save_pretrained`` but for its config, name table and MLP tensors.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-__all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_ids", "allowed_pairs", "MASK_VALUE",
-           "standard_mlp", "standard_gated_mlp", "export_widths", "copy_source_files", "SOURCE_FILES"]
+from jaxbsd.models.hub import (NameTable, fill_params, load_tensors, one_width, param_tensors, standard_gated_mlp,
+                               standard_mlp, write_tensors)
+from jaxbsd.models.layers import PARAM_DTYPE
+
+__all__ = ["HF_ACTIVATIONS", "activation_of", "hf_activation_name", "check_config_json", "config_with_token_ids",
+           "check_ids", "allowed_pairs", "MASK_VALUE",
+           "standard_mlp", "standard_gated_mlp", "export_widths", "copy_source_files", "SOURCE_FILES",
+           "load_decoder", "write_decoder"]
 
 #: ``hidden_act`` / ``activation_function`` of a Hugging Face config -> the name in
 #: :data:`~jaxbsd.models.layers.ACTIVATIONS` (``gelu_new``, ``gelu_pytorch_tanh`` and ``gelu_fast`` are
@@ -53,6 +68,33 @@ def hf_activation_name(activation: str) -> str | None:
     return next((hf for hf, ours in HF_ACTIVATIONS.items() if ours == activation), None)
 
 
+def check_config_json(data, where: str, model_types: tuple[str, ...], reads: str, required: tuple[str, ...]) -> None:
+    """``ValueError`` naming ``where`` (the ``config.json`` file) unless ``data`` is a JSON object whose
+    ``model_type`` is one of ``model_types`` (else ``"model_type is …; {reads}"``, ``reads`` saying what
+    the family reads) and that has every ``required`` field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("model_type") not in model_types:
+        raise ValueError(f"{where}: model_type is {data.get('model_type')!r}; {reads}")
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}")
+
+
+def config_with_token_ids(cls, values: dict, data: dict, where: str):
+    """``cls(**values)`` with the ``bos_token_id``, ``eos_token_id`` and ``pad_token_id`` of the
+    ``config.json`` dict ``data`` (None where absent; a list of ids as a tuple, so the config stays
+    hashable), to be written back as read; its ``ValueError`` prefixed with ``where``."""
+    def token_id(value):
+        return tuple(value) if isinstance(value, list) else value
+
+    try:
+        return cls(**values, bos_token_id=token_id(data.get("bos_token_id")),
+                   eos_token_id=token_id(data.get("eos_token_id")), pad_token_id=data.get("pad_token_id"))
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
 def check_ids(ids, mask, max_len: int | None = None) -> None:
     """``ValueError`` unless ``ids`` is a ``(batch, seq)`` integer array (``seq ≤ max_len`` where
     given) and ``mask`` is None or an array of the same shape (1 or True: a real token)."""
@@ -78,71 +120,12 @@ def allowed_pairs(mask, seq: int) -> jax.Array:
     return causal & keys
 
 
-def _linears(module, names) -> list | None:
-    found = [getattr(module, n, None) for n in names]
-    return found if all(isinstance(x, nnx.Linear) for x in found) else None
-
-
-def _only_params_of(module, linears) -> bool:
-    """Whether every ``nnx.Param`` of ``module`` belongs to one of ``linears`` (nothing else trained)."""
-    own = sum(1 for _ in nnx.to_flat_state(nnx.state(module, nnx.Param)))
-    return own == sum(sum(1 for _ in nnx.to_flat_state(nnx.state(x, nnx.Param))) for x in linears)
-
-
-def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
-    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` ``dim -> k -> dim`` with
-    both biases and the activation ``activation`` (jaxbsd's :class:`~jaxbsd.models.layers.MLP` or a
-    pruned one, :class:`~jaxbsd.models.compressed.PrunedMLP`), else ``(None, why not)``."""
-    name = type(module).__name__
-    linears = _linears(module, ("fc1", "fc2"))
-    if linears is None:
-        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
-    fc1, fc2 = linears
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if fc1.bias is None or fc2.bias is None:
-        return None, f"{name} lacks a bias"
-    if not _only_params_of(module, linears):
-        return None, f"{name} holds parameters besides fc1 and fc2"
-    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
-        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
-    return int(fc1.out_features), ""
-
-
-def standard_gated_mlp(module, dim: int, activation: str, bias: bool) -> tuple[tuple | None, str]:
-    """``((gate, up, down) nnx.Linear, "")`` if ``module`` is an ordinary gated MLP
-    ``down(h(gate x) ⊙ up x)`` ``dim -> k -> dim`` with the activation ``activation`` and a bias on all
-    three projections iff ``bias``: jaxbsd's :class:`~jaxbsd.models.lm.GatedMLP` (``gate_proj``,
-    ``up_proj``, ``down_proj``) or a pruned one, :class:`~jaxbsd.models.compressed.PrunedGatedMLP`
-    (``gate``, ``up``, ``down``); else ``(None, why not)``."""
-    name = type(module).__name__
-    linears = _linears(module, ("gate_proj", "up_proj", "down_proj")) or _linears(module, ("gate", "up", "down"))
-    if linears is None:
-        return None, f"{name} is not a gated MLP of three dense layers (gate, up, down)"
-    gate, up, down = linears
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if any((x.bias is not None) != bias for x in linears):
-        return None, f"{name} has biases {[x.bias is not None for x in linears]}, the config mlp_bias={bias}"
-    if not _only_params_of(module, linears):
-        return None, f"{name} holds parameters besides its three projections"
-    if (gate.in_features != dim or up.in_features != dim or down.out_features != dim
-            or not gate.out_features == up.out_features == down.in_features):
-        return None, (f"{name} maps {gate.in_features} -> {gate.out_features} (gate), {up.in_features} -> "
-                      f"{up.out_features} (up), {down.in_features} -> {down.out_features} (down)")
-    return (gate, up, down), ""
-
-
 def export_widths(widths: list[int | None], reasons: list[str], family: str) -> int:
     """The one hidden width of every block's MLP, or ``ValueError`` saying why the model is no longer
     a standard ``family`` checkpoint (the first reason, or the uneven widths) and pointing to
     :func:`jaxbsd.save_compressed`."""
-    if reasons or len(set(widths)) != 1:
-        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(set(widths))}"
-        raise ValueError(f"save_pretrained: the model is no longer a standard {family} ({why}); a {family} "
-                         "checkpoint holds MLPs of one width and the original form only. Save it with "
-                         "jaxbsd.save_compressed instead")
-    return int(widths[0])
+    return one_width(widths, reasons, f"model is no longer a standard {family}",
+                     f"a {family} checkpoint holds MLPs of one width and the original form only")
 
 
 def copy_source_files(source_dir: str | None, root: pathlib.Path) -> list[str]:
@@ -158,3 +141,41 @@ def copy_source_files(source_dir: str | None, root: pathlib.Path) -> list[str]:
             shutil.copyfile(file, root / name)
             copied.append(name)
     return copied
+
+
+def load_decoder(root: pathlib.Path, config, model_class, names: NameTable, prefix: str, describe: str):
+    """``model_class(config, source_dir=root)`` (float32) filled from the checked directory ``root``'s
+    (:func:`~jaxbsd.models.hub.open_checkpoint`) ``model.safetensors`` through the name table ``names``,
+    a tensor named with ``prefix`` (``"model."``, ``"transformer."``, as ``…ForCausalLM`` checkpoints
+    have it) also found without it (a base model's checkpoint); what every decoder family's
+    ``from_pretrained`` shares. Raises ``ValueError`` as :func:`~jaxbsd.models.hub.fill_params` does,
+    followed by ``describe`` (the config's sizes)."""
+    weights = root / "model.safetensors"
+    tensors = load_tensors(weights)
+
+    def lookup(tensors: Mapping, name: str):
+        if name in tensors:
+            return tensors[name]
+        if name.startswith(prefix):
+            return tensors.get(name[len(prefix):])
+        return None
+
+    abstract = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(0), source_dir=str(root)))
+    return fill_params(abstract, names, tensors, str(weights), lookup=lookup, dtype=PARAM_DTYPE, describe=describe)
+
+
+def write_decoder(model, path: str | os.PathLike, config, names: NameTable,
+                  mlps: Mapping[str, np.ndarray]) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face directory: ``model.safetensors`` (float32) of its parameters
+    through the name table ``names`` but for those of its blocks' MLPs (paths ``("blocks", i, "mlp",
+    …)``), whose tensors ``mlps`` gives by name; ``config.json`` from ``config.to_hf()`` (the config of
+    the exported widths); the :data:`SOURCE_FILES` of ``model.source_dir``. What every decoder
+    family's ``save_pretrained`` shares once the MLPs are checked; returns the directory."""
+    tensors = param_tensors(model, {k: v for k, v in names.items() if not (k[0] == "blocks" and k[2] == "mlp")})
+    tensors.update(mlps)
+    root = pathlib.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    write_tensors(tensors, root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    copy_source_files(model.source_dir, root)
+    return root

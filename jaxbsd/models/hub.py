@@ -9,7 +9,8 @@ The rest of this module is what every family's ``params.py`` shares: reading the
 (:func:`open_checkpoint`, :func:`read_json`, :func:`load_tensors`), filling an abstract module from
 the tensors through a name table (:func:`fill_params`) and the way back (:func:`param_tensors`,
 :func:`write_tensors`, :func:`write_file`, and :func:`copy_through` for the source directory's
-files the export does not change). A name table maps each parameter's NNX state path to its Hugging Face
+files the export does not change), and the check that an export is still of the family's standard
+form (:func:`standard_mlp`, :func:`standard_gated_mlp`, :func:`block_widths`, :func:`one_width`). A name table maps each parameter's NNX state path to its Hugging Face
 tensor name and whether the tensor is stored transposed (Flax kernels are ``(in, out)``, PyTorch
 ``nn.Linear`` weights ``(out, in)``).
 """
@@ -20,7 +21,7 @@ import importlib
 import json
 import os
 import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ from jaxbsd.io import write_bytes_atomic
 
 __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrained", "read_json",
            "open_checkpoint", "load_tensors", "fill_params", "param_tensors", "write_tensors", "write_file",
-           "copy_through", "STALE_SUFFIXES", "STALE_DIRS"]
+           "copy_through", "STALE_SUFFIXES", "STALE_DIRS", "standard_mlp", "standard_gated_mlp", "block_widths", "one_width"]
 
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
 FAMILIES: dict[str, str] = {
@@ -234,3 +235,84 @@ def copy_through(source: str | os.PathLike, dest: str | os.PathLike, written: se
             continue
         write_file(dest / relative, file.read_bytes())
     return left_out
+
+
+def _linears(module, names) -> list | None:
+    found = [getattr(module, n, None) for n in names]
+    return found if all(isinstance(x, nnx.Linear) for x in found) else None
+
+
+def _only_params_of(module, linears) -> bool:
+    """Whether the ``nnx.Param`` s of ``module`` are the kernels and biases of ``linears`` and nothing
+    else (no other trained array, nor one a subclass of ``nnx.Linear`` adds, as LoRA's)."""
+    own = sum(1 for _ in nnx.to_flat_state(nnx.state(module, nnx.Param)))
+    return own == sum(1 + (x.bias is not None) for x in linears)
+
+
+def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
+    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` ``dim -> k -> dim`` with
+    both biases and the activation ``activation`` (jaxbsd's :class:`~jaxbsd.models.layers.MLP` or a
+    pruned one, :class:`~jaxbsd.models.compressed.PrunedMLP`), else ``(None, why not)``."""
+    name = type(module).__name__
+    linears = _linears(module, ("fc1", "fc2"))
+    if linears is None:
+        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
+    fc1, fc2 = linears
+    if getattr(module, "activation", None) != activation:
+        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
+    if fc1.bias is None or fc2.bias is None:
+        return None, f"{name} lacks a bias"
+    if not _only_params_of(module, linears):
+        return None, f"{name} holds parameters besides fc1 and fc2"
+    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
+        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
+    return int(fc1.out_features), ""
+
+
+def standard_gated_mlp(module, dim: int, activation: str, bias: bool) -> tuple[tuple | None, str]:
+    """``((gate, up, down) nnx.Linear, "")`` if ``module`` is an ordinary gated MLP
+    ``down(h(gate x) ⊙ up x)`` ``dim -> k -> dim`` with the activation ``activation`` and a bias on all
+    three projections iff ``bias``: jaxbsd's :class:`~jaxbsd.models.lm.GatedMLP` (``gate_proj``,
+    ``up_proj``, ``down_proj``) or a pruned one, :class:`~jaxbsd.models.compressed.PrunedGatedMLP`
+    (``gate``, ``up``, ``down``); else ``(None, why not)``."""
+    name = type(module).__name__
+    linears = _linears(module, ("gate_proj", "up_proj", "down_proj")) or _linears(module, ("gate", "up", "down"))
+    if linears is None:
+        return None, f"{name} is not a gated MLP of three dense layers (gate, up, down)"
+    gate, up, down = linears
+    if getattr(module, "activation", None) != activation:
+        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
+    if any((x.bias is not None) != bias for x in linears):
+        return None, f"{name} has biases {[x.bias is not None for x in linears]}, the config mlp_bias={bias}"
+    if not _only_params_of(module, linears):
+        return None, f"{name} holds parameters besides its three projections"
+    if (gate.in_features != dim or up.in_features != dim or down.out_features != dim
+            or not gate.out_features == up.out_features == down.in_features):
+        return None, (f"{name} maps {gate.in_features} -> {gate.out_features} (gate), {up.in_features} -> "
+                      f"{up.out_features} (up), {down.in_features} -> {down.out_features} (down)")
+    return (gate, up, down), ""
+
+
+def block_widths(blocks, at: str, check: Callable[[Any], tuple[int | None, str]]) -> tuple[list, list[str]]:
+    """``(widths, reasons)`` of each ``blocks[i].mlp`` by ``check(mlp)``, which gives ``(hidden width, "")``
+    for an MLP of the family's standard form and ``(None, why not)`` otherwise: ``widths`` one a block
+    (None where refused), ``reasons`` ``"{at}.{i}.mlp: {why}"`` for each refused one."""
+    widths, reasons = [], []
+    for i, block in enumerate(blocks):
+        width, why = check(block.mlp)
+        if width is None:
+            reasons.append(f"{at}.{i}.mlp: {why}")
+        widths.append(width)
+    return widths, reasons
+
+
+def one_width(widths: Sequence[int | None], reasons: Sequence[str], subject: str, holds: str) -> int:
+    """The one hidden width of every block's MLP (:func:`block_widths`), or ``ValueError``
+    ``"save_pretrained: the {subject} ({why}); {holds}. Save it with jaxbsd.save_compressed instead"``,
+    ``why`` the first of ``reasons`` or else the uneven widths; ``subject`` says what the model is no
+    longer (``"model is no longer a standard GPT-2"``), ``holds`` what the checkpoint format holds."""
+    if reasons or len(set(widths)) != 1:
+        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(set(widths))}"
+        raise ValueError(f"save_pretrained: the {subject} ({why}); {holds}. Save it with jaxbsd.save_compressed "
+                         "instead")
+    return int(widths[0])

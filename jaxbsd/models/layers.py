@@ -265,6 +265,15 @@ def check_config_ints(config, *names: str) -> None:
         _check_positive(name, getattr(config, name))
 
 
+def check_config_positive(config, *names: str) -> None:
+    """``ValueError`` naming the field unless every ``names`` field is a positive finite number
+    (an int or a float; a bool is not one)."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
 def check_vision_config(config, *int_fields: str) -> None:
     """The checks every vision-transformer config shares: the ``int_fields`` are positive
     ints, the patch divides the image, the heads divide the width, ``drop_path`` in [0, 1)."""

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.models.layers import MLP, PARAM_DTYPE, check_config_ints
+from jaxbsd.models.layers import MLP, PARAM_DTYPE, check_config_ints, check_config_positive
 
 __all__ = ["BertConfig", "Bert", "BertLayer", "BertAttention", "BertEmbeddings", "Encoder", "Unused",
            "POOLINGS", "HF_ACTIVATIONS", "ENCODER_MODEL_TYPES", "pool", "calibration_windows",
@@ -129,9 +129,7 @@ class BertConfig:
                              f"({self.hidden_size})")
         if self.hidden_act not in HF_ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {sorted(HF_ACTIVATIONS)}, got {self.hidden_act!r}")
-        eps = self.layer_norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-            raise ValueError(f"layer_norm_eps must be a positive finite number, got {eps!r}")
+        check_config_positive(self, "layer_norm_eps")
 
     @property
     def max_tokens(self) -> int:

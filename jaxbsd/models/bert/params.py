@@ -15,7 +15,9 @@ with a smaller ``intermediate_size``).
 
 :func:`hf_tensors` maps every parameter's NNX state path to its Hugging Face tensor name (and
 whether the tensor is stored transposed: Flax kernels are ``(in, out)``, PyTorch weights
-``(out, in)``); :func:`from_pretrained` and :func:`save_pretrained` go through it both ways.
+``(out, in)``); :func:`from_pretrained` and :func:`save_pretrained` go through it both ways. Every
+encoder family (DistilBERT's and MPNet's too) states its table through :func:`encoder_names`: the
+prefix of a layer and the names of its linears and LayerNorms.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unused
-from jaxbsd.models.hub import (copy_through, fill_params, load_tensors, open_checkpoint, param_tensors, read_json,
-                               write_file, write_tensors)
+from jaxbsd.models.hub import (block_widths, copy_through, fill_params, load_tensors, one_width, open_checkpoint,
+                               param_tensors, read_json, standard_mlp, write_file, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
-__all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "linear_names",
-           "norm_names", "config_from_fields"]
+__all__ = ["hf_tensors", "hf_config", "from_pretrained", "load_encoder", "save_pretrained", "encoder_names",
+           "LAYER_LINEARS", "LAYER_NORMS", "linear_names", "norm_names", "config_from_fields", "standard_mlp"]
 
 
 # ----------------------------------------------------------------------------- Hugging Face names
@@ -48,27 +50,52 @@ def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
     the config's ``model_type`` (DistilBERT's and MPNet's from their families' ``params``)."""
     if config.model_type in _OTHER_FAMILIES:
         return _OTHER_FAMILIES[config.model_type]().hf_tensors(config)
-    names = {
-        ("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
-        ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
-        ("embeddings", "norm", "scale"): ("embeddings.LayerNorm.weight", False),
-        ("embeddings", "norm", "bias"): ("embeddings.LayerNorm.bias", False),
-    }
-    if config.type_vocab_size:
-        names[("embeddings", "token_type", "embedding")] = ("embeddings.token_type_embeddings.weight", False)
+    tables = {("embeddings", "token_type", "embedding"): "embeddings.token_type_embeddings.weight"}
+    return encoder_names(config, "encoder.layer.{i}",
+                         ("attention.self.query", "attention.self.key", "attention.self.value",
+                          "attention.output.dense", "intermediate.dense", "output.dense"),
+                         ("attention.output.LayerNorm", "output.LayerNorm"),
+                         tables if config.type_vocab_size else {})
+
+
+#: Our paths of a :class:`Bert` layer's linears, in the order :func:`encoder_names` takes their names.
+LAYER_LINEARS = (("attention", "query"), ("attention", "key"), ("attention", "value"), ("attention", "output"),
+                 ("mlp", "fc1"), ("mlp", "fc2"))
+#: Our paths of a :class:`Bert` layer's LayerNorms, in the order :func:`encoder_names` takes their names.
+LAYER_NORMS = (("attention_norm",), ("output_norm",))
+
+
+def encoder_names(config: BertConfig, layer: str, linears: tuple[str, ...], norms: tuple[str, ...],
+                  tables: dict[tuple, str] | None = None) -> dict[tuple, tuple[str, bool]]:
+    """The name table (:func:`hf_tensors`) of :class:`Bert` in an encoder family's names: what
+    every family states the same way but for the names.
+
+    Args:
+        config: the encoder's config (its ``num_hidden_layers``).
+        layer: the prefix of layer ``i``'s tensors, a format string in ``i`` (``"encoder.layer.{i}"``).
+        linears: the names after ``layer`` of the six linears of :data:`LAYER_LINEARS` (query, key,
+            value, attention output, ``fc1``, ``fc2``), each a ``.weight`` stored transposed and a ``.bias``.
+        norms: the names after ``layer`` of the two LayerNorms of :data:`LAYER_NORMS` (after the
+            attention, after the MLP), each a ``.weight`` (our ``scale``) and a ``.bias``.
+        tables: ``{our path: tensor name}`` of the family's other tables, stored untransposed
+            (token types, relative-position biases), beside the word and position embeddings
+            (``embeddings.word_embeddings.weight``, ``embeddings.position_embeddings.weight``) and the
+            embeddings' LayerNorm (``embeddings.LayerNorm``), which every family names alike.
+
+    Returns:
+        ``{our state path: (tensor name, transposed)}`` for every parameter of :class:`Bert`.
+    """
+    if len(linears) != len(LAYER_LINEARS) or len(norms) != len(LAYER_NORMS):
+        raise ValueError(f"linears and norms must name {len(LAYER_LINEARS)} linears and {len(LAYER_NORMS)} "
+                         f"LayerNorms, got {len(linears)} and {len(norms)}")
+    names = {("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
+             ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
+             **{path: (name, False) for path, name in (tables or {}).items()}}
+    norm_names(names, (), {("embeddings", "norm"): "embeddings.LayerNorm"})
     for i in range(config.num_hidden_layers):
-        hf = f"encoder.layer.{i}"
-        ours = {
-            ("attention", "query"): f"{hf}.attention.self.query",
-            ("attention", "key"): f"{hf}.attention.self.key",
-            ("attention", "value"): f"{hf}.attention.self.value",
-            ("attention", "output"): f"{hf}.attention.output.dense",
-            ("mlp", "fc1"): f"{hf}.intermediate.dense",
-            ("mlp", "fc2"): f"{hf}.output.dense",
-        }
-        linear_names(names, ("layers", i), ours)
-        norm_names(names, ("layers", i), {("attention_norm",): f"{hf}.attention.output.LayerNorm",
-                                          ("output_norm",): f"{hf}.output.LayerNorm"})
+        hf = layer.format(i=i)
+        linear_names(names, ("layers", i), {path: f"{hf}.{name}" for path, name in zip(LAYER_LINEARS, linears)})
+        norm_names(names, ("layers", i), {path: f"{hf}.{name}" for path, name in zip(LAYER_NORMS, norms)})
     return names
 
 
@@ -230,25 +257,6 @@ def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ..
 # ----------------------------------------------------------------------------- saving
 
 
-def standard_mlp(module, dim: int, activation: str) -> tuple[int | None, str]:
-    """``(hidden width, "")`` if ``module`` is an ordinary MLP ``fc2(h(fc1(x)))`` with both biases and
-    the config's activation (jaxbsd's :class:`MLP` or a pruned one), else ``(None, why not)``."""
-    fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
-    name = type(module).__name__
-    if not (isinstance(fc1, nnx.Linear) and isinstance(fc2, nnx.Linear)):
-        return None, f"{name} is not a two-layer MLP (fc1, fc2)"
-    if getattr(module, "activation", None) != activation:
-        return None, f"{name} has activation {getattr(module, 'activation', None)!r}, the config {activation!r}"
-    if fc1.bias is None or fc2.bias is None:
-        return None, f"{name} lacks a bias"
-    params = [p for p, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))]
-    if len(params) != 4:
-        return None, f"{name} holds parameters besides fc1 and fc2"
-    if fc1.in_features != dim or fc2.out_features != dim or fc1.out_features != fc2.in_features:
-        return None, f"{name} maps {fc1.in_features} -> {fc1.out_features} -> {fc2.out_features}"
-    return int(fc1.out_features), ""
-
-
 def _same_tokenizer(tokenizer, file: pathlib.Path) -> bool:
     """Whether ``tokenizer`` is the one in ``file`` but for padding and truncation (which encoding
     sets on it as it goes)."""
@@ -301,17 +309,10 @@ def save_pretrained(encoder: Encoder, path: str | os.PathLike) -> pathlib.Path:
         raise ValueError(f"encoder must be a jaxbsd.models.bert.Encoder, got {type(encoder).__name__}")
     bert = encoder.bert
     config = bert.config
-    widths, reasons = set(), []
-    for i, layer in enumerate(bert.layers):
-        width, why = standard_mlp(layer.mlp, config.hidden_size, config.activation)
-        if width is None:
-            reasons.append(f"bert.layers.{i}.mlp: {why}")
-        widths.add(width)
-    if reasons or len(widths) != 1:
-        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(widths)}"
-        raise ValueError(f"save_pretrained: the encoder is no longer a standard BERT ({why}); a BERT checkpoint "
-                         "holds uniform two-layer MLPs only. Save it with jaxbsd.save_compressed instead")
-    width = widths.pop()
+    widths, reasons = block_widths(bert.layers, "bert.layers", lambda mlp: standard_mlp(mlp, config.hidden_size,
+                                                                                          config.activation))
+    width = one_width(widths, reasons, "encoder is no longer a standard BERT",
+                      "a BERT checkpoint holds uniform two-layer MLPs only")
     if encoder.tokenizer is None:
         raise ValueError("save_pretrained: the encoder has no tokenizer to write")
     config = dataclasses.replace(config, intermediate_size=width)

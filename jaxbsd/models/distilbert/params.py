@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from jaxbsd.models.bert.modeling import BertConfig, Encoder
-from jaxbsd.models.bert.params import config_from_fields, linear_names, load_encoder, norm_names
+from jaxbsd.models.bert.params import config_from_fields, encoder_names, load_encoder
 from jaxbsd.models.hub import open_checkpoint
 
 __all__ = ["config_from_hf", "hf_config", "hf_tensors", "from_pretrained"]
@@ -42,18 +42,9 @@ def hf_config(config: BertConfig) -> dict:
 
 def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
     """``{our state path: (DistilBERT tensor name, transposed)}`` for every parameter."""
-    names = {("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
-             ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False)}
-    norm_names(names, (), {("embeddings", "norm"): "embeddings.LayerNorm"})
-    for i in range(config.num_hidden_layers):
-        hf = f"transformer.layer.{i}"
-        linear_names(names, ("layers", i), {
-            ("attention", "query"): f"{hf}.attention.q_lin", ("attention", "key"): f"{hf}.attention.k_lin",
-            ("attention", "value"): f"{hf}.attention.v_lin", ("attention", "output"): f"{hf}.attention.out_lin",
-            ("mlp", "fc1"): f"{hf}.ffn.lin1", ("mlp", "fc2"): f"{hf}.ffn.lin2"})
-        norm_names(names, ("layers", i), {("attention_norm",): f"{hf}.sa_layer_norm",
-                                          ("output_norm",): f"{hf}.output_layer_norm"})
-    return names
+    return encoder_names(config, "transformer.layer.{i}",
+                         ("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin", "ffn.lin1",
+                          "ffn.lin2"), ("sa_layer_norm", "output_layer_norm"))
 
 
 def from_pretrained(path: str | os.PathLike) -> Encoder:

@@ -24,18 +24,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd.models.causal_lm import MASK_VALUE, activation_of, allowed_pairs, check_ids
-from jaxbsd.models.layers import EMBED_INIT, MLP, PARAM_DTYPE
+from jaxbsd.models.causal_lm import (MASK_VALUE, activation_of, allowed_pairs, check_config_json, check_ids,
+                                     config_with_token_ids)
+from jaxbsd.models.layers import EMBED_INIT, MLP, PARAM_DTYPE, check_config_ints, check_config_positive
 
 __all__ = ["GPT2Config", "GPT2", "GPT2Block", "GPT2Attention"]
 
 _REQUIRED = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
 # Options of GPT2Config that change the computation, and the value jaxbsd computes.
 _FIXED = {"add_cross_attention": False, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}
-
-
-def _token_id(value):
-    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +63,11 @@ class GPT2Config:
     pad_token_id: int | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_config_ints(self, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head ({self.n_head}) must divide n_embd ({self.n_embd})")
         activation_of(self.activation_function, "activation_function")
-        eps = self.layer_norm_epsilon
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-            raise ValueError(f"layer_norm_epsilon must be a positive finite number, got {eps!r}")
+        check_config_positive(self, "layer_norm_epsilon")
 
     @property
     def activation(self) -> str:
@@ -87,14 +79,8 @@ class GPT2Config:
         """The config of a Hugging Face ``config.json`` dict; ``ValueError`` naming ``where`` and the field
         for another model type, a missing field, an unknown activation or an option jaxbsd does not compute
         (cross-attention, unscaled or layer-scaled attention logits)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        if data.get("model_type") != "gpt2":
-            raise ValueError(f"{where}: model_type is {data.get('model_type')!r}; jaxbsd.models.gpt2 reads "
-                             "GPT-2 checkpoints (model_type 'gpt2') only")
-        missing = [n for n in _REQUIRED if n not in data]
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {missing}")
+        check_config_json(data, where, ("gpt2",), "jaxbsd.models.gpt2 reads GPT-2 checkpoints (model_type 'gpt2') "
+                          "only", _REQUIRED)
         for name, value in _FIXED.items():
             if bool(data.get(name, value)) != value:
                 raise ValueError(f"{where}: {name}={data[name]!r} is not supported (jaxbsd computes {name}={value})")
@@ -104,13 +90,8 @@ class GPT2Config:
             n_inner=4 * data["n_embd"] if inner is None and isinstance(data["n_embd"], int) else inner,
             activation_function=data.get("activation_function", "gelu_new"),
             layer_norm_epsilon=data.get("layer_norm_epsilon", 1e-5),
-            tie_word_embeddings=bool(data.get("tie_word_embeddings", True)),
-            bos_token_id=_token_id(data.get("bos_token_id")), eos_token_id=_token_id(data.get("eos_token_id")),
-            pad_token_id=data.get("pad_token_id"))
-        try:
-            return cls(**values)
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from err
+            tie_word_embeddings=bool(data.get("tie_word_embeddings", True)))
+        return config_with_token_ids(cls, values, data, where)
 
     def to_hf(self) -> dict:
         """A ``config.json`` dict that ``transformers.GPT2LMHeadModel`` reads."""

@@ -18,17 +18,14 @@ the tensor is stored transposed).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 
 import numpy as np
-from flax import nnx
 
-from jaxbsd.models.causal_lm import copy_source_files, export_widths, standard_mlp
+from jaxbsd.models.causal_lm import export_widths, load_decoder, standard_mlp, write_decoder
 from jaxbsd.models.gpt2.modeling import GPT2, GPT2Config
-from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, param_tensors, write_tensors
-from jaxbsd.models.layers import PARAM_DTYPE
+from jaxbsd.models.hub import block_widths, open_checkpoint
 
 __all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
 
@@ -55,14 +52,6 @@ def hf_tensors(config: GPT2Config) -> dict[tuple, tuple[str, bool]]:
     return names
 
 
-def _lookup(tensors: dict, name: str):
-    if name in tensors:
-        return tensors[name]
-    if name.startswith(_PREFIX):  # a GPT2Model checkpoint (the original ``gpt2``) has no prefix
-        return tensors.get(name[len(_PREFIX):])
-    return None
-
-
 def from_pretrained(path: str | os.PathLike) -> GPT2:
     """Load a Hugging Face GPT-2 directory as a :class:`GPT2` (float32).
 
@@ -74,12 +63,10 @@ def from_pretrained(path: str | os.PathLike) -> GPT2:
     """
     root, data = open_checkpoint(path)
     config = GPT2Config.from_hf(data, str(root / "config.json"))
-    weights = root / "model.safetensors"
-    tensors = load_tensors(weights)
-    abstract = nnx.eval_shape(lambda: GPT2(config, rngs=nnx.Rngs(0), source_dir=str(root)))
-    return fill_params(abstract, hf_tensors(config), tensors, str(weights), lookup=_lookup, dtype=PARAM_DTYPE,
-                       describe=f"config.json: n_embd {config.n_embd}, n_inner {config.n_inner}, "
-                                f"{config.n_layer} layers, n_positions {config.n_positions}")
+    # a GPT2Model checkpoint (the original ``gpt2``) has no prefix
+    return load_decoder(root, config, GPT2, hf_tensors(config), _PREFIX,
+                        f"config.json: n_embd {config.n_embd}, n_inner {config.n_inner}, {config.n_layer} layers, "
+                        f"n_positions {config.n_positions}")
 
 
 def save_pretrained(model: GPT2, path: str | os.PathLike) -> pathlib.Path:
@@ -95,22 +82,12 @@ def save_pretrained(model: GPT2, path: str | os.PathLike) -> pathlib.Path:
     if not isinstance(model, GPT2):
         raise ValueError(f"model must be a jaxbsd.models.gpt2.GPT2, got {type(model).__name__}")
     config = model.config
-    widths, reasons = [], []
-    for i, block in enumerate(model.blocks):
-        width, why = standard_mlp(block.mlp, config.n_embd, config.activation)
-        if width is None:
-            reasons.append(f"blocks.{i}.mlp: {why}")
-        widths.append(width)
+    widths, reasons = block_widths(model.blocks, "blocks", lambda mlp: standard_mlp(mlp, config.n_embd,
+                                                                                      config.activation))
     config = dataclasses.replace(config, n_inner=export_widths(widths, reasons, "GPT-2"))
-    names = {k: v for k, v in hf_tensors(config).items() if not (k[0] == "blocks" and k[2] == "mlp")}
-    tensors = param_tensors(model, names)
+    mlps = {}
     for i, block in enumerate(model.blocks):
         for layer, name in ((block.mlp.fc1, "c_fc"), (block.mlp.fc2, "c_proj")):
-            tensors[f"{_PREFIX}h.{i}.mlp.{name}.weight"] = np.asarray(layer.kernel[...], np.float32)
-            tensors[f"{_PREFIX}h.{i}.mlp.{name}.bias"] = np.asarray(layer.bias[...], np.float32)
-    root = pathlib.Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    write_tensors(tensors, root / "model.safetensors")
-    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
-    copy_source_files(model.source_dir, root)
-    return root
+            mlps[f"{_PREFIX}h.{i}.mlp.{name}.weight"] = np.asarray(layer.kernel[...], np.float32)
+            mlps[f"{_PREFIX}h.{i}.mlp.{name}.bias"] = np.asarray(layer.bias[...], np.float32)
+    return write_decoder(model, path, config, hf_tensors(config), mlps)

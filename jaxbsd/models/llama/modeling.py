@@ -37,8 +37,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd.models.causal_lm import MASK_VALUE, activation_of, allowed_pairs, check_ids
-from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE
+from jaxbsd.models.causal_lm import (MASK_VALUE, activation_of, allowed_pairs, check_config_json, check_ids,
+                                     config_with_token_ids)
+from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE, check_config_ints, check_config_positive
 from jaxbsd.models.lm.modeling import GatedMLP
 
 __all__ = ["MODEL_TYPES", "ARCHITECTURES", "ROPE_TYPES", "LlamaConfig", "Llama", "LlamaBlock", "LlamaAttention",
@@ -53,10 +54,6 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 ROPE_TYPES = ("default", "linear")
 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-
-
-def _token_id(value):
-    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,21 +103,16 @@ class LlamaConfig:
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_config_ints(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
                              f"({self.num_attention_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (rotary positions rotate pairs), got {self.head_dim}")
         activation_of(self.hidden_act, "hidden_act")
-        for name in ("rms_norm_eps", "rope_theta") + (("rope_factor",) if self.rope_factor is not None else ()):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        check_config_positive(self, "rms_norm_eps", "rope_theta",
+                              *(("rope_factor",) if self.rope_factor is not None else ()))
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or
                                                 not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise ValueError(f"sliding_window must be None or a positive int, got {self.sliding_window!r}")
@@ -136,14 +128,8 @@ class LlamaConfig:
         for a model type of another family, a missing field, or an option jaxbsd does not compute (a
         ``rope_scaling`` type other than :data:`ROPE_TYPES`, Qwen's ``use_sliding_window``, layer types other
         than full attention, an unknown activation)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        kind = data.get("model_type")
-        if kind not in MODEL_TYPES:
-            raise ValueError(f"{where}: model_type is {kind!r}; jaxbsd.models.llama reads {list(MODEL_TYPES)}")
-        missing = [n for n in _REQUIRED if n not in data]
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {missing}")
+        check_config_json(data, where, MODEL_TYPES, f"jaxbsd.models.llama reads {list(MODEL_TYPES)}", _REQUIRED)
+        kind = data["model_type"]
         theta, factor = _rope(data, where)
         if data.get("use_sliding_window"):
             raise ValueError(f"{where}: use_sliding_window is true; jaxbsd computes full attention only")
@@ -165,13 +151,8 @@ class LlamaConfig:
             qkv_bias=kind == "qwen2" or (kind in ("llama", "qwen3") and attention_bias),
             out_bias=kind in ("llama", "qwen3") and attention_bias,
             mlp_bias=kind == "llama" and bool(data.get("mlp_bias", False)), qk_norm=kind == "qwen3",
-            sliding_window=data.get("sliding_window") if kind == "mistral" else None,
-            bos_token_id=_token_id(data.get("bos_token_id")), eos_token_id=_token_id(data.get("eos_token_id")),
-            pad_token_id=data.get("pad_token_id"))
-        try:
-            return cls(**values)
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from err
+            sliding_window=data.get("sliding_window") if kind == "mistral" else None)
+        return config_with_token_ids(cls, values, data, where)
 
     def to_hf(self) -> dict:
         """A ``config.json`` dict that ``transformers``' class for :attr:`model_type` reads

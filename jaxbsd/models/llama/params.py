@@ -17,16 +17,13 @@ the tensor is stored transposed: Flax kernels are ``(in, out)``, PyTorch weights
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 
 import numpy as np
-from flax import nnx
 
-from jaxbsd.models.causal_lm import copy_source_files, export_widths, standard_gated_mlp
-from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, param_tensors, write_tensors
-from jaxbsd.models.layers import PARAM_DTYPE
+from jaxbsd.models.causal_lm import export_widths, load_decoder, standard_gated_mlp, write_decoder
+from jaxbsd.models.hub import open_checkpoint
 from jaxbsd.models.llama.modeling import Llama, LlamaConfig
 
 __all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
@@ -62,14 +59,6 @@ def hf_tensors(config: LlamaConfig) -> dict[tuple, tuple[str, bool]]:
     return names
 
 
-def _lookup(tensors: dict, name: str):
-    if name in tensors:
-        return tensors[name]
-    if name.startswith("model."):  # a base ``LlamaModel`` checkpoint has no prefix
-        return tensors.get(name[len("model."):])
-    return None
-
-
 def from_pretrained(path: str | os.PathLike) -> Llama:
     """Load a Hugging Face Llama, Mistral, Qwen2 or Qwen3 directory as a :class:`Llama` (float32).
 
@@ -81,14 +70,12 @@ def from_pretrained(path: str | os.PathLike) -> Llama:
     """
     root, data = open_checkpoint(path)
     config = LlamaConfig.from_hf(data, str(root / "config.json"))
-    weights = root / "model.safetensors"
-    tensors = load_tensors(weights)
-    abstract = nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0), source_dir=str(root)))
-    return fill_params(abstract, hf_tensors(config), tensors, str(weights), lookup=_lookup, dtype=PARAM_DTYPE,
-                       describe=f"config.json: hidden_size {config.hidden_size}, intermediate_size "
-                                f"{config.intermediate_size}, {config.num_hidden_layers} layers, "
-                                f"{config.num_attention_heads} heads / {config.num_key_value_heads} key-value "
-                                f"heads of {config.head_dim}")
+    # a base ``LlamaModel`` checkpoint has no prefix
+    return load_decoder(root, config, Llama, hf_tensors(config), "model.",
+                        f"config.json: hidden_size {config.hidden_size}, intermediate_size "
+                        f"{config.intermediate_size}, {config.num_hidden_layers} layers, "
+                        f"{config.num_attention_heads} heads / {config.num_key_value_heads} key-value "
+                        f"heads of {config.head_dim}")
 
 
 def _mlp_tensors(linears, hf: str) -> dict[str, np.ndarray]:
@@ -122,13 +109,7 @@ def save_pretrained(model: Llama, path: str | os.PathLike) -> pathlib.Path:
     width = export_widths([None if x is None else x[0].out_features for x in found], reasons,
                           f"{config.model_type} model")
     config = dataclasses.replace(config, intermediate_size=width)
-    names = {k: v for k, v in hf_tensors(config).items() if not (k[0] == "blocks" and k[2] == "mlp")}
-    tensors = param_tensors(model, names)
+    mlps = {}
     for i, linears in enumerate(found):
-        tensors.update(_mlp_tensors(linears, f"model.layers.{i}"))
-    root = pathlib.Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    write_tensors(tensors, root / "model.safetensors")
-    (root / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
-    copy_source_files(model.source_dir, root)
-    return root
+        mlps.update(_mlp_tensors(linears, f"model.layers.{i}"))
+    return write_decoder(model, path, config, hf_tensors(config), mlps)

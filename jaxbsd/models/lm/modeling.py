@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxbsd.models.layers import ACTIVATIONS, EMBED_INIT, PARAM_DTYPE, check_config_ints
+from jaxbsd.models.layers import ACTIVATIONS, EMBED_INIT, PARAM_DTYPE, check_config_ints, check_config_positive
 
 __all__ = ["LMConfig", "LM", "GatedMLP", "CausalSelfAttention", "DecoderBlock", "rotary_embedding"]
 
@@ -87,10 +87,7 @@ class LMConfig:
         for name in ("mlp_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("rope_base", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        check_config_positive(self, "rope_base", "norm_eps")
         if self.rope_base <= 1:
             raise ValueError(f"rope_base must be > 1, got {self.rope_base!r}")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from jaxbsd.models.bert.modeling import BertConfig, Encoder
-from jaxbsd.models.bert.params import config_from_fields, linear_names, load_encoder, norm_names
+from jaxbsd.models.bert.params import config_from_fields, encoder_names, load_encoder
 from jaxbsd.models.hub import open_checkpoint
 
 __all__ = ["config_from_hf", "hf_config", "hf_tensors", "from_pretrained"]
@@ -48,19 +48,10 @@ def hf_config(config: BertConfig) -> dict:
 
 def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
     """``{our state path: (MPNet tensor name, transposed)}`` for every parameter."""
-    names = {("embeddings", "word", "embedding"): ("embeddings.word_embeddings.weight", False),
-             ("embeddings", "position", "embedding"): ("embeddings.position_embeddings.weight", False),
-             ("relative_attention_bias", "embedding"): ("encoder.relative_attention_bias.weight", False)}
-    norm_names(names, (), {("embeddings", "norm"): "embeddings.LayerNorm"})
-    for i in range(config.num_hidden_layers):
-        hf = f"encoder.layer.{i}"
-        linear_names(names, ("layers", i), {
-            ("attention", "query"): f"{hf}.attention.attn.q", ("attention", "key"): f"{hf}.attention.attn.k",
-            ("attention", "value"): f"{hf}.attention.attn.v", ("attention", "output"): f"{hf}.attention.attn.o",
-            ("mlp", "fc1"): f"{hf}.intermediate.dense", ("mlp", "fc2"): f"{hf}.output.dense"})
-        norm_names(names, ("layers", i), {("attention_norm",): f"{hf}.attention.LayerNorm",
-                                          ("output_norm",): f"{hf}.output.LayerNorm"})
-    return names
+    return encoder_names(config, "encoder.layer.{i}",
+                         ("attention.attn.q", "attention.attn.k", "attention.attn.v", "attention.attn.o",
+                          "intermediate.dense", "output.dense"), ("attention.LayerNorm", "output.LayerNorm"),
+                         {("relative_attention_bias", "embedding"): "encoder.relative_attention_bias.weight"})
 
 
 def from_pretrained(path: str | os.PathLike) -> Encoder:

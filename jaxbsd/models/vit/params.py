@@ -34,7 +34,7 @@ from flax import nnx
 
 from jaxbsd.models.bert.modeling import HF_ACTIVATIONS
 from jaxbsd.models.bert.params import standard_mlp
-from jaxbsd.models.hub import fill_params, load_tensors, open_checkpoint, write_tensors
+from jaxbsd.models.hub import block_widths, fill_params, load_tensors, one_width, open_checkpoint, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.vit.modeling import ViT, ViTConfig
 from jaxbsd.models.vit.preprocessing import ImageProcessor
@@ -231,18 +231,10 @@ def from_pretrained(path: str | os.PathLike) -> ViT:
 def check_standard(model: ViT) -> int:
     """The one hidden width of ``model``'s MLPs; ``ValueError`` pointing to ``save_compressed`` where
     they are not all ordinary two-layer MLPs of one width."""
-    widths, reasons = set(), []
-    for i, block in enumerate(model.blocks):
-        width, why = standard_mlp(block.mlp, model.config.dim, model.config.activation)
-        if width is None:
-            reasons.append(f"blocks.{i}.mlp: {why}")
-        widths.add(width)
-    if reasons or len(widths) != 1:
-        why = reasons[0] if reasons else f"the MLPs have different hidden widths {sorted(widths)}"
-        raise ValueError(f"save_pretrained: the model is no longer a standard {type(model).__name__} ({why}); a "
-                         "Hugging Face checkpoint holds uniform two-layer MLPs only. Save it with "
-                         "jaxbsd.save_compressed instead")
-    return widths.pop()
+    widths, reasons = block_widths(model.blocks, "blocks", lambda mlp: standard_mlp(mlp, model.config.dim,
+                                                                                      model.config.activation))
+    return one_width(widths, reasons, f"model is no longer a standard {type(model).__name__}",
+                     "a Hugging Face checkpoint holds uniform two-layer MLPs only")
 
 
 def save_classifier(model: ViT, path, model_type: str, architecture: str, prefix: str, tokens, heads) -> pathlib.Path:
