@@ -1,0 +1,298 @@
+"""The layouts real Hugging Face hub checkpoints have, read by ``jaxbsd.models.from_pretrained``.
+
+Hub checkpoints differ from what a fresh ``save_pretrained`` writes: large decoders come sharded
+(``model.safetensors.index.json`` + ``model-0000i-of-0000n.safetensors``) and in bfloat16 or float16;
+``bert-base-uncased`` names its LayerNorms ``gamma``/``beta`` and carries the pre-training heads;
+``gpt2`` has no ``transformer.`` prefix and stores the attention-mask buffers; configs were written
+by older ``transformers`` (``rope_theta`` and ``rope_scaling: null`` instead of ``rope_parameters``,
+``torch_dtype``, ``_name_or_path``, ``gradient_checkpointing``). Each case builds such a layout
+locally from a tiny random-init ``transformers`` model; the oracle is ``transformers`` reading the
+same directory in float32 (stored half-precision weights upcast, as ours are), or the in-memory
+model whose tensors were renamed. fp32, ≤ 1e-5 relative, on padded batches.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hf_oracle import assert_refused, assert_rel_close, tiny_model
+
+from jaxbsd import models
+
+torch = pytest.importorskip("torch")
+T = pytest.importorskip("transformers")
+
+VOCAB, SEQ = 64, 8
+_DEC = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+            max_position_embeddings=32)
+_ENC = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=VOCAB,
+            max_position_embeddings=40)
+_VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=16,
+            patch_size=8, num_labels=3)
+#: Keys every hub config carries that change nothing jaxbsd computes.
+_HUB_KEYS = {"transformers_version": "4.40.0", "_name_or_path": "someone/some-model", "use_cache": True,
+             "gradient_checkpointing": False}
+
+
+# ----------------------------------------------------------------------------- building hub layouts
+
+
+def _rewrite_tensors(path, change) -> None:
+    """``change(tensors)`` -> the new ``{name: torch tensor}`` of ``path/model.safetensors`` (any dtype)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = change(load_file(str(path / "model.safetensors")))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _hub_config(path, drop=(), **fields) -> None:
+    """``config.json`` with ``fields`` set (None written as null), the keys ``drop`` removed."""
+    data = {k: v for k, v in json.loads((path / "config.json").read_text()).items() if k not in drop}
+    (path / "config.json").write_text(json.dumps({**data, **fields}))
+
+
+def _old_rope(path, theta=10000.0) -> None:
+    """The RoPE fields as ``transformers`` 4 wrote them: ``rope_theta`` and ``rope_scaling: null``."""
+    data = json.loads((path / "config.json").read_text())
+    rope = data.pop("rope_parameters", None) or {}
+    data.update(rope_theta=rope.get("rope_theta", theta), rope_scaling=None)
+    (path / "config.json").write_text(json.dumps(data))
+
+
+def _shards(path) -> list[str]:
+    return sorted(p.name for p in path.glob("model-*-of-*.safetensors"))
+
+
+def _write_tokenizer(path) -> None:
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+
+    tok = Tokenizer(tok_models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(path / "tokenizer.json"))
+
+
+def _batch(seed=0, pad=1):
+    """``(ids, mask)`` ``(3, SEQ)``: rows 1 and 2 right-padded after 5 and 3 tokens (``pad`` ids there)."""
+    ids = np.random.default_rng(seed).integers(3, VOCAB, (3, SEQ))
+    mask = np.ones((3, SEQ), np.int64)
+    for row, n in ((1, 5), (2, 3)):
+        ids[row, n:], mask[row, n:] = pad, 0
+    return ids, mask
+
+
+def _logits(model, ids, mask) -> np.ndarray:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.float().numpy()
+
+
+def _hidden(model, ids, mask) -> np.ndarray:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+
+
+# ----------------------------------------------------------------------------- decoders
+
+#: name -> (transformers config class, arguments, stored torch dtype, shard size or None).
+DECODERS = {
+    # Qwen2.5-0.5B-like: q/k/v biases, explicit head_dim, tied, sliding_window null, bf16, one file
+    "qwen2-bf16-tied": ("Qwen2Config", {**_DEC, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                                        "head_dim": 8}, "bfloat16", None),
+    # TinyLlama / Llama-2-like: GQA, untied, bf16 in shards
+    "llama-bf16-sharded": ("LlamaConfig", {**_DEC, "num_key_value_heads": 2}, "bfloat16", "20KB"),
+    # Mistral-7B-v0.3-like: sliding_window null, fp16 in shards
+    "mistral-fp16-sharded": ("MistralConfig", {**_DEC, "num_key_value_heads": 1, "sliding_window": None},
+                             "float16", "20KB"),
+}
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    built = {}
+
+    def get(name):
+        if name not in built:
+            cls, kwargs, dtype, shard = DECODERS[name]
+            model = tiny_model(lambda: T.AutoModelForCausalLM.from_config(getattr(T, cls)(**kwargs)), seed=3,
+                               scale=0.15, bias=0.2, norms=True)
+            path = tmp_path_factory.mktemp(name)
+            model.to(getattr(torch, dtype)).save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
+            _old_rope(path)
+            _hub_config(path, drop=("dtype",), torch_dtype=dtype, **_HUB_KEYS)
+            built[name] = path
+        return built[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_half_precision_and_sharded_decoders_agree_with_transformers(decoder, name):
+    path = decoder(name)
+    assert bool(_shards(path)) == (DECODERS[name][3] is not None)
+    model = models.from_pretrained(path)
+    assert all(leaf.dtype == jnp.float32 for leaf in _param_leaves(model))
+    ref = T.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # the same upcast weights
+    ids, mask = _batch()
+    ours = model(jnp.asarray(ids), jnp.asarray(mask))
+    assert ours.dtype == jnp.float32
+    assert_rel_close(ours, _logits(ref, ids, mask), mask)
+
+
+def _param_leaves(model):
+    from flax import nnx
+
+    return [v[...] for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+
+
+def test_a_decoder_loads_in_the_dtype_asked(decoder):
+    path = decoder("llama-bf16-sharded")
+    model = models.from_pretrained(path, dtype=jnp.bfloat16)
+    assert {leaf.dtype for leaf in _param_leaves(model)} == {jnp.dtype(jnp.bfloat16)}
+    ids, mask = _batch()
+    ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)), np.float32)
+    ref = _logits(T.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), ids, mask)
+    assert_rel_close(ours, ref, mask, rel=0.05)  # bfloat16 arithmetic: a few ulps of 2^-8 through two layers
+
+
+def test_the_shard_index_is_checked(decoder, tmp_path):
+    import shutil
+
+    path = shutil.copytree(decoder("llama-bf16-sharded"), tmp_path / "m")
+    (path / _shards(path)[-1]).unlink()
+    assert_refused(path, r"model.safetensors.index.json: shard 'model-0000\d-of-0000\d.safetensors' is missing")
+
+
+def test_llama3_rope_scaling_is_refused_by_name(decoder, tmp_path):
+    import shutil
+
+    path = shutil.copytree(decoder("llama-bf16-sharded"), tmp_path / "m")
+    _hub_config(path, rope_scaling={"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
+                                    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192})
+    assert_refused(path, r"rope_scaling type 'llama3' is not supported")
+
+
+def _gpt2_hub(path, model) -> None:
+    """The hub ``gpt2`` layout: ``GPT2Model`` names (no ``transformer.``), the ``attn.bias`` causal-mask
+    and ``attn.masked_bias`` buffers stored, no ``lm_head`` (tied)."""
+    n = model.config.n_positions
+
+    def change(tensors):
+        out = {k.removeprefix("transformer."): v for k, v in tensors.items() if k != "lm_head.weight"}
+        for i in range(model.config.n_layer):
+            out[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+            out[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+        return out
+
+    _rewrite_tensors(path, change)
+    _hub_config(path, drop=("dtype",), torch_dtype="float32", n_ctx=n, **_HUB_KEYS)
+
+
+def test_gpt2_in_the_hub_layout_agrees_with_transformers(tmp_path):
+    config = T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=16, bos_token_id=0,
+                          eos_token_id=1)
+    model = tiny_model(lambda: T.GPT2LMHeadModel(config), scale=0.15, bias=0.2, norms=True)
+    model.save_pretrained(tmp_path)
+    _gpt2_hub(tmp_path, model)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert "h.0.attn.c_attn.weight" in f.keys() and "wte.weight" in f.keys() and "h.1.attn.bias" in f.keys()
+    ours = models.from_pretrained(tmp_path)
+    ids, mask = _batch()
+    ref = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert_rel_close(ours(jnp.asarray(ids), jnp.asarray(mask)), _logits(ref, ids, mask), mask)
+    assert_rel_close(ours(jnp.asarray(ids), jnp.asarray(mask)), _logits(model, ids, mask), mask)
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+def _gamma_beta(tensors):
+    """LayerNorm ``weight``/``bias`` renamed ``gamma``/``beta``, as bert-base-uncased's checkpoint has them."""
+    def rename(k):
+        if "LayerNorm." in k:
+            return k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        return k
+
+    return {rename(k): v for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("head", ["BertForPreTraining", "BertModel"])
+def test_bert_with_gamma_beta_norms_heads_and_pooler_agrees_with_transformers(tmp_path, head):
+    config = T.BertConfig(**_ENC, pad_token_id=1)
+    model = tiny_model(lambda: getattr(T, head)(config))
+    model.save_pretrained(tmp_path)
+    _rewrite_tensors(tmp_path, _gamma_beta)
+    _hub_config(tmp_path, drop=("dtype",), architectures=["BertForMaskedLM"], torch_dtype="float32",
+                position_embedding_type="absolute", **_HUB_KEYS)
+    _write_tokenizer(tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    prefix = "bert." if head == "BertForPreTraining" else ""
+    assert f"{prefix}embeddings.LayerNorm.gamma" in names and f"{prefix}pooler.dense.weight" in names
+    assert (head == "BertForPreTraining") == ("cls.seq_relationship.weight" in names)
+    enc = models.from_pretrained(tmp_path)
+    bert = model.bert if head == "BertForPreTraining" else model
+    ids, mask = _batch()
+    assert_rel_close(enc.bert(jnp.asarray(ids), jnp.asarray(mask)), _hidden(bert, ids, mask), mask)
+    np.testing.assert_array_equal(np.asarray(enc.bert.pooler_kernel[...]).T, bert.pooler.dense.weight.detach().numpy())
+    ref = T.AutoModel.from_pretrained(tmp_path).eval()  # transformers reads gamma/beta too
+    assert_rel_close(enc.bert(jnp.asarray(ids), jnp.asarray(mask)), _hidden(ref, ids, mask), mask)
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_sharded_bf16_encoders_agree_and_export_one_file(tmp_path, family):
+    config = T.BertConfig(**_ENC, pad_token_id=1) if family == "bert" else T.MPNetConfig(**_ENC)
+    model = tiny_model(lambda: T.AutoModel.from_config(config))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "in", max_shard_size="20KB")
+    _write_tokenizer(tmp_path / "in")
+    assert _shards(tmp_path / "in")
+    enc = models.from_pretrained(tmp_path / "in")
+    ref = T.AutoModel.from_pretrained(tmp_path / "in", dtype=torch.float32).eval()
+    ids, mask = _batch()
+    assert_rel_close(enc.bert(jnp.asarray(ids), jnp.asarray(mask)), _hidden(ref, ids, mask), mask)
+    out = models.save_pretrained(enc, tmp_path / "out")  # one float32 file, no stale shards or index
+    assert not _shards(out) and not (out / "model.safetensors.index.json").exists()
+    back = T.AutoModel.from_pretrained(out).eval()
+    assert_rel_close(_hidden(back, ids, mask), _hidden(ref, ids, mask), mask)
+
+
+# ----------------------------------------------------------------------------- vision
+
+
+def _vit_logits(model, x) -> np.ndarray:
+    with torch.no_grad():
+        return model(pixel_values=torch.as_tensor(x.transpose(0, 3, 1, 2))).logits.float().numpy()
+
+
+@pytest.mark.parametrize("variant", ["pooler", "no-prefix", "bf16-sharded"])
+def test_vit_layouts_agree_with_transformers(tmp_path, variant):
+    model = tiny_model(lambda: T.ViTForImageClassification(T.ViTConfig(**_VIT)))
+    if variant == "bf16-sharded":
+        model.to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="10KB")
+        assert _shards(tmp_path)
+        model = T.ViTForImageClassification.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    else:
+        model.save_pretrained(tmp_path)
+        d = model.config.hidden_size
+        gen = torch.Generator().manual_seed(5)
+        pooler = {"pooler.dense.weight": torch.randn(d, d, generator=gen), "pooler.dense.bias": torch.randn(d, generator=gen)}
+        if variant == "pooler":  # a ViTModel's pooler kept beside the head: not on the classifier's path
+            _rewrite_tensors(tmp_path, lambda t: {**t, **{f"vit.{k}": v for k, v in pooler.items()}})
+        else:  # backbone names without ``vit.``, as a ViTModel has them, the head beside them
+            _rewrite_tensors(tmp_path, lambda t: {**{k.removeprefix("vit."): v for k, v in t.items()}, **pooler})
+    _hub_config(tmp_path, drop=("dtype",), torch_dtype="float32", **_HUB_KEYS)
+    x = np.random.default_rng(0).standard_normal((3, 16, 16, 3)).astype(np.float32)
+    ours = models.from_pretrained(tmp_path)
+    assert_rel_close(ours(jnp.asarray(x)), _vit_logits(model, x))
+
+
+def test_a_vit_backbone_without_a_head_is_refused_by_name(tmp_path):
+    model = tiny_model(lambda: T.ViTModel(T.ViTConfig(**_VIT)))
+    model.save_pretrained(tmp_path)
+    assert_refused(tmp_path, r"missing tensor\(s\) \['classifier.weight'\]: a ViTModel backbone without a "
+                             "classification head")
