@@ -33,6 +33,10 @@ _ENC = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermed
             max_position_embeddings=40)
 _VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=16,
             patch_size=8, num_labels=3)
+#: Llama 3.1's RoPE scaling; with θ = 500000 and head_dim 8 the wavelengths 6, 167, 4437 and 118000
+#: fall in the kept, kept, interpolated and scaled bands.
+_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "high_freq_factor": 4.0,
+           "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
 #: Keys every hub config carries that change nothing jaxbsd computes.
 _HUB_KEYS = {"transformers_version": "4.40.0", "_name_or_path": "someone/some-model", "use_cache": True,
              "gradient_checkpointing": False}
@@ -56,10 +60,12 @@ def _hub_config(path, drop=(), **fields) -> None:
 
 
 def _old_rope(path, theta=10000.0) -> None:
-    """The RoPE fields as ``transformers`` 4 wrote them: ``rope_theta`` and ``rope_scaling: null``."""
+    """The RoPE fields as ``transformers`` 4 wrote them: ``rope_theta`` and ``rope_scaling`` (null
+    unless scaled)."""
     data = json.loads((path / "config.json").read_text())
-    rope = data.pop("rope_parameters", None) or {}
-    data.update(rope_theta=rope.get("rope_theta", theta), rope_scaling=None)
+    rope = dict(data.pop("rope_parameters", None) or {})
+    theta = rope.pop("rope_theta", theta)
+    data.update(rope_theta=theta, rope_scaling=None if rope.get("rope_type", "default") == "default" else rope)
     (path / "config.json").write_text(json.dumps(data))
 
 
@@ -109,6 +115,9 @@ DECODERS = {
                                         "head_dim": 8}, "bfloat16", None),
     # TinyLlama / Llama-2-like: GQA, untied, bf16 in shards
     "llama-bf16-sharded": ("LlamaConfig", {**_DEC, "num_key_value_heads": 2}, "bfloat16", "20KB"),
+    # Llama-3.2-1B-like: tied, llama3 RoPE scaling (all three frequency bands at head_dim 8), bf16
+    "llama3-bf16-tied": ("LlamaConfig", {**_DEC, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                                         "rope_parameters": _LLAMA3}, "bfloat16", None),
     # Mistral-7B-v0.3-like: sliding_window null, fp16 in shards
     "mistral-fp16-sharded": ("MistralConfig", {**_DEC, "num_key_value_heads": 1, "sliding_window": None},
                              "float16", "20KB"),
@@ -169,13 +178,34 @@ def test_the_shard_index_is_checked(decoder, tmp_path):
     assert_refused(path, r"model.safetensors.index.json: shard 'model-0000\d-of-0000\d.safetensors' is missing")
 
 
-def test_llama3_rope_scaling_is_refused_by_name(decoder, tmp_path):
+def test_other_rope_scaling_is_refused_by_name(decoder, tmp_path):
     import shutil
 
     path = shutil.copytree(decoder("llama-bf16-sharded"), tmp_path / "m")
-    _hub_config(path, rope_scaling={"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
-                                    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192})
-    assert_refused(path, r"rope_scaling type 'llama3' is not supported")
+    _hub_config(path, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    assert_refused(path, r"rope_scaling type 'yarn' is not supported")
+    _hub_config(path, rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0})
+    assert_refused(path, r"rope_scaling type 'llama3' needs \['high_freq_factor', 'original_max_position_embeddings'\]")
+
+
+def test_llama3_rope_tables_match_transformers_over_every_band():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from jaxbsd.models.llama import rope_tables
+
+    scaling = {**_LLAMA3, "rope_theta": 10000.0, "original_max_position_embeddings": 64}  # bands within 512
+    config = T.LlamaConfig(**{**_DEC, "hidden_size": 128, "max_position_embeddings": 512}, rope_parameters=scaling)
+    ours = models.llama.LlamaConfig.from_hf(config.to_dict())
+    assert ours.rope_llama3 == (1.0, 4.0, 64) and ours.rope_factor == 32.0
+    positions = torch.arange(512)[None]
+    with torch.no_grad():
+        cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1, 512, 32), positions)
+    our_cos, our_sin = rope_tables(512, 32, ours.rope_theta, ours.rope_factor, jnp.float32, ours.rope_llama3)
+    np.testing.assert_allclose(np.asarray(our_cos)[0, :, 0], cos[0].numpy(), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(our_sin)[0, :, 0], sin[0].numpy(), atol=2e-5)
+    plain, _ = rope_tables(512, 32, ours.rope_theta, None, jnp.float32)
+    assert np.abs(np.asarray(plain) - np.asarray(our_cos)).max() > 0.5  # the scaling shows
+    assert models.llama.LlamaConfig.from_hf(ours.to_hf()) == ours  # written back as read
 
 
 def _gpt2_hub(path, model) -> None:
