@@ -3,8 +3,9 @@
 The modules are those of :mod:`jaxbsd.models.bert.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"bert"``,
-``"roberta"`` or ``"xlm-roberta"``, absolute positions), ``model.safetensors`` through
-``safetensors``' numpy API (a ``bert.`` or ``roberta.`` prefix, as ``…For…`` checkpoints have, is
+``"roberta"`` or ``"xlm-roberta"``, absolute positions), the weights through
+:func:`~jaxbsd.models.hub.load_weights` (``model.safetensors`` or its shards, any stored float dtype; LayerNorms named
+``weight``/``bias`` or ``gamma``/``beta``; a ``bert.`` or ``roberta.`` prefix, as ``…For…`` checkpoints have, is
 accepted; their task heads are not read, the pooler is kept), ``tokenizer.json`` through ``tokenizers``, and the
 sentence-transformers files where present: ``modules.json`` (a ``Normalize`` module),
 ``1_Pooling/config.json`` (mean, CLS, max or mean-sqrt-len pooling) and

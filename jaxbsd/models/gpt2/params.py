@@ -3,7 +3,7 @@
 The modules are those of :mod:`jaxbsd.models.gpt2.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"gpt2"``) and
-``model.safetensors`` through ``safetensors``' numpy API (names under ``transformer.`` as
+the weights through :func:`~jaxbsd.models.hub.load_weights` (``model.safetensors`` or its shards, any stored float dtype; names under ``transformer.`` as
 ``GPT2LMHeadModel`` checkpoints have them, or without the prefix as the original ``gpt2`` one has;
 ``lm_head.weight`` where the embeddings are untied). GPT-2's ``Conv1D`` weights are ``(in, out)``, as
 Flax kernels: they are not transposed. :func:`save_pretrained` writes the same layout back where every

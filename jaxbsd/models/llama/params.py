@@ -3,8 +3,8 @@
 The modules are those of :mod:`jaxbsd.models.llama.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` one of
-:data:`~jaxbsd.models.llama.modeling.MODEL_TYPES`) and ``model.safetensors`` through ``safetensors``'
-numpy API (names under ``model.`` as ``…ForCausalLM`` checkpoints have them, or without the prefix;
+:data:`~jaxbsd.models.llama.modeling.MODEL_TYPES`) and the weights through
+:func:`~jaxbsd.models.hub.load_weights` (``model.safetensors`` or its shards, stored in any float dtype; names under ``model.`` as ``…ForCausalLM`` checkpoints have them, or without the prefix;
 ``lm_head.weight`` where the embeddings are untied). :func:`save_pretrained` writes the same layout
 back where every MLP is still a standard gated MLP of one width (untouched, or all pruned to one width:
 ``intermediate_size`` is then the pruned width), with the tokenizer and generation files of the
