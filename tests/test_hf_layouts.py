@@ -333,3 +333,107 @@ def test_a_vit_backbone_without_a_head_is_refused_by_name(tmp_path):
     model.save_pretrained(tmp_path)
     assert_refused(tmp_path, r"missing tensor\(s\) \['classifier.weight'\]: a ViTModel backbone without a "
                              "classification head")
+
+
+# ----------------------------------------------------------------------------- hub configs
+
+#: ``config.json`` of real hub checkpoints, field for field as published (label maps left out).
+HUB_CONFIGS = {
+    "bert-base-uncased": {
+        "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1, "gradient_checkpointing": False,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02,
+        "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+        "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0, "position_embedding_type": "absolute",
+        "transformers_version": "4.6.0.dev0", "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522},
+    "gpt2": {
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+        "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12,
+        "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None, "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}}, "vocab_size": 50257},
+    "Qwen2.5-0.5B": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+        "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.1", "use_cache": True, "use_mrope": False, "use_sliding_window": False,
+        "vocab_size": 151936},
+    "TinyLlama-1.1B": {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+        "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 22,
+        "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.35.0", "use_cache": True, "vocab_size": 32000},
+    "Llama-3.2-1B": {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256},
+    "Mistral-7B-v0.1": {
+        "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+        "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": True, "vocab_size": 32000},
+    "vit-base-patch16-224": {
+        "_name_or_path": "google/vit-base-patch16-224", "architectures": ["ViTForImageClassification"],
+        "attention_probs_dropout_prob": 0.0, "encoder_stride": 16, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
+        "hidden_size": 768, "image_size": 224, "initializer_range": 0.02, "intermediate_size": 3072,
+        "layer_norm_eps": 1e-12, "model_type": "vit", "num_attention_heads": 12, "num_channels": 3,
+        "num_hidden_layers": 12, "num_labels": 1000, "patch_size": 16, "qkv_bias": True,
+        "transformers_version": "4.13.0.dev0"},
+}
+
+
+def _our_config(data):
+    kind = data["model_type"]
+    if kind == "bert":
+        return models.bert.BertConfig.from_hf(data, "config.json")
+    if kind == "gpt2":
+        return models.gpt2.GPT2Config.from_hf(data)
+    if kind == "vit":
+        from jaxbsd.models.vit.params import config_from_hf
+
+        return config_from_hf(data, "config.json")
+    return models.llama.LlamaConfig.from_hf(data)
+
+
+@pytest.mark.parametrize("name", sorted(HUB_CONFIGS))
+def test_hub_configs_read_as_transformers_reads_them(name):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    data = HUB_CONFIGS[name]
+    ours, theirs = _our_config(data), T.CONFIG_MAPPING[data["model_type"]](**data)
+    if data["model_type"] in models.llama.MODEL_TYPES:
+        for field in ("hidden_size", "intermediate_size", "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings",
+                      "vocab_size"):
+            assert getattr(ours, field) == getattr(theirs, field), field
+        heads = theirs.num_attention_heads
+        assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // heads)
+        assert ours.sliding_window == (theirs.sliding_window if data["model_type"] == "mistral" else None)
+        assert ours.qkv_bias == (data["model_type"] == "qwen2")
+        rope = theirs.rope_parameters
+        assert ours.rope_theta == rope["rope_theta"]
+        if rope["rope_type"] == "default":
+            expected = 1.0 / (rope["rope_theta"] ** (torch.arange(0, ours.head_dim, 2).float() / ours.head_dim))
+        else:
+            expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](theirs, "cpu")
+        from jaxbsd.models.llama import rope_frequencies
+
+        got = rope_frequencies(ours.head_dim, ours.rope_theta, ours.rope_factor, jnp.float32, ours.rope_llama3)
+        np.testing.assert_allclose(np.asarray(got), expected.numpy(), rtol=1e-6)
+    elif data["model_type"] == "gpt2":
+        assert (ours.n_inner, ours.activation, ours.tie_word_embeddings) == (3072, "gelu_tanh", True)
+    elif data["model_type"] == "bert":
+        assert (ours.hidden_size, ours.intermediate_size, ours.type_vocab_size) == (768, 3072, 2)
+        assert ours.layer_norm_eps == theirs.layer_norm_eps
+    else:
+        assert (ours.dim, ours.mlp_dim, ours.num_classes, ours.num_patches) == (768, 3072, 1000, 196)

@@ -44,7 +44,7 @@ from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE, check_config_ints, che
 from jaxbsd.models.lm.modeling import GatedMLP
 
 __all__ = ["MODEL_TYPES", "ARCHITECTURES", "ROPE_TYPES", "LlamaConfig", "Llama", "LlamaBlock", "LlamaAttention",
-           "rope_tables", "apply_rope"]
+           "rope_frequencies", "rope_tables", "apply_rope"]
 
 #: The ``model_type`` values this family reads.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -223,14 +223,12 @@ def _rope(data: dict, where: str) -> tuple[float, float | None, tuple | None]:
     return theta, (None if factor is None else float(factor)), llama3
 
 
-def rope_tables(seq: int, head_dim: int, theta: float, factor: float | None, dtype,
-                llama3: tuple | None = None) -> tuple[jax.Array, jax.Array]:
-    """``(cos, sin)``, each ``(1, seq, 1, head_dim)``: the rotation angles ``t · f_i`` of positions
-    ``t = 0 … seq − 1``, both halves of a head alike (the rotate-halves form). The frequencies are
-    ``f_i = θ^(-2i/head_dim)``, divided by ``factor`` where given (``linear``), or, where ``llama3`` is
-    ``(low, high, L)`` too, Llama 3.1's: divided by ``factor`` for wavelengths ``2π/f_i`` above ``L/low``,
-    kept below ``L/high``, and in between interpolated with weight ``s = (L/wavelength − low)/(high − low)``,
-    ``(1 − s)·f_i/factor + s·f_i``."""
+def rope_frequencies(head_dim: int, theta: float, factor: float | None, dtype,
+                     llama3: tuple | None = None) -> jax.Array:
+    """The ``head_dim / 2`` rotary frequencies ``f_i = θ^(-2i/head_dim)``, divided by ``factor`` where
+    given (``linear``), or, where ``llama3`` is ``(low, high, L)`` too, Llama 3.1's: divided by
+    ``factor`` for wavelengths ``2π/f_i`` above ``L/low``, kept below ``L/high``, and in between
+    interpolated with weight ``s = (L/wavelength − low)/(high − low)``: ``(1 − s)·f_i/factor + s·f_i``."""
     inv_freq = 1.0 / (jnp.asarray(theta, dtype) ** (jnp.arange(0, head_dim, 2).astype(dtype) / head_dim))
     if factor is not None and llama3 is not None:
         low, high, original = llama3
@@ -238,9 +236,18 @@ def rope_tables(seq: int, head_dim: int, theta: float, factor: float | None, dty
         scaled = jnp.where(wavelen > original / low, inv_freq / factor, inv_freq)
         smooth = (original / wavelen - low) / (high - low)
         medium = (wavelen >= original / high) & (wavelen <= original / low)
-        inv_freq = jnp.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    elif factor is not None:
-        inv_freq = inv_freq / jnp.asarray(factor, dtype)
+        return jnp.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    if factor is not None:
+        return inv_freq / jnp.asarray(factor, dtype)
+    return inv_freq
+
+
+def rope_tables(seq: int, head_dim: int, theta: float, factor: float | None, dtype,
+                llama3: tuple | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)``, each ``(1, seq, 1, head_dim)``: the rotation angles ``t · f_i`` of positions
+    ``t = 0 … seq − 1`` and the frequencies of :func:`rope_frequencies`, both halves of a head alike
+    (the rotate-halves form)."""
+    inv_freq = rope_frequencies(head_dim, theta, factor, dtype, llama3)
     angle = jnp.arange(seq).astype(dtype)[:, None] * inv_freq[None, :]
     angle = jnp.concatenate([angle, angle], axis=-1).reshape(1, seq, 1, head_dim)
     return jnp.cos(angle), jnp.sin(angle)
