@@ -176,6 +176,10 @@ def test_the_shard_index_is_checked(decoder, tmp_path):
     path = shutil.copytree(decoder("llama-bf16-sharded"), tmp_path / "m")
     (path / _shards(path)[-1]).unlink()
     assert_refused(path, r"model.safetensors.index.json: shard 'model-0000\d-of-0000\d.safetensors' is missing")
+    for shard in _shards(path):
+        (path / shard).unlink()
+    (path / "model.safetensors.index.json").rename(path / "pytorch_model.bin.index.json")
+    assert_refused(path, r"no model.safetensors \(only pytorch_model.bin.index.json is there")
 
 
 def test_other_rope_scaling_is_refused_by_name(decoder, tmp_path):
@@ -260,7 +264,9 @@ def test_bert_with_gamma_beta_norms_heads_and_pooler_agrees_with_transformers(tm
     config = T.BertConfig(**_ENC, pad_token_id=1)
     model = tiny_model(lambda: getattr(T, head)(config))
     model.save_pretrained(tmp_path)
-    _rewrite_tensors(tmp_path, _gamma_beta)
+    prefix = "bert." if head == "BertForPreTraining" else ""
+    # older checkpoints also store the int64 position_ids buffer
+    _rewrite_tensors(tmp_path, lambda t: {**_gamma_beta(t), f"{prefix}embeddings.position_ids": torch.arange(40)[None]})
     _hub_config(tmp_path, drop=("dtype",), architectures=["BertForMaskedLM"], torch_dtype="float32",
                 position_embedding_type="absolute", **_HUB_KEYS)
     _write_tokenizer(tmp_path)
@@ -268,7 +274,6 @@ def test_bert_with_gamma_beta_norms_heads_and_pooler_agrees_with_transformers(tm
 
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         names = set(f.keys())
-    prefix = "bert." if head == "BertForPreTraining" else ""
     assert f"{prefix}embeddings.LayerNorm.gamma" in names and f"{prefix}pooler.dense.weight" in names
     assert (head == "BertForPreTraining") == ("cls.seq_relationship.weight" in names)
     enc = models.from_pretrained(tmp_path)
