@@ -442,3 +442,14 @@ def test_hub_configs_read_as_transformers_reads_them(name):
         assert ours.layer_norm_eps == theirs.layer_norm_eps
     else:
         assert (ours.dim, ours.mlp_dim, ours.num_classes, ours.num_patches) == (768, 3072, 1000, 196)
+
+
+def test_a_sharded_deit_with_teacher_agrees_with_transformers(tmp_path):
+    # the heads follow the tensor names, here read from the shard index
+    model = tiny_model(lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(**_VIT)))
+    model.save_pretrained(tmp_path, max_shard_size="10KB")
+    assert _shards(tmp_path)
+    ours = models.from_pretrained(tmp_path)
+    assert ours.distilled
+    x = np.random.default_rng(1).standard_normal((3, 16, 16, 3)).astype(np.float32)
+    assert_rel_close(_forward(ours, jnp.asarray(x)), _vit_logits(model, x))
