@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxbsd.models.hub import (NameTable, fill_params, load_tensors, one_width, param_tensors, standard_gated_mlp,
+from jaxbsd.models.hub import (NameTable, fill_params, load_weights, one_width, param_tensors, standard_gated_mlp,
                                standard_mlp, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
@@ -143,15 +143,17 @@ def copy_source_files(source_dir: str | None, root: pathlib.Path) -> list[str]:
     return copied
 
 
-def load_decoder(root: pathlib.Path, config, model_class, names: NameTable, prefix: str, describe: str):
-    """``model_class(config, source_dir=root)`` (float32) filled from the checked directory ``root``'s
-    (:func:`~jaxbsd.models.hub.open_checkpoint`) ``model.safetensors`` through the name table ``names``,
+def load_decoder(root: pathlib.Path, config, model_class, names: NameTable, prefix: str, describe: str,
+                 dtype=PARAM_DTYPE):
+    """``model_class(config, source_dir=root)`` with parameters of ``dtype`` (float32 by default, whatever
+    the checkpoint stores) filled from the checked directory ``root``'s
+    (:func:`~jaxbsd.models.hub.open_checkpoint`) weights (``model.safetensors`` or its shards:
+    :func:`~jaxbsd.models.hub.load_weights`) through the name table ``names``,
     a tensor named with ``prefix`` (``"model."``, ``"transformer."``, as ``…ForCausalLM`` checkpoints
     have it) also found without it (a base model's checkpoint); what every decoder family's
     ``from_pretrained`` shares. Raises ``ValueError`` as :func:`~jaxbsd.models.hub.fill_params` does,
     followed by ``describe`` (the config's sizes)."""
-    weights = root / "model.safetensors"
-    tensors = load_tensors(weights)
+    tensors, weights = load_weights(root)
 
     def lookup(tensors: Mapping, name: str):
         if name in tensors:
@@ -161,7 +163,7 @@ def load_decoder(root: pathlib.Path, config, model_class, names: NameTable, pref
         return None
 
     abstract = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(0), source_dir=str(root)))
-    return fill_params(abstract, names, tensors, str(weights), lookup=lookup, dtype=PARAM_DTYPE, describe=describe)
+    return fill_params(abstract, names, tensors, weights, lookup=lookup, dtype=dtype, describe=describe)
 
 
 def write_decoder(model, path: str | os.PathLike, config, names: NameTable,

@@ -6,7 +6,8 @@ came from. A family is a package ``jaxbsd.models.<family>`` with ``from_pretrain
 ``save_pretrained(model, path)`` and a tuple ``MODEL_CLASSES`` of the classes it saves.
 
 The rest of this module is what every family's ``params.py`` shares: reading the directory
-(:func:`open_checkpoint`, :func:`read_json`, :func:`load_tensors`), filling an abstract module from
+(:func:`open_checkpoint`, :func:`read_json`, :func:`load_weights` for one ``model.safetensors`` or
+shards, in any stored dtype, :func:`load_tensors` for one file), filling an abstract module from
 the tensors through a name table (:func:`fill_params`) and the way back (:func:`param_tensors`,
 :func:`write_tensors`, :func:`write_file`, and :func:`copy_through` for the source directory's
 files the export does not change), and the check that an export is still of the family's standard
@@ -29,9 +30,10 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.io import write_bytes_atomic
+from jaxbsd.models.weights import load_weights, read_safetensors, weight_names, weights_file
 
 __all__ = ["FAMILIES", "supported_model_types", "from_pretrained", "save_pretrained", "read_json",
-           "open_checkpoint", "load_tensors", "fill_params", "param_tensors", "write_tensors", "write_file",
+           "open_checkpoint", "load_tensors", "load_weights", "weight_names", "fill_params", "param_tensors", "write_tensors", "write_file",
            "copy_through", "STALE_SUFFIXES", "STALE_DIRS", "standard_mlp", "standard_gated_mlp", "block_widths", "one_width"]
 
 #: ``model_type`` of ``config.json`` -> the package of the family that reads it.
@@ -71,8 +73,9 @@ def open_checkpoint(path: str | os.PathLike) -> tuple[pathlib.Path, dict]:
     """``(directory, config.json's content)`` of a Hugging Face model directory with safetensors weights.
 
     Raises ``ValueError`` naming the path: not a directory, no ``config.json`` (or not a JSON
-    object), no ``model.safetensors`` (saying so when only ``pytorch_model.bin`` is there: jaxbsd
-    reads no pickles).
+    object), no weights: neither ``model.safetensors`` nor a sharded checkpoint's
+    ``model.safetensors.index.json`` (saying so when only ``pytorch_model.bin`` is there: jaxbsd
+    reads no pickles). The weights themselves are read by :func:`load_weights`.
     """
     root = pathlib.Path(path)
     if not root.is_dir():
@@ -84,10 +87,11 @@ def open_checkpoint(path: str | os.PathLike) -> tuple[pathlib.Path, dict]:
     config = read_json(config_file, "the model config")
     if not isinstance(config, dict):
         raise ValueError(f"{config_file}: expected a JSON object")
-    if not (root / "model.safetensors").is_file():
-        hint = (" (only pytorch_model.bin is there: convert it to model.safetensors, e.g. with "
+    if weights_file(root) is None:
+        pickles = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (root / f).is_file()]
+        hint = (f" (only {pickles[0]} is there: convert it to model.safetensors, e.g. with "
                 "transformers' save_pretrained(safe_serialization=True); jaxbsd does not read pickles)"
-                if (root / "pytorch_model.bin").is_file() else "")
+                if pickles else "")
         raise ValueError(f"{root}: no model.safetensors{hint}")
     return root, config
 
@@ -98,8 +102,11 @@ def _family(model_type) -> Any:
     return importlib.import_module(FAMILIES[model_type])
 
 
-def from_pretrained(path: str | os.PathLike):
+def from_pretrained(path: str | os.PathLike, *, dtype=None):
     """Load the Hugging Face directory ``path`` with the family its ``config.json``'s ``model_type`` names.
+
+    The weights are ``model.safetensors`` or the shards of ``model.safetensors.index.json``, stored
+    in float32, bfloat16 or float16; the model's parameters are of ``dtype`` (None: float32).
 
     Raises ``ValueError`` naming the path for a directory that is not a checkpoint, and for an
     unsupported ``model_type`` (listing the supported ones); the family's own checks follow.
@@ -109,7 +116,7 @@ def from_pretrained(path: str | os.PathLike):
         family = _family(config.get("model_type"))
     except ValueError as err:
         raise ValueError(f"{root / 'config.json'}: {err}") from None
-    return family.from_pretrained(root)
+    return family.from_pretrained(root) if dtype is None else family.from_pretrained(root, dtype=dtype)
 
 
 def save_pretrained(model, path: str | os.PathLike) -> pathlib.Path:
@@ -130,13 +137,9 @@ def save_pretrained(model, path: str | os.PathLike) -> pathlib.Path:
 
 
 def load_tensors(file: pathlib.Path) -> dict[str, np.ndarray]:
-    """Every tensor of a ``.safetensors`` file as numpy; ``ValueError`` naming the file if it cannot be read."""
-    from safetensors.numpy import load_file
-
-    try:
-        return load_file(str(file))
-    except Exception as err:  # noqa: BLE001 — safetensors raises its own error types on corrupt files
-        raise ValueError(f"{file}: cannot read ({type(err).__name__}: {err})") from err
+    """Every tensor of a ``.safetensors`` file as numpy, in its stored dtype (bfloat16 too:
+    :func:`~jaxbsd.models.weights.read_safetensors`); ``ValueError`` naming the file if it cannot be read."""
+    return read_safetensors(file)
 
 
 def fill_params(abstract: nnx.Module, names: NameTable, tensors: Mapping[str, np.ndarray], where: str, *,

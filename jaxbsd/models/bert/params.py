@@ -3,8 +3,9 @@
 The modules are those of :mod:`jaxbsd.models.bert.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"bert"``,
-``"roberta"`` or ``"xlm-roberta"``, absolute positions), ``model.safetensors`` through
-``safetensors``' numpy API (a ``bert.`` or ``roberta.`` prefix, as ``…For…`` checkpoints have, is
+``"roberta"`` or ``"xlm-roberta"``, absolute positions), the weights through
+:func:`~jaxbsd.models.hub.load_weights` (``model.safetensors`` or its shards, any stored float dtype; LayerNorms named
+``weight``/``bias`` or ``gamma``/``beta``; a ``bert.`` or ``roberta.`` prefix, as ``…For…`` checkpoints have, is
 accepted; their task heads are not read, the pooler is kept), ``tokenizer.json`` through ``tokenizers``, and the
 sentence-transformers files where present: ``modules.json`` (a ``Normalize`` module),
 ``1_Pooling/config.json`` (mean, CLS, max or mean-sqrt-len pooling) and
@@ -33,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.models.bert.modeling import POOLINGS, Bert, BertConfig, Encoder, Unused
-from jaxbsd.models.hub import (block_widths, copy_through, fill_params, load_tensors, one_width, open_checkpoint,
+from jaxbsd.models.hub import (block_widths, copy_through, fill_params, load_weights, one_width, open_checkpoint,
                                param_tensors, read_json, standard_mlp, write_file, write_tensors)
 from jaxbsd.models.layers import PARAM_DTYPE
 
@@ -197,12 +198,14 @@ def _sentence_transformers(root: pathlib.Path, hidden: int) -> tuple[str, bool, 
     return pooling, normalize, max_len
 
 
-def from_pretrained(path: str | os.PathLike) -> Encoder:
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> Encoder:
     """Load a Hugging Face BERT, RoBERTa or XLM-R directory as an :class:`Encoder` (see the module docs).
 
     Args:
-        path: a directory with ``config.json``, ``model.safetensors`` and ``tokenizer.json``
+        path: a directory with ``config.json``, the weights (``model.safetensors``, or shards with
+            ``model.safetensors.index.json``; stored in any float dtype) and ``tokenizer.json``
             (and optionally the sentence-transformers files).
+        dtype: the dtype of the parameters (float32 by default, whatever the checkpoint stores).
 
     Raises:
         ValueError: naming the path and what is missing or wrong: no such directory, no
@@ -212,22 +215,21 @@ def from_pretrained(path: str | os.PathLike) -> Encoder:
             returned half-loaded.
     """
     root, data = open_checkpoint(path)
-    return load_encoder(root, BertConfig.from_hf(data, str(root / "config.json")), ("", "bert.", "roberta."))
+    return load_encoder(root, BertConfig.from_hf(data, str(root / "config.json")), ("", "bert.", "roberta."), dtype)
 
 
-def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ...]) -> Encoder:
+def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ...], dtype=PARAM_DTYPE) -> Encoder:
     """The :class:`Encoder` of the checked directory ``root`` (:func:`~jaxbsd.models.hub.open_checkpoint`)
     for ``config``, its tensors named by :func:`hf_tensors` (after one of ``prefixes``, as
-    ``…For…`` checkpoints have); what every encoder family's ``from_pretrained`` shares. Raises
-    ``ValueError`` as :func:`from_pretrained` does."""
+    ``…For…`` checkpoints have), its parameters of ``dtype`` whatever the stored one; what every
+    encoder family's ``from_pretrained`` shares. Raises ``ValueError`` as :func:`from_pretrained` does."""
     from tokenizers import Tokenizer
 
-    weights = root / "model.safetensors"
     tokenizer_file = root / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ValueError(f"{root}: no tokenizer.json (the fast tokenizer file of the tokenizers library)")
     pooling, normalize, max_len = _sentence_transformers(root, config.hidden_size)
-    tensors = load_tensors(weights)
+    tensors, weights = load_weights(root)
     try:
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     except Exception as err:  # noqa: BLE001
@@ -237,7 +239,7 @@ def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ..
         return _lookup(t, name, prefixes)
 
     bert = fill_params(nnx.eval_shape(lambda: Bert(config, rngs=nnx.Rngs(0))), hf_tensors(config), tensors,
-                       str(weights), lookup=lookup, dtype=PARAM_DTYPE,
+                       weights, lookup=lookup, dtype=dtype,
                        describe=f"config.json: hidden_size {config.hidden_size}, intermediate_size "
                                 f"{config.intermediate_size}, {config.num_hidden_layers} layers")
     kernel, bias = lookup(tensors, "pooler.dense.weight"), lookup(tensors, "pooler.dense.bias")
@@ -246,8 +248,8 @@ def load_encoder(root: pathlib.Path, config: BertConfig, prefixes: tuple[str, ..
         if kernel.shape != (d, d) or bias.shape != (d,):
             raise ValueError(f"{weights}: pooler.dense has shapes {kernel.shape}, {bias.shape}, expected "
                              f"({d}, {d}), ({d},)")
-        bert.pooler_kernel = Unused(jnp.asarray(np.asarray(kernel).T, PARAM_DTYPE))
-        bert.pooler_bias = Unused(jnp.asarray(bias, PARAM_DTYPE))
+        bert.pooler_kernel = Unused(jnp.asarray(np.asarray(kernel).T, dtype))
+        bert.pooler_bias = Unused(jnp.asarray(bias, dtype))
     if max_len is not None:
         max_len = min(int(max_len), config.max_tokens)
     return Encoder(bert, tokenizer, pooling=pooling, normalize=normalize, max_seq_length=max_len,

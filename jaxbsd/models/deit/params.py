@@ -15,7 +15,8 @@ import os
 import pathlib
 
 from jaxbsd.models.deit.modeling import DeiT, DeiTConfig
-from jaxbsd.models.hub import load_tensors, open_checkpoint
+from jaxbsd.models.hub import open_checkpoint, weight_names
+from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.vit.params import config_from_hf, load_classifier, save_classifier
 
 __all__ = ["from_pretrained", "save_pretrained"]
@@ -25,11 +26,11 @@ _TEACHER_HEADS = {"head": "cls_classifier", "head_dist": "distillation_classifie
 _PLAIN_HEADS = {"head": "classifier"}
 
 
-def from_pretrained(path: str | os.PathLike) -> DeiT:
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> DeiT:
     """Load a Hugging Face DeiT classifier directory as a jaxbsd :class:`DeiT`.
 
     The head(s) follow the tensors: ``distillation_classifier.*`` present, the two-head model with a
-    teacher; otherwise ``classifier.*``, one head. ``model.preprocess(uint8 images)`` applies the
+    teacher; otherwise ``classifier.*``, one head. The parameters are of ``dtype`` (float32 by default). ``model.preprocess(uint8 images)`` applies the
     ``preprocessor_config.json`` (resize, centre crop, normalisation) where there is one.
 
     Raises ``ValueError`` naming the path as :func:`jaxbsd.models.vit.params.from_pretrained` does
@@ -39,16 +40,11 @@ def from_pretrained(path: str | os.PathLike) -> DeiT:
     where = str(root / "config.json")
     if data.get("model_type") != "deit":
         raise ValueError(f"{where}: model_type is {data.get('model_type')!r}; jaxbsd.models.deit reads 'deit'")
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(root / "model.safetensors"), "np") as f:
-            names = set(f.keys())
-    except Exception:  # noqa: BLE001 — load_tensors below names the file and the reason
-        names = set(load_tensors(root / "model.safetensors"))
+    names = weight_names(root)
     teacher = "distillation_classifier.weight" in names
     config = config_from_hf(data, where, DeiTConfig, distillation_head=teacher)
-    return load_classifier(root, DeiT, config, "deit.", _TOKENS, _TEACHER_HEADS if teacher else _PLAIN_HEADS)
+    return load_classifier(root, DeiT, config, "deit.", _TOKENS, _TEACHER_HEADS if teacher else _PLAIN_HEADS,
+                           dtype)
 
 
 def save_pretrained(model: DeiT, path: str | os.PathLike) -> pathlib.Path:

@@ -15,6 +15,7 @@ import os
 from jaxbsd.models.bert.modeling import BertConfig, Encoder
 from jaxbsd.models.bert.params import config_from_fields, encoder_names, load_encoder
 from jaxbsd.models.hub import open_checkpoint
+from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["config_from_hf", "hf_config", "hf_tensors", "from_pretrained"]
 
@@ -47,12 +48,13 @@ def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
                           "ffn.lin2"), ("sa_layer_norm", "output_layer_norm"))
 
 
-def from_pretrained(path: str | os.PathLike) -> Encoder:
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> Encoder:
     """Load a Hugging Face DistilBERT directory as an :class:`~jaxbsd.models.bert.Encoder`.
 
     The files are those :func:`jaxbsd.models.bert.from_pretrained` reads (a ``distilbert.`` tensor
-    prefix is accepted; task heads are not read). Raises ``ValueError`` naming the path as it does.
+    prefix is accepted; task heads are not read), its parameters of ``dtype``. Raises ``ValueError``
+    naming the path as it does.
     """
     root, data = open_checkpoint(path)
     config = config_from_hf(data, str(root / "config.json"))
-    return load_encoder(root, config, ("", "distilbert."))
+    return load_encoder(root, config, ("", "distilbert."), dtype)

@@ -3,7 +3,7 @@
 The modules are those of :mod:`jaxbsd.models.gpt2.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` ``"gpt2"``) and
-``model.safetensors`` through ``safetensors``' numpy API (names under ``transformer.`` as
+the weights through :func:`~jaxbsd.models.hub.load_weights` (``model.safetensors`` or its shards, any stored float dtype; names under ``transformer.`` as
 ``GPT2LMHeadModel`` checkpoints have them, or without the prefix as the original ``gpt2`` one has;
 ``lm_head.weight`` where the embeddings are untied). GPT-2's ``Conv1D`` weights are ``(in, out)``, as
 Flax kernels: they are not transposed. :func:`save_pretrained` writes the same layout back where every
@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxbsd.models.causal_lm import export_widths, load_decoder, standard_mlp, write_decoder
 from jaxbsd.models.gpt2.modeling import GPT2, GPT2Config
+from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.hub import block_widths, open_checkpoint
 
 __all__ = ["hf_tensors", "from_pretrained", "save_pretrained"]
@@ -52,8 +53,11 @@ def hf_tensors(config: GPT2Config) -> dict[tuple, tuple[str, bool]]:
     return names
 
 
-def from_pretrained(path: str | os.PathLike) -> GPT2:
-    """Load a Hugging Face GPT-2 directory as a :class:`GPT2` (float32).
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> GPT2:
+    """Load a Hugging Face GPT-2 directory as a :class:`GPT2`.
+
+    The parameters are of ``dtype`` (float32 by default) whatever the checkpoint stores (bfloat16,
+    float16), and the model computes in it; the weights are ``model.safetensors`` or its shards.
 
     Raises:
         ValueError: naming the path and what is missing or wrong: not a directory, no ``config.json``,
@@ -66,7 +70,7 @@ def from_pretrained(path: str | os.PathLike) -> GPT2:
     # a GPT2Model checkpoint (the original ``gpt2``) has no prefix
     return load_decoder(root, config, GPT2, hf_tensors(config), _PREFIX,
                         f"config.json: n_embd {config.n_embd}, n_inner {config.n_inner}, {config.n_layer} layers, "
-                        f"n_positions {config.n_positions}")
+                        f"n_positions {config.n_positions}", dtype)
 
 
 def save_pretrained(model: GPT2, path: str | os.PathLike) -> pathlib.Path:

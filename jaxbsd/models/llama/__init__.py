@@ -18,12 +18,13 @@ from jaxbsd.models.llama.modeling import (
     LlamaBlock,
     LlamaConfig,
     apply_rope,
+    rope_frequencies,
     rope_tables,
 )
 from jaxbsd.models.llama.params import from_pretrained, hf_tensors, save_pretrained
 
 __all__ = ["LlamaConfig", "Llama", "LlamaBlock", "LlamaAttention", "MODEL_TYPES", "ARCHITECTURES", "ROPE_TYPES",
-           "rope_tables", "apply_rope", "from_pretrained", "save_pretrained", "hf_tensors", "from_lm", "save_lm_pretrained", "char_tokenizer", "MODEL_CLASSES"]
+           "rope_frequencies", "rope_tables", "apply_rope", "from_pretrained", "save_pretrained", "hf_tensors", "from_lm", "save_lm_pretrained", "char_tokenizer", "MODEL_CLASSES"]
 
 #: What :func:`jaxbsd.models.hub.save_pretrained` hands to this family's :func:`save_pretrained`.
 MODEL_CLASSES = (Llama,)

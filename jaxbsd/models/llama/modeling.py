@@ -7,7 +7,8 @@ Layout (pre-norm, as ``transformers``' ``LlamaForCausalLM``)::
     LlamaBlock:  x + attn(attn_norm(x)),  then  x + mlp(mlp_norm(x))
     attn:        causal grouped-query attention (``num_key_value_heads`` ≤ ``num_attention_heads``
                  key/value heads, each shared by consecutive query heads), rotary positions on q and k
-                 (rotate-halves form, ``rope_theta``; ``linear`` scaling divides the positions), per-head
+                 (rotate-halves form, ``rope_theta``; ``linear`` scaling divides the positions, ``llama3``
+                 scales the low frequencies), per-head
                  RMSNorm of q and k before the rotation for Qwen3, biases as the model type has them
     mlp:         jaxbsd's :class:`~jaxbsd.models.lm.GatedMLP`, ``down_proj(act(gate_proj x) ⊙ up_proj x)``
 
@@ -43,7 +44,7 @@ from jaxbsd.models.layers import EMBED_INIT, PARAM_DTYPE, check_config_ints, che
 from jaxbsd.models.lm.modeling import GatedMLP
 
 __all__ = ["MODEL_TYPES", "ARCHITECTURES", "ROPE_TYPES", "LlamaConfig", "Llama", "LlamaBlock", "LlamaAttention",
-           "rope_tables", "apply_rope"]
+           "rope_frequencies", "rope_tables", "apply_rope"]
 
 #: The ``model_type`` values this family reads.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -51,7 +52,9 @@ MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
 #: The RoPE variants supported (``rope_parameters``' / ``rope_scaling``'s ``rope_type``).
-ROPE_TYPES = ("default", "linear")
+ROPE_TYPES = ("default", "linear", "llama3")
+#: The fields of a ``llama3`` RoPE besides its ``factor``, in the order of :attr:`LlamaConfig.rope_llama3`.
+LLAMA3_FIELDS = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
@@ -69,7 +72,10 @@ class LlamaConfig:
         max_position_embeddings: longest input.
         rms_norm_eps: RMSNorm epsilon (also of Qwen3's q/k norms).
         rope_theta: base of the rotary frequencies.
-        rope_factor: ``linear`` RoPE scaling's factor (positions divided by it); None: unscaled.
+        rope_factor: the RoPE scaling factor; None: unscaled. Alone, ``linear`` scaling (positions divided
+            by it); with :attr:`rope_llama3`, Llama 3.1's frequency-dependent scaling.
+        rope_llama3: ``(low_freq_factor, high_freq_factor, original_max_position_embeddings)`` of a ``llama3``
+            RoPE (:func:`rope_tables`); None: another type.
         tie_word_embeddings: logits through the transposed token embedding.
         qkv_bias: biases on q, k, v; out_bias: a bias on the output projection; mlp_bias: on the MLP.
         qk_norm: per-head RMSNorm of queries and keys (Qwen3).
@@ -90,6 +96,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_factor: float | None = None
+    rope_llama3: tuple | None = None
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     out_bias: bool = False
@@ -113,6 +120,14 @@ class LlamaConfig:
         activation_of(self.hidden_act, "hidden_act")
         check_config_positive(self, "rms_norm_eps", "rope_theta",
                               *(("rope_factor",) if self.rope_factor is not None else ()))
+        if self.rope_llama3 is not None:
+            if self.rope_factor is None or len(self.rope_llama3) != 3:
+                raise ValueError(f"rope_llama3 needs rope_factor and the three values {LLAMA3_FIELDS}, got "
+                                 f"{self.rope_factor!r}, {self.rope_llama3!r}")
+            low, high, original = self.rope_llama3
+            if not 0 < low < high or original <= 0:
+                raise ValueError(f"rope_llama3 must have 0 < low_freq_factor < high_freq_factor and a positive "
+                                 f"original_max_position_embeddings, got {self.rope_llama3!r}")
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or
                                                 not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise ValueError(f"sliding_window must be None or a positive int, got {self.sliding_window!r}")
@@ -130,7 +145,7 @@ class LlamaConfig:
         than full attention, an unknown activation)."""
         check_config_json(data, where, MODEL_TYPES, f"jaxbsd.models.llama reads {list(MODEL_TYPES)}", _REQUIRED)
         kind = data["model_type"]
-        theta, factor = _rope(data, where)
+        theta, factor, llama3 = _rope(data, where)
         if data.get("use_sliding_window"):
             raise ValueError(f"{where}: use_sliding_window is true; jaxbsd computes full attention only")
         layer_types = data.get("layer_types") or []
@@ -146,7 +161,7 @@ class LlamaConfig:
             head_dim=data.get("head_dim") or (data["hidden_size"] // heads if isinstance(heads, int) and heads else 0),
             hidden_act=data.get("hidden_act", "silu"),
             max_position_embeddings=data.get("max_position_embeddings", 2048),
-            rms_norm_eps=data.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_factor=factor,
+            rms_norm_eps=data.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_factor=factor, rope_llama3=llama3,
             tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
             qkv_bias=kind == "qwen2" or (kind in ("llama", "qwen3") and attention_bias),
             out_bias=kind in ("llama", "qwen3") and attention_bias,
@@ -157,9 +172,12 @@ class LlamaConfig:
     def to_hf(self) -> dict:
         """A ``config.json`` dict that ``transformers``' class for :attr:`model_type` reads
         (:data:`ARCHITECTURES`)."""
-        rope = {"rope_type": "default" if self.rope_factor is None else "linear", "rope_theta": self.rope_theta}
+        kind = "default" if self.rope_factor is None else "linear" if self.rope_llama3 is None else "llama3"
+        rope = {"rope_type": kind, "rope_theta": self.rope_theta}
         if self.rope_factor is not None:
             rope["factor"] = self.rope_factor
+        if self.rope_llama3 is not None:
+            rope.update(zip(LLAMA3_FIELDS, self.rope_llama3))
         out = {"architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
                **{f: getattr(self, f) for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                                 "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
@@ -178,9 +196,10 @@ class LlamaConfig:
         return out
 
 
-def _rope(data: dict, where: str) -> tuple[float, float | None]:
-    """``(rope_theta, linear factor or None)`` from ``rope_parameters`` (transformers 5) or the older
-    ``rope_theta`` / ``rope_scaling``; ``ValueError`` naming the field for another RoPE type."""
+def _rope(data: dict, where: str) -> tuple[float, float | None, tuple | None]:
+    """``(rope_theta, factor or None, llama3 values or None)`` from ``rope_parameters`` (transformers 5) or
+    the older ``rope_theta`` / ``rope_scaling``; ``ValueError`` naming the field for another RoPE type
+    or a missing value."""
     params = data.get("rope_parameters")
     field = "rope_parameters"
     if not isinstance(params, dict):
@@ -192,18 +211,43 @@ def _rope(data: dict, where: str) -> tuple[float, float | None]:
     if kind not in ROPE_TYPES:
         raise ValueError(f"{where}: {field} type {kind!r} is not supported (supported: {list(ROPE_TYPES)})")
     theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
-    factor = params.get("factor") if kind == "linear" else None
-    if kind == "linear" and factor is None:
-        raise ValueError(f"{where}: {field} type 'linear' needs a factor")
-    return theta, (None if factor is None else float(factor))
+    factor = params.get("factor") if kind != "default" else None
+    if kind != "default" and factor is None:
+        raise ValueError(f"{where}: {field} type {kind!r} needs a factor")
+    llama3 = None
+    if kind == "llama3":
+        missing = [name for name in LLAMA3_FIELDS if params.get(name) is None]
+        if missing:
+            raise ValueError(f"{where}: {field} type 'llama3' needs {missing}")
+        llama3 = tuple(params[name] for name in LLAMA3_FIELDS)
+    return theta, (None if factor is None else float(factor)), llama3
 
 
-def rope_tables(seq: int, head_dim: int, theta: float, factor: float | None, dtype) -> tuple[jax.Array, jax.Array]:
-    """``(cos, sin)``, each ``(1, seq, 1, head_dim)``: the rotation angles ``(t / factor) · θ^(-2i/head_dim)``
-    of positions ``t = 0 … seq − 1``, both halves of a head alike (the rotate-halves form)."""
+def rope_frequencies(head_dim: int, theta: float, factor: float | None, dtype,
+                     llama3: tuple | None = None) -> jax.Array:
+    """The ``head_dim / 2`` rotary frequencies ``f_i = θ^(-2i/head_dim)``, divided by ``factor`` where
+    given (``linear``), or, where ``llama3`` is ``(low, high, L)`` too, Llama 3.1's: divided by
+    ``factor`` for wavelengths ``2π/f_i`` above ``L/low``, kept below ``L/high``, and in between
+    interpolated with weight ``s = (L/wavelength − low)/(high − low)``: ``(1 − s)·f_i/factor + s·f_i``."""
     inv_freq = 1.0 / (jnp.asarray(theta, dtype) ** (jnp.arange(0, head_dim, 2).astype(dtype) / head_dim))
+    if factor is not None and llama3 is not None:
+        low, high, original = llama3
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        return jnp.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     if factor is not None:
-        inv_freq = inv_freq / jnp.asarray(factor, dtype)
+        return inv_freq / jnp.asarray(factor, dtype)
+    return inv_freq
+
+
+def rope_tables(seq: int, head_dim: int, theta: float, factor: float | None, dtype,
+                llama3: tuple | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)``, each ``(1, seq, 1, head_dim)``: the rotation angles ``t · f_i`` of positions
+    ``t = 0 … seq − 1`` and the frequencies of :func:`rope_frequencies`, both halves of a head alike
+    (the rotate-halves form)."""
+    inv_freq = rope_frequencies(head_dim, theta, factor, dtype, llama3)
     angle = jnp.arange(seq).astype(dtype)[:, None] * inv_freq[None, :]
     angle = jnp.concatenate([angle, angle], axis=-1).reshape(1, seq, 1, head_dim)
     return jnp.cos(angle), jnp.sin(angle)
@@ -306,7 +350,7 @@ class Llama(nnx.Module):
             raise ValueError(f"ids has {t} positions, more than sliding_window ({c.sliding_window}); jaxbsd "
                              "computes full attention, which equals the sliding window's only up to its length")
         x = self.embed(ids)
-        cos, sin = rope_tables(t, c.head_dim, c.rope_theta, c.rope_factor, x.dtype)
+        cos, sin = rope_tables(t, c.head_dim, c.rope_theta, c.rope_factor, x.dtype, c.rope_llama3)
         allowed = allowed_pairs(mask, t)
         for block in self.blocks:
             x = block(x, cos, sin, allowed)

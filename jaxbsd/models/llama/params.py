@@ -3,8 +3,8 @@
 The modules are those of :mod:`jaxbsd.models.llama.modeling`.
 
 **Hugging Face layout.** :func:`from_pretrained` reads ``config.json`` (``model_type`` one of
-:data:`~jaxbsd.models.llama.modeling.MODEL_TYPES`) and ``model.safetensors`` through ``safetensors``'
-numpy API (names under ``model.`` as ``…ForCausalLM`` checkpoints have them, or without the prefix;
+:data:`~jaxbsd.models.llama.modeling.MODEL_TYPES`) and the weights through
+:func:`~jaxbsd.models.hub.load_weights` (``model.safetensors`` or its shards, stored in any float dtype; names under ``model.`` as ``…ForCausalLM`` checkpoints have them, or without the prefix;
 ``lm_head.weight`` where the embeddings are untied). :func:`save_pretrained` writes the same layout
 back where every MLP is still a standard gated MLP of one width (untouched, or all pruned to one width:
 ``intermediate_size`` is then the pruned width), with the tokenizer and generation files of the
@@ -23,6 +23,7 @@ import pathlib
 import numpy as np
 
 from jaxbsd.models.causal_lm import export_widths, load_decoder, standard_gated_mlp, write_decoder
+from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.hub import open_checkpoint
 from jaxbsd.models.llama.modeling import Llama, LlamaConfig
 
@@ -59,8 +60,11 @@ def hf_tensors(config: LlamaConfig) -> dict[tuple, tuple[str, bool]]:
     return names
 
 
-def from_pretrained(path: str | os.PathLike) -> Llama:
-    """Load a Hugging Face Llama, Mistral, Qwen2 or Qwen3 directory as a :class:`Llama` (float32).
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> Llama:
+    """Load a Hugging Face Llama, Mistral, Qwen2 or Qwen3 directory as a :class:`Llama`.
+
+    The parameters are of ``dtype`` (float32 by default) whatever the checkpoint stores (bfloat16,
+    float16), and the model computes in it; the weights are ``model.safetensors`` or its shards.
 
     Raises:
         ValueError: naming the path and what is missing or wrong: not a directory, no ``config.json``,
@@ -75,7 +79,7 @@ def from_pretrained(path: str | os.PathLike) -> Llama:
                         f"config.json: hidden_size {config.hidden_size}, intermediate_size "
                         f"{config.intermediate_size}, {config.num_hidden_layers} layers, "
                         f"{config.num_attention_heads} heads / {config.num_key_value_heads} key-value "
-                        f"heads of {config.head_dim}")
+                        f"heads of {config.head_dim}", dtype)
 
 
 def _mlp_tensors(linears, hf: str) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ import os
 from jaxbsd.models.bert.modeling import BertConfig, Encoder
 from jaxbsd.models.bert.params import config_from_fields, encoder_names, load_encoder
 from jaxbsd.models.hub import open_checkpoint
+from jaxbsd.models.layers import PARAM_DTYPE
 
 __all__ = ["config_from_hf", "hf_config", "hf_tensors", "from_pretrained"]
 
@@ -54,12 +55,12 @@ def hf_tensors(config: BertConfig) -> dict[tuple, tuple[str, bool]]:
                          {("relative_attention_bias", "embedding"): "encoder.relative_attention_bias.weight"})
 
 
-def from_pretrained(path: str | os.PathLike) -> Encoder:
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> Encoder:
     """Load a Hugging Face MPNet directory as an :class:`~jaxbsd.models.bert.Encoder`.
 
     The files are those :func:`jaxbsd.models.bert.from_pretrained` reads (an ``mpnet.`` tensor
-    prefix is accepted; task heads are not read, the pooler is kept). Raises ``ValueError`` naming
-    the path as it does.
+    prefix is accepted; task heads are not read, the pooler is kept), its parameters of ``dtype``.
+    Raises ``ValueError`` naming the path as it does.
     """
     root, data = open_checkpoint(path)
-    return load_encoder(root, config_from_hf(data, str(root / "config.json")), ("", "mpnet."))
+    return load_encoder(root, config_from_hf(data, str(root / "config.json")), ("", "mpnet."), dtype)

@@ -34,7 +34,7 @@ from flax import nnx
 
 from jaxbsd.models.bert.modeling import HF_ACTIVATIONS
 from jaxbsd.models.bert.params import standard_mlp
-from jaxbsd.models.hub import block_widths, fill_params, load_tensors, one_width, open_checkpoint, write_tensors
+from jaxbsd.models.hub import block_widths, fill_params, load_weights, one_width, open_checkpoint, write_tensors
 from jaxbsd.models.layers import PARAM_DTYPE
 from jaxbsd.models.vit.modeling import ViT, ViTConfig
 from jaxbsd.models.vit.preprocessing import ImageProcessor
@@ -182,23 +182,34 @@ def _check(tensors: dict, shapes: dict, where: str, describe: str) -> None:
 
 
 def load_classifier(root: pathlib.Path, model_class, config, prefix: str, tokens: tuple[str, ...],
-                    heads: dict[str, str]):
-    """A ``model_class`` (:class:`ViT`, :class:`~jaxbsd.models.deit.DeiT`) of ``config`` filled from the
-    checked directory ``root``'s ``model.safetensors`` (every tensor checked before any is set),
-    with its ``preprocessor_config.json`` attached where present; what ViT and DeiT share."""
-    weights = root / "model.safetensors"
+                    heads: dict[str, str], dtype=PARAM_DTYPE):
+    """A ``model_class`` (:class:`ViT`, :class:`~jaxbsd.models.deit.DeiT`) of ``config`` with parameters
+    of ``dtype`` filled from the checked directory ``root``'s weights (``model.safetensors`` or its
+    shards, in any stored float dtype; every tensor checked before any is set), with its
+    ``preprocessor_config.json`` attached where present; what ViT and DeiT share. The backbone's
+    tensors are read under ``prefix`` (``"vit."``) or, where the checkpoint has none of those, without
+    it (a base ``ViTModel``'s names); a pooler (``pooler.dense``) is ignored, since the classifier
+    reads the [CLS] token after the final LayerNorm. A checkpoint without the head tensors (a
+    ``ViTModel`` backbone) is refused by name."""
     processor_file = root / "preprocessor_config.json"
     processor = ImageProcessor.from_file(processor_file) if processor_file.is_file() else None
     if processor is not None and processor.output_size(config.image_size, config.image_size) != (config.image_size,) * 2:
         raise ValueError(f"{processor_file}: the processed images are {processor.output_size(1, 1)}, the model's "
                          f"image_size is {config.image_size}")
-    tensors = load_tensors(weights)
-    _check(tensors, hf_shapes(config, prefix, tokens, heads), str(weights),
+    tensors, weights = load_weights(root)
+    prefix_read = prefix if any(name.startswith(prefix) for name in tensors) else ""  # "": a base model's names
+    head_names = [f"{name}.weight" for name in heads.values()]
+    if not any(name in tensors for name in head_names):
+        raise ValueError(f"{weights}: missing tensor(s) {head_names}: a {model_class.__name__}Model backbone "
+                         "without a classification head has no logits to compute; jaxbsd reads image classifiers")
+    needed = hf_shapes(config, prefix_read, tokens, heads)
+    _check(tensors, needed, weights,
            f"config.json: hidden_size {config.dim}, intermediate_size {config.mlp_dim}, {config.depth} layers")
-    ours = _to_ours({k: np.asarray(v, np.float32) for k, v in tensors.items()}, config, prefix, tokens, heads)
+    ours = _to_ours({k: np.asarray(v, np.float32) for k, v in tensors.items() if k in needed}, config, prefix_read,
+                    tokens, heads)
     abstract = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(0)))
     names = {key: (key, False) for key in ours}
-    model = fill_params(abstract, names, ours, str(weights), dtype=PARAM_DTYPE)
+    model = fill_params(abstract, names, ours, weights, dtype=dtype)
     model.image_processor = nnx.static(processor)
     model.eval()
     return model
@@ -207,11 +218,13 @@ def load_classifier(root: pathlib.Path, model_class, config, prefix: str, tokens
 _VIT_HEADS = {"head": "classifier"}
 
 
-def from_pretrained(path: str | os.PathLike) -> ViT:
+def from_pretrained(path: str | os.PathLike, *, dtype=PARAM_DTYPE) -> ViT:
     """Load a Hugging Face ``ViTForImageClassification`` directory as a jaxbsd :class:`ViT`.
 
     ``model(images)`` takes NHWC float32 images (``model.preprocess(uint8 images)`` makes them where
-    the directory has a ``preprocessor_config.json``) and returns the logits ``(B, num_labels)``.
+    the directory has a ``preprocessor_config.json``) and returns the logits ``(B, num_labels)``. The
+    parameters are of ``dtype`` (float32 by default, whatever the checkpoint stores); the tensors are
+    read with or without the ``vit.`` prefix, a pooler ignored (:func:`load_classifier`).
 
     Raises:
         ValueError: naming the path: not a checkpoint (also only ``pytorch_model.bin``), a
@@ -225,7 +238,7 @@ def from_pretrained(path: str | os.PathLike) -> ViT:
     if data.get("model_type") != "vit":
         raise ValueError(f"{where}: model_type is {data.get('model_type')!r}; jaxbsd.models.vit reads 'vit'")
     config = config_from_hf(data, where)
-    return load_classifier(root, ViT, config, "vit.", ("cls_token",), _VIT_HEADS)
+    return load_classifier(root, ViT, config, "vit.", ("cls_token",), _VIT_HEADS, dtype)
 
 
 def check_standard(model: ViT) -> int:
