@@ -41,16 +41,14 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # changed). JAX keys it by the program, the compile options, the XLA flags and the jaxlib
 # version, so the fast-compile and default-compiler programs never mix. JAX_COMPILATION_CACHE_DIR
 # set outside wins; JAXBSD_TEST_COMPILATION_CACHE=0 switches it off.
-# The `jaxbsd` command, which turns on a cache of its own, keeps the suite's (it keeps a directory
-# set for JAX), in this process and in the ones a test starts (the environment variable); with the
-# suite's cache off, it is off too (JAXBSD_COMPILATION_CACHE=0) and writes nothing under ~/.cache.
 if os.environ.get("JAXBSD_TEST_COMPILATION_CACHE", "1") != "0" and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    _SUITE_CACHE = str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compilation")
-    jax.config.update("jax_compilation_cache_dir", _SUITE_CACHE)
+    jax.config.update("jax_compilation_cache_dir",
+                      str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compilation"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _SUITE_CACHE
-elif os.environ.get("JAXBSD_TEST_COMPILATION_CACHE", "1") == "0":
-    os.environ.setdefault("JAXBSD_COMPILATION_CACHE", "0")
+# The `jaxbsd` command's own cache (on by default, in $JAXBSD_CACHE/xla) stays off in the suite, in
+# this process and in those a test starts, so that no test writes under ~/.cache; the cache above is
+# the suite's. tests/test_compile_cache.py turns it on where it tests it.
+os.environ.setdefault("JAXBSD_COMPILATION_CACHE", "0")
 
 
 # --- Data CI must have. Without Fashion-MNIST (the Debian package dataset-fashion-mnist) its tests
