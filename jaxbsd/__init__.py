@@ -5,12 +5,14 @@ ReLU sums), found by the robust coupled matrix–tensor factorization R-CMTF-BSD
 
 The public face: :func:`decouple` and its :class:`CMTFConfig`, the bases, :func:`compress_model`
 with its methods, stages and :class:`Execution`, the paper's block-by-block :func:`compress`, and
-saving and loading compressed models. The stepwise solver and the Jacobian operators are under
+saving and loading compressed models; JAX's persistent compilation cache
+(:func:`enable_compilation_cache`). The stepwise solver and the Jacobian operators are under
 :mod:`jaxbsd.solver`.
 """
 
 from jaxbsd import solver
 from jaxbsd.checkpoint import load_compressed, save_compressed
+from jaxbsd.compile_cache import enable_compilation_cache
 from jaxbsd.solver.bases import Augmented, Basis, BSpline, Polynomial, ReLU
 from jaxbsd.solver.cmtf import CMTFConfig, DecouplingResult, Status
 from jaxbsd.solver.decoupled import Decoupled
@@ -51,6 +53,8 @@ __all__ = [
     "compress", "CompressionConfig",
     # saving and loading
     "save_compressed", "load_compressed",
+    # the persistent compilation cache (opt-in; the jaxbsd command turns it on)
+    "enable_compilation_cache",
     # the stepwise solver, the Jacobian operators, metrics
     "solver",
 ]

@@ -45,6 +45,10 @@ if os.environ.get("JAXBSD_TEST_COMPILATION_CACHE", "1") != "0" and not os.enviro
     jax.config.update("jax_compilation_cache_dir",
                       str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compilation"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+# The `jaxbsd` command's own cache (on by default, in $JAXBSD_CACHE/xla) stays off in the suite, in
+# this process and in those a test starts, so that no test writes under ~/.cache; the cache above is
+# the suite's. tests/test_compile_cache.py turns it on where it tests it.
+os.environ.setdefault("JAXBSD_COMPILATION_CACHE", "0")
 
 
 # --- Data CI must have. Without Fashion-MNIST (the Debian package dataset-fashion-mnist) its tests

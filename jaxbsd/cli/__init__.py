@@ -13,6 +13,11 @@ writes any file (see :mod:`jaxbsd.cli.args`). User errors are one line on stderr
 checks, and any ``ValueError`` or ``OSError`` (the library's boundary errors: bad settings,
 missing or corrupt files and data) raised by the subcommand. ``--debug`` also prints the
 traceback. Any other exception is a bug: it propagates with its traceback (exit status 1).
+
+Every command runs with JAX's persistent compilation cache on (:mod:`jaxbsd.compile_cache`:
+``$JAXBSD_CACHE/xla``, or the directory ``JAX_COMPILATION_CACHE_DIR`` names), so a rerun skips
+XLA's compile; ``--no-cache`` or ``JAXBSD_COMPILATION_CACHE=0`` turn it off. A cache directory
+that cannot be used is a warning, never an error: the command then compiles as without it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from jaxbsd.cli.hf import add_compress_hf_command
 from jaxbsd.cli.train import add_train_command, validate_train_args
 
 __all__ = ["build_parser", "main", "add_train_command", "train_config_from_args", "validate_train_args",
-           "SUBCOMMANDS", "USER_ERRORS"]
+           "SUBCOMMANDS", "USER_ERRORS", "use_compilation_cache"]
 
 #: Functions ``f(subparsers)`` that add one subcommand each; extend to add commands.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
@@ -49,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="jaxbsd", description="B-spline decoupling (R-CMTF-BSD) and transformer MLP compression",
     )
     parser.add_argument("--debug", action="store_true", help="on an error, also print the traceback")
+    parser.add_argument("--no-cache", action="store_true", help=_NO_CACHE_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parser.subcommands = subparsers
     for add in SUBCOMMANDS:
@@ -59,7 +65,32 @@ def build_parser() -> argparse.ArgumentParser:
                              help="on an error, also print the traceback")
         except argparse.ArgumentError:  # the command defines its own --debug
             pass
+        sub.add_argument("--no-cache", action="store_true", default=argparse.SUPPRESS, help=_NO_CACHE_HELP)
     return parser
+
+
+_NO_CACHE_HELP = ("do not use the persistent compilation cache ($JAXBSD_CACHE/xla; also "
+                  "JAXBSD_COMPILATION_CACHE=0): compile every program afresh")
+
+
+def use_compilation_cache(args: argparse.Namespace):
+    """Turn on the persistent compilation cache for a command unless ``--no-cache`` or
+    ``JAXBSD_COMPILATION_CACHE=0``; return its directory, or None when off or unusable.
+
+    The directory is ``JAX_COMPILATION_CACHE_DIR``'s where the user set one for JAX, else
+    ``$JAXBSD_CACHE/xla``. One that cannot be used (a file, not writable) is a warning on stderr.
+    """
+    from jaxbsd import compile_cache
+
+    if getattr(args, "no_cache", False) or not compile_cache.enabled_by_environment():
+        return None
+    import jax
+
+    try:
+        return compile_cache.enable_compilation_cache(jax.config.jax_compilation_cache_dir or None)
+    except (ValueError, OSError) as err:
+        print(f"jaxbsd: warning: compilation cache off: {one_line(err)}", file=sys.stderr, flush=True)
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.command_line = " ".join(["jaxbsd", *argv])
     try:
+        use_compilation_cache(args)
         return int(args.func(args) or 0)
     except USER_ERRORS as err:
         if args.debug:

@@ -206,3 +206,31 @@ def minilm_benchmark_table() -> str:
             "float32; bound = the GEMM work of the sweeps through the structured Jacobian at this run's GEMM rate.")
     return "\n".join([head, "", md(["MLP share removed", "rank", "decoupling", "matmul bound", "multiple", "pruning",
                                     "output error (B-splines)", "output error (pruning)"], rows)])
+
+
+source("bench_compile_cache", "compile_cache.json", Result, folder="benchmarks")
+
+
+@table("compile-cache-benchmark")
+def compile_cache_benchmark_table() -> str:
+    """``benchmarks/compile_cache.json``: the same ``jaxbsd`` command twice in fresh processes, one
+    empty persistent compilation cache: where each run's compile time goes, and the cache's hits."""
+    path = committed.BENCHMARKS / "compile_cache.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/compile_cache.py`)."
+    d = json.loads(path.read_text())
+    first, second = d["runs"]
+    ratio = lambda a, b: f"{b / a:.3f}" if a else "—"  # noqa: E731
+    rows = [[label, f"{first['compile_seconds'][k]:.2f} s", f"{second['compile_seconds'][k]:.2f} s",
+             ratio(first["compile_seconds"][k], second["compile_seconds"][k])]
+            for label, k in (("XLA compile (on a hit: the cache's read)", "XLA compile"),
+                             ("of which the cache's read", "cache read"), ("tracing to a jaxpr", "tracing"),
+                             ("lowering to StableHLO", "lowering"))]
+    rows += [["the command's wall time", f"{first['command_s']:.1f} s", f"{second['command_s']:.1f} s",
+              ratio(first["command_s"], second["command_s"])],
+             ["programs compiled (cache hits, misses)", f"{first['compiles']} ({first['hits']}, {first['misses']})",
+              f"{second['compiles']} ({second['hits']}, {second['misses']})", "—"]]
+    head = (source_line(d) + f" Device: {d.get('device', '?')}. `{d['measured_command']}` on {d['model_dir']}, "
+            "twice, each in a fresh process, one cache directory empty before the first; target: the second run's "
+            "XLA compile at most 0.10 × the first's.")
+    return "\n".join([head, "", md(["", "first run", "second run", "second / first"], rows)])
