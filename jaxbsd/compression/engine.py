@@ -40,7 +40,8 @@ from jaxbsd.compression.state import RunState
 from jaxbsd.compression.surgery import get_submodule, output_judge, set_submodule
 from jaxbsd.models import count_params
 
-__all__ = ["CalibrationSource", "Plan", "Step", "PLAN", "ALLOCATIONS", "run", "execute", "site_at", "execution_order"]
+__all__ = ["CalibrationSource", "Plan", "Step", "Outcome", "PLAN", "ALLOCATIONS", "run", "execute", "site_at",
+           "execution_order"]
 
 #: The stage of the planning capture (on the original model); steps are numbered from 1.
 PLAN = 0
@@ -95,6 +96,9 @@ class Plan:
       devices: None: one MLP at a time; a :class:`~jaxbsd.compression.devices.Devices`: the MLPs
         are independent (the caller says so: back to front, no step between them) and are solved
         in groups (:mod:`jaxbsd.compression.grouped`) on those devices.
+      distill: the distillation of the whole model after the last replacement, or None:
+        ``distill(model) -> finish``, called on the original model before any replacement (the
+        teacher's outputs), then ``finish(model) -> report`` on the compressed model.
     """
 
     paths: tuple[str, ...]
@@ -107,6 +111,7 @@ class Plan:
     structured: bool = True
     refine: Refine | None = None
     devices: Devices | None = None
+    distill: Callable[[nnx.Module], Callable[[nnx.Module], dict]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +131,24 @@ class Step:
     def module(self) -> nnx.Module:
         """The replacement put in place."""
         return self.built.module
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What :func:`run` returns.
+
+    Attributes:
+      model: the model, changed in place.
+      records: the caller's record of every step (resumed ones included), in step order.
+      params_before, params_after: the model's ``nnx.Param`` scalars before and after the run.
+      distill: the distillation's report (``Plan.distill``), or None.
+    """
+
+    model: nnx.Module
+    records: list[dict]
+    params_before: int
+    params_after: int
+    distill: dict | None = None
 
 
 def execution_order(order, first_calls: list[str]) -> list[str]:
@@ -225,8 +248,9 @@ def run(
     state: Callable[[dict], RunState | None] | None = None,
     on_record: Callable[[dict], None] | None = None,
     progress: Callable[[MLPProgress], None] | None = None,
-) -> list[dict]:
-    """Compress ``model`` in place, one MLP at a time; the records of every step (resumed ones included).
+) -> Outcome:
+    """Compress ``model`` in place, one MLP at a time (or group by group), then distill it if the
+    plan says so; the :class:`Outcome` (the records of every step, resumed ones included).
 
     Args:
       model: any NNX module; changed in place.
@@ -243,6 +267,7 @@ def run(
     """
     method = plan.method
     params_total = count_params(model)
+    distill = plan.distill(model) if plan.distill is not None else None  # the teacher, before any replacement
     digest = model_digest(model) if state is not None else None  # before anything is replaced
     # 1. Every MLP's tokens on the original model; its site (this validates every path first).
     tokens, first_calls = source.capture(model, plan.paths, PLAN)
@@ -266,9 +291,12 @@ def run(
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
     records = [] if run_state is None else run_state.load(model)
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
-    return execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
-                   record=record, after_step=after_step, run_state=run_state, on_record=on_record,
-                   progress=progress)
+    records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
+                      record=record, after_step=after_step, run_state=run_state, on_record=on_record,
+                      progress=progress)
+    distilled = distill(model) if distill is not None else None  # the whole model, after the last replacement
+    return Outcome(model=model, records=records, params_before=params_total, params_after=count_params(model),
+                   distill=distilled)
 
 
 def _batches(plan: Plan, todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict) -> list[list]:
