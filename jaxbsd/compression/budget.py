@@ -12,12 +12,12 @@ from typing import Mapping, Sequence
 from flax import nnx
 
 from jaxbsd.compression.methods import Method, largest_rank
-from jaxbsd.compression.sites import Site
+from jaxbsd.compression.sites import Site, prefix, redraw
 from jaxbsd.compression.specs import GatedMLPSpec, spec_for
 from jaxbsd.compression.surgery import get_submodule
 from jaxbsd.models import count_params
 
-__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "budget_for", "check_budget", "largest_reduction", "priced_sites",
+__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "plan_ranks", "budget_for", "check_budget", "largest_reduction", "priced_sites",
            "uniform_ranks", "greedy_candidates", "greedy_ranks"]
 
 #: How a ``reduction`` budget is shared among the MLPs.
@@ -25,6 +25,49 @@ ALLOCATIONS = ("uniform", "greedy")
 
 #: Candidate ranks of the greedy allocation, as multiples of each MLP's uniform rank.
 GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def plan_ranks(plan, source, tokens: Mapping[str, tuple], sites: Mapping[str, Site], params_total: int,
+               stage: int) -> tuple[dict, dict]:
+    """``({path: rank}, {(path, rank): (site, built)})``: the ranks of an engine's ``plan`` (explicit,
+    or the budget of ``plan.reduction`` shared by ``plan.allocation``), and the builds the greedy
+    allocation made to compare its candidates (reused where a step sees the same site).
+
+    Args:
+      plan: the engine's :class:`~jaxbsd.compression.engine.Plan`; source: its calibration source
+        (the samples and keys of the planning ``stage``).
+      tokens: every MLP's planning capture ``{path: (X_all, Y_all)}``; sites: their sites.
+      params_total: the model's parameters.
+    """
+    method, cache = plan.method, {}
+    if plan.reduction is None:
+        return {p: method.check_rank(sites[p], int(r)) for p, r in plan.ranks.items()}, cache
+    ordered = [sites[p] for p in plan.paths]
+    budget = budget_for(plan.reduction, params_total, ordered)
+    check_budget(method, ordered, budget, plan.reduction, params_total)
+    chosen = uniform_ranks(method, ordered, budget)
+    if plan.allocation == "greedy":
+        floor = sum(method.params(s, method.min_rank(s)) for s in ordered)
+        errors = []
+        for s, uniform in zip(ordered, chosen):
+            alone = budget - floor + method.params(s, method.min_rank(s))
+            candidates = greedy_candidates(method, s, uniform, alone)
+            # S may grow with the rank: draw the most any candidate needs (same key, so the same
+            # check tokens), and give each candidate a prefix of it (a draw without replacement too).
+            sizes = {r: source.num_samples(s.path, r, stage) for r in candidates}
+            widest = max((S for S in sizes.values() if S is not None), default=None)
+            X_all, Y_all = tokens[s.path]
+            big = s if widest in (None, s.X.shape[0]) else redraw(
+                s, X_all, Y_all, widest, source.keys(s.path, stage)[0], reserve=plan.reserve(int(X_all.shape[0])))
+            errs = {}
+            for r in candidates:
+                site = big if sizes[r] is None else prefix(big, sizes[r])
+                built = method.build(site, r, source.keys(s.path, stage)[1])
+                cache[(s.path, r)] = (site, built)
+                errs[r] = built.output_error
+            errors.append(errs)
+        chosen = greedy_ranks(method, ordered, budget, errors, chosen)
+    return dict(zip(plan.paths, chosen)), cache
 
 
 def budget_for(reduction: float, params_total: int, sites: Sequence[Site]) -> int:

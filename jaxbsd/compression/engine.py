@@ -33,7 +33,7 @@ from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices
 from jaxbsd.compression.methods import Built, Method
 from jaxbsd.compression.progress import MLPProgress
-from jaxbsd.compression.refine import Refine, refine_group, reserved_tokens, site_refiner
+from jaxbsd.compression.refine import Refine, refine_group, site_refiner
 from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
 from jaxbsd.compression.specs import choose_spec
 from jaxbsd.compression.state import RunState
@@ -113,6 +113,16 @@ class Plan:
     devices: Devices | None = None
     distill: Callable[[nnx.Module], Callable[[nnx.Module], dict]] | None = None
 
+    def reserve(self, N: int) -> int:
+        """How many of ``N`` captured tokens are set apart for the refinement's held-out error before
+        any build (``reserve`` of :func:`jaxbsd.compression.sites.make_site`): the ``holdout`` share of
+        the tokens refinement uses, ``round(holdout · min(N, max_tokens))``, at least 1 and at most
+        ``N - 1``; 0 without refinement or with fewer than 2 tokens."""
+        refine = self.refine
+        if refine is None or refine.steps == 0 or N < 2:
+            return 0
+        return max(1, min(N - 1, int(round(refine.holdout * min(N, refine.max_tokens)))))
+
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -157,63 +167,22 @@ def execution_order(order, first_calls: list[str]) -> list[str]:
     return list(order)
 
 
-def _site(model, plan: Plan, source: CalibrationSource, path: str, tokens, stage: int, S: int | None) -> Site:
-    """The site of ``path`` from its captured ``tokens = (X_all, Y_all)``, with ``S`` samples drawn
-    by the stage's key, and its spec (given, known, or found on the tokens). When the plan refines,
-    the refinement's held-out tokens are set apart first (:func:`~jaxbsd.compression.refine.reserved_tokens`):
-    no build, greedy candidate or judge on block tokens sees them."""
-    X_all, Y_all = tokens
+def site_at(model, plan: Plan, source: CalibrationSource, path: str, stage: int, S: int | None,
+            tokens: tuple | None = None) -> Site:
+    """The site of ``path`` on the current model at ``stage``, with ``S`` samples drawn by the stage's
+    key, and its spec (given, known, or found on the tokens): from its captured ``tokens = (X_all,
+    Y_all)``, or (None) its tokens captured anew. When the plan refines, the refinement's held-out
+    tokens are set apart first (:meth:`Plan.reserve`): no build, greedy candidate or judge on block
+    tokens sees them."""
+    X_all, Y_all = source.capture(model, [path], stage)[0][path] if tokens is None else tokens
+    reserve = plan.reserve(int(X_all.shape[0]))
     module = get_submodule(model, path)
     if plan.structured or plan.method.needs_spec:
         spec, status = choose_spec(module, path, plan.mlp_specs, X_all, Y_all)
     else:
         spec, status = None, "not used (structured=False)"
-    site = make_site(path, module, spec, X_all, Y_all, S, source.keys(path, stage)[0],
-                     reserve=reserved_tokens(plan.refine, int(X_all.shape[0])))
+    site = make_site(path, module, spec, X_all, Y_all, S, source.keys(path, stage)[0], reserve=reserve)
     return dataclasses.replace(site, spec_status=status)
-
-
-def site_at(model, plan: Plan, source: CalibrationSource, path: str, stage: int, S: int | None) -> Site:
-    """The site of ``path`` on the current model at ``stage``: its tokens captured anew, ``S`` samples."""
-    return _site(model, plan, source, path, source.capture(model, [path], stage)[0][path], stage, S)
-
-
-def _shorter(site: Site, S: int) -> Site:
-    """The site with its first ``S`` samples (a prefix of a draw without replacement is one too)."""
-    return site if site.X.shape[0] == S else dataclasses.replace(site, X=site.X[:S], F=site.F[:S])
-
-
-def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site], params_total: int):
-    """``({path: rank}, {(path, rank): (site, built)})``: the ranks, and the builds the
-    greedy allocation already made (reused where step 1 sees the same site)."""
-    method, cache = plan.method, {}
-    if plan.reduction is None:
-        return {p: method.check_rank(sites[p], int(r)) for p, r in plan.ranks.items()}, cache
-    ordered = [sites[p] for p in plan.paths]
-    budget = budgets.budget_for(plan.reduction, params_total, ordered)
-    budgets.check_budget(method, ordered, budget, plan.reduction, params_total)
-    chosen = budgets.uniform_ranks(method, ordered, budget)
-    if plan.allocation == "greedy":
-        floor = sum(method.params(s, method.min_rank(s)) for s in ordered)
-        errors = []
-        for s, uniform in zip(ordered, chosen):
-            alone = budget - floor + method.params(s, method.min_rank(s))
-            candidates = budgets.greedy_candidates(method, s, uniform, alone)
-            # S may grow with the rank: draw the most any candidate needs (same key, so the same
-            # check tokens), and give each candidate a prefix of it (a draw without replacement too).
-            sizes = {r: source.num_samples(s.path, r, PLAN) for r in candidates}
-            widest = max((S for S in sizes.values() if S is not None), default=None)
-            big = s if widest in (None, s.X.shape[0]) else _site(model, plan, source, s.path, tokens[s.path],
-                                                                  PLAN, widest)
-            errs = {}
-            for r in candidates:
-                site = big if sizes[r] is None else _shorter(big, sizes[r])
-                built = method.build(site, r, source.keys(s.path, PLAN)[1])
-                cache[(s.path, r)] = (site, built)
-                errs[r] = built.output_error
-            errors.append(errs)
-        chosen = budgets.greedy_ranks(method, ordered, budget, errors, chosen)
-    return dict(zip(plan.paths, chosen)), cache
 
 
 def model_digest(model: nnx.Module) -> str:
@@ -271,7 +240,7 @@ def run(
     digest = model_digest(model) if state is not None else None  # before anything is replaced
     # 1. Every MLP's tokens on the original model; its site (this validates every path first).
     tokens, first_calls = source.capture(model, plan.paths, PLAN)
-    sites = {p: _site(model, plan, source, p, tokens[p], PLAN, source.num_samples(p, None, PLAN)) for p in plan.paths}
+    sites = {p: site_at(model, plan, source, p, PLAN, source.num_samples(p, None, PLAN), tokens[p]) for p in plan.paths}
     for p in plan.paths:
         method.check_site(sites[p])
     order = execution_order(plan.order, first_calls)
@@ -281,7 +250,7 @@ def run(
     references = ({step: source.reference(model, path, step) for step, path in enumerate(order, start=1)}
                   if refining and plan.refine.target == "consistent" else {})
     # 2. The ranks, planned on the original model (a resumed run plans exactly what the first did).
-    rank_of, cache = _plan_ranks(model, plan, source, tokens, sites, params_total)
+    rank_of, cache = budgets.plan_ranks(plan, source, tokens, sites, params_total, PLAN)
     # 3. Resume.
     run_state = None if state is None else state({
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,

@@ -19,7 +19,7 @@ A share ``holdout`` of the tokens is held out and evaluated once per epoch of th
 (every step with full batches) and at the last step; the evaluated step with the lowest held-out
 error is kept (step 0, the replacement as built, included), so refining never raises the held-out
 error. In :func:`jb.compress_model` the held-out tokens are set apart before the replacement is
-built (:func:`reserved_tokens`, ``Site.held_X``): no build fits on them. Were they among the tokens
+built (:meth:`jaxbsd.compression.engine.Plan.reserve`, ``Site.held_X``): no build fits on them. Were they among the tokens
 a build fitted, step 0 would be judged in sample (a pruned MLP's output layer is the least-squares
 fit on its tokens) and no step of refinement could be seen to beat it.
 
@@ -49,7 +49,7 @@ from jax.experimental import io_callback
 from jaxbsd.compression import progress
 from jaxbsd.compression.devices import Devices, run_blocks
 
-__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "reserved_tokens", "trace_count"]
+__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "trace_count"]
 
 #: What the refined replacement is trained to reproduce (see the module docstring).
 TARGETS = ("local", "consistent")
@@ -320,16 +320,6 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
         info["seconds"] += share
         results.append((module, info))
     return results
-
-
-def reserved_tokens(config: Refine | None, N: int) -> int:
-    """How many of ``N`` captured tokens the engine sets apart for the refinement's held-out error
-    before any build (``reserve`` of :func:`jaxbsd.compression.sites.make_site`): the ``holdout``
-    share of the tokens refinement uses, ``round(holdout · min(N, max_tokens))``, at least 1 and
-    at most ``N - 1``; 0 without refinement or with fewer than 2 tokens."""
-    if config is None or config.steps == 0 or N < 2:
-        return 0
-    return max(1, min(N - 1, int(round(config.holdout * min(N, config.max_tokens)))))
 
 
 def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | None:
