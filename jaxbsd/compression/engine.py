@@ -33,15 +33,15 @@ from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices
 from jaxbsd.compression.methods import Built, Method
 from jaxbsd.compression.progress import MLPProgress
-from jaxbsd.compression.refine import Refine, refine_group, site_refiner
-from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
+from jaxbsd.compression.refine import Refine, refine_stage, reported, site_refiner
+from jaxbsd.compression.sites import Site, make_site
 from jaxbsd.compression.specs import choose_spec
 from jaxbsd.compression.state import RunState
-from jaxbsd.compression.surgery import get_submodule, output_judge, set_submodule
+from jaxbsd.compression.surgery import get_submodule, set_submodule
 from jaxbsd.models import count_params
 
 __all__ = ["CalibrationSource", "Plan", "Step", "Outcome", "PLAN", "ALLOCATIONS", "run", "execute", "site_at",
-           "execution_order"]
+           "execution_order", "group_key", "groups"]
 
 #: The stage of the planning capture (on the original model); steps are numbered from 1.
 PLAN = 0
@@ -268,86 +268,35 @@ def run(
                    distill=distilled)
 
 
-def _batches(plan: Plan, todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict) -> list[list]:
-    """The ``(step, path)`` of ``todo`` as the loop runs them: groups of one shape and rank where the
-    MLPs are independent (:func:`jaxbsd.compression.grouped.groups`), one MLP a group otherwise."""
-    if plan.devices is None:
-        return [[member] for member in todo]
-    return grouped.groups(todo, sites, rank_of, plan.devices.chunk)
+def group_key(site: Site, rank) -> tuple:
+    """MLPs with equal keys can share one program: module type, widths, hidden width, rank, samples
+    and token counts, dtype (the method and the refinement split further by the programs' exact
+    signatures)."""
+    fit = None if site.fit_X is None else site.fit_X.shape[0]
+    return (type(site.module).__name__, site.m, site.n, site.hidden, site.gated, repr(rank), site.X.shape,
+            str(site.X.dtype), site.check_X.shape[0], fit)
 
 
-def _refine_skipped(plan: Plan, site: Site) -> dict:
-    """The report of a refinement that could not run: too few tokens to hold one out."""
-    tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
-    return {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
-            "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
-
-
-def _build(model, plan: Plan, members, sites, rank_of, cache, judges, refiners, build_key) -> dict[int, Built]:
-    """``{step: built}``: each member's replacement as its method builds it, the greedy
-    allocation's build reused where it is exactly this one; several members of a group built
-    together (:func:`jaxbsd.compression.grouped.build_together`)."""
-    method = plan.method
-    builds: dict[int, Built] = {}
-    pending = []
-    for step, path in members:
-        hit = cache.get((path, rank_of[path]))
-        if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
-            builds[step] = hit[1]  # the greedy allocation already built exactly this
-        else:
-            pending.append((step, path))
-    if len(pending) == 1:  # one MLP: the program of one block at a time
-        step, path = pending[0]
-        judge = output_judge(model, path, *judges[step]) if step in judges else None
-        builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
-                                    refine=refiners[step] if method.refines_candidates else None)
-    elif pending:
-        builds.update(grouped.build_together(model, plan, pending, sites, rank_of, build_key, judges, refiners))
-    return builds
-
-
-def _refine_stage(plan: Plan, members, builds: dict[int, Built], refiners) -> dict[int, Built]:
-    """The engine's refinement stage, the same for every method that does not refine its own
-    candidates (and for builds that came back unrefined): one program for a group's replacements."""
-    method = plan.method
-    staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
-              and builds[s].refine is None]
-    if not staged:
-        return builds
-    modules, stage_refiners = [builds[s].module for s in staged], [refiners[s] for s in staged]
-    refined = ([stage_refiners[0](modules[0])] if len(staged) == 1
-               else refine_group(modules, stage_refiners, plan.devices))
-    out = dict(builds)
-    for s, (module, refine_info) in zip(staged, refined):
-        out[s] = builds[s].replace(module=module, refine=refine_info)
-    return out
-
-
-def _reported(plan: Plan, site: Site, built: Built, refined: bool) -> Built:
-    """The build as the run returns it: once refined, with the output error of the module returned
-    (and the error as built kept beside); a refinement that could not run said so."""
-    if refined:
-        return built.replace(refine=dict(built.refine, output_error_built=built.output_error),
-                             output_error=float(output_error(built.module, *refined_error_tokens(site))))
-    if plan.refine is not None and plan.refine.steps > 0:
-        return built.replace(refine=_refine_skipped(plan, site))
-    return built
-
-
-def _tell(progress, kind: str, plan: Plan, position: int, total: int, paths, rank_of, sites, **done) -> None:
-    """Call the progress hook (if any) with one :class:`~jaxbsd.compression.progress.MLPProgress`."""
-    if progress is not None:
-        progress(MLPProgress(kind=kind, position=position, total=total, paths=tuple(paths), method=plan.method.name,
-                             ranks=tuple(rank_of[p] for p in paths),
-                             params_before=sum(sites[p].params for p in paths), **done))
+def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
+           chunk: int | None = None) -> list[list[tuple[int, str]]]:
+    """The ``(step, path)`` of ``todo`` in groups of one :func:`group_key`, each in step order, the
+    groups in the order of their first step; a group of more than ``chunk`` MLPs (None: no limit)
+    split into consecutive chunks of ``chunk`` (the last one shorter)."""
+    out: dict[tuple, list] = {}
+    for step, path in todo:
+        out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
+    sizes = {key: chunk or len(members) for key, members in out.items()}
+    return [members[i:i + sizes[key]] for key, members in out.items() for i in range(0, len(members), sizes[key])]
 
 
 def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
             record, after_step=None, run_state=None, on_record=None, progress=None) -> list[dict]:
     """The one compression loop: the MLPs of ``order`` not in ``records`` (a resumed state's), group by
-    group (:func:`_batches`); each group's sites, replacements, refinement and report, then each
-    replacement put in place, the caller's ``after_step``, its record, the state saved (by process 0)
-    before the next group's captures and judges look at the model. The records in step order.
+    group (:func:`groups` where ``plan.devices`` is given, one MLP a group otherwise); each group's
+    sites, replacements (:func:`jaxbsd.compression.grouped.build`), refinement and report
+    (:func:`jaxbsd.compression.refine.refine_stage`, :func:`~jaxbsd.compression.refine.reported`),
+    then each replacement put in place, the caller's ``after_step``, its record, the state saved (by
+    process 0) before the next group's captures and judges look at the model. The records in step order.
 
     One MLP at a time (``plan.devices`` None), each MLP's tokens are captured again on the current
     model (earlier replacements and fine-tuning change what it sees), but for step 1 of a source whose
@@ -356,14 +305,22 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
     method = plan.method
     refining = plan.refine is not None and plan.refine.steps > 0
     build_key = lambda path, step: source.keys(path, step)[1]  # noqa: E731
+
+    def tell(kind: str, position: int, paths, here, **finished) -> None:
+        if progress is not None:  # one MLPProgress event
+            progress(MLPProgress(kind=kind, position=position, total=len(order), paths=tuple(paths),
+                                 method=method.name, ranks=tuple(rank_of[p] for p in paths),
+                                 params_before=sum(here[p].params for p in paths), **finished))
+
     # A resumed state holds the first steps of a run one MLP at a time, and whole groups of a grouped one.
     done = set(order[:len(records)]) if plan.devices is None else {r["path"] for r in records}
     todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
     resumed = bool(records)
     if resumed:
-        _tell(progress, "resumed", plan, len(records) + 1, len(order), [], rank_of, sites)
-    for index, members in enumerate(_batches(plan, todo, sites, rank_of)):
-        _tell(progress, "start", plan, len(records) + 1, len(order), [p for _, p in members], rank_of, sites)
+        tell("resumed", len(records) + 1, [], sites)
+    batches = [[m] for m in todo] if plan.devices is None else groups(todo, sites, rank_of, plan.devices.chunk)
+    for index, members in enumerate(batches):
+        tell("start", len(records) + 1, [p for _, p in members], sites)
         start = time.perf_counter()
         here = dict(sites)
         if plan.devices is None:
@@ -374,12 +331,12 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
         refiners = {step: site_refiner(plan.refine, here[path], references.get(step),
                                        jax.random.fold_in(build_key(path, step), 2))
                     if refining else None for step, path in members}
-        builds = _build(model, plan, members, here, rank_of, cache, judges, refiners, build_key)
-        builds = _refine_stage(plan, members, builds, refiners)
+        builds = grouped.build(model, plan, members, here, rank_of, cache, judges, refiners, build_key)
+        builds = refine_stage(method, members, builds, refiners, plan.devices)
         seconds = (time.perf_counter() - start) / len(members)
         paths = [p for _, p in members]
         for step, path in members:
-            built = _reported(plan, here[path], builds[step], refiners[step] is not None)
+            built = reported(plan.refine, here[path], builds[step], refiners[step] is not None)
             if plan.devices is not None:
                 built = built.replace(group={"index": index, "paths": paths, "devices": plan.devices.size})
             set_submodule(model, path, built.module)
@@ -387,8 +344,8 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
             after = (after_step(model, path, step) if after_step is not None else None) or {}
             records.append(record(Step(step=step, path=path, site=here[path], built=built, rank=rank_of[path],
                                        seconds=seconds, after=after, seconds_after=time.perf_counter() - start_after)))
-            _tell(progress, "done", plan, len(records), len(order), [path], rank_of, here,
-                  params_after=count_params(built.module), output_error=float(built.output_error), seconds=seconds)
+            tell("done", len(records), [path], here, params_after=count_params(built.module),
+                 output_error=float(built.output_error), seconds=seconds)
         if run_state is not None and jax.process_index() == 0:
             run_state.save(model, records)
         if on_record is not None:

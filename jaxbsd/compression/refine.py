@@ -48,8 +48,11 @@ from jax.experimental import io_callback
 
 from jaxbsd.compression import progress
 from jaxbsd.compression.devices import Devices, run_blocks
+from jaxbsd.compression.methods import Built, Method
+from jaxbsd.compression.sites import Site, output_error, refined_error_tokens
 
-__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "trace_count"]
+__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "site_refiner", "refine_stage", "reported",
+           "trace_count"]
 
 #: What the refined replacement is trained to reproduce (see the module docstring).
 TARGETS = ("local", "consistent")
@@ -343,3 +346,36 @@ def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | N
 
     X = _concatenate(tuple(x for x, _, _ in parts))
     return Refiner(X, targets(*parts), config, key, None if held is None else (held[0], targets(held)))
+
+
+def refine_stage(method: Method, members, builds: dict[int, Built], refiners: dict[int, Refiner | None],
+                 devices: Devices | None = None) -> dict[int, Built]:
+    """The engine's refinement stage, the same for every method that does not refine its own
+    candidates (and for builds that came back unrefined): ``builds`` (by step, of the ``(step,
+    path)`` of ``members``) with each refined by its refiner, a group's replacements as one program
+    (:func:`refine_group` on ``devices``)."""
+    staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
+              and builds[s].refine is None]
+    if not staged:
+        return builds
+    modules, stage_refiners = [builds[s].module for s in staged], [refiners[s] for s in staged]
+    refined = ([stage_refiners[0](modules[0])] if len(staged) == 1
+               else refine_group(modules, stage_refiners, devices))
+    out = dict(builds)
+    for s, (module, refine_info) in zip(staged, refined):
+        out[s] = builds[s].replace(module=module, refine=refine_info)
+    return out
+
+
+def reported(config: Refine | None, site: Site, built: Built, refined: bool) -> Built:
+    """The build as the engine returns it: once refined, with the output error of the module returned
+    (on :func:`~jaxbsd.compression.sites.refined_error_tokens`, the error as built kept beside); a
+    refinement (``config``) that could not run for too few tokens says so."""
+    if refined:
+        return built.replace(refine=dict(built.refine, output_error_built=built.output_error),
+                             output_error=float(output_error(built.module, *refined_error_tokens(site))))
+    if config is not None and config.steps > 0:
+        tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
+        return built.replace(refine={"target": config.target, "steps": 0, "steps_kept": 0,
+                                     "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"})
+    return built
