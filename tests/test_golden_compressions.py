@@ -4,10 +4,21 @@ Every method, one MLP at a time and grouped, refined and not, on a toy ViT, jaxb
 character LM and a tiny BERT: each compressed model's every leaf is hashed (its bytes, shape and
 dtype) and compared with ``tests/golden/compressions.json``, written by the code before the engine
 was restructured (issue 56). A change of the engine that moves any bit of any model fails here.
-The hashes are of this suite's compiler settings (``tests/conftest.py``) on the CPU.
 
-Regenerate (only for an intended change of the numbers, said in the commit):
-``JAXBSD_GOLDEN_WRITE=1 python -m pytest -q tests/test_golden_compressions.py -m slow``.
+The hashes are of this suite's compiler settings (``tests/conftest.py``) on one kind of processor.
+XLA's CPU kernels are chosen for the processor they run on, and the B-spline cases are not stable
+under rounding: on an AMD EPYC with AVX-512 the sequential refined ones come out a few bits apart
+from the first record's, and with XLA held to SSE4.2 on that processor even the unrefined toys'
+outputs move by 0.5-7 % (another restart wins), while pruning's move by under 1e-6. So each case
+keeps the hashes of every processor it was recorded on (``variants``, keyed by ``cpu_signature()``):
+on a recorded processor the test asks for bit identity; on another it checks what rounding cannot
+move (the methods chosen, the parameter count, every leaf's name, shape and dtype) and warns, saying
+how to add the processor.
+
+Regenerate (only for an intended change of the numbers, said in the commit; other processors'
+hashes are dropped): ``JAXBSD_GOLDEN_WRITE=1 python -m pytest -q tests/test_golden_compressions.py -m slow``.
+Add this processor's hashes (no change of the code, only of the processor): the same with
+``JAXBSD_GOLDEN_WRITE=cpu``.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ import hashlib
 import json
 import os
 import pathlib
+import platform
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +43,7 @@ from jaxbsd.models.lm import LM, LMConfig
 from jaxbsd.models.vit import ViTConfig
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "compressions.json"
-WRITE = os.environ.get("JAXBSD_GOLDEN_WRITE") == "1"
+WRITE = os.environ.get("JAXBSD_GOLDEN_WRITE", "")
 FAST = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4), max_iter=12)
 
 #: (method, grouped, refined): every method one MLP at a time, the decoupling and pruning grouped,
@@ -66,16 +79,40 @@ def compress(kind: str, method: str, grouped: bool, refined: bool):
     return model, report
 
 
-def leaf_hashes(model) -> dict[str, str]:
+def _leaf_arrays(model) -> dict[str, np.ndarray]:
     out = {}
     for path, var in nnx.to_flat_state(nnx.state(model)):
         value = var[...]
         if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
             value = jax.random.key_data(value)
-        a = np.asarray(value)
-        out[".".join(map(str, path))] = hashlib.sha256(str(a.shape).encode() + str(a.dtype).encode()
-                                                       + a.tobytes()).hexdigest()[:20]
+        out[".".join(map(str, path))] = np.asarray(value)
     return dict(sorted(out.items()))
+
+
+def leaf_hashes(model) -> dict[str, str]:
+    return {name: hashlib.sha256(str(a.shape).encode() + str(a.dtype).encode() + a.tobytes()).hexdigest()[:20]
+            for name, a in _leaf_arrays(model).items()}
+
+
+def leaf_forms(model) -> dict[str, str]:
+    """Each leaf's shape and dtype: what no rounding can move."""
+    return {name: f"{a.dtype}{list(a.shape)}" for name, a in _leaf_arrays(model).items()}
+
+
+def cpu_signature() -> str:
+    """The processor's model name and vector extensions, which decide the kernels XLA's CPU backend emits."""
+    name, flags = platform.machine(), set()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
+    return f"{name} [{' '.join(isa)}]"
 
 
 def _name(kind, method, grouped, refined) -> str:
@@ -88,17 +125,30 @@ def test_compressions_are_bit_identical_to_the_recorded_ones(kind):
     got = {}
     for method, grouped, refined in CASES:
         model, report = compress(kind, method, grouped, refined)
-        got[_name(kind, method, grouped, refined)] = {"leaves": leaf_hashes(model),
+        got[_name(kind, method, grouped, refined)] = {"leaves": leaf_hashes(model), "forms": leaf_forms(model),
                                                       "methods": [m.method for m in report.mlps],
                                                       "params_after": report.params_after}
-    if WRITE:
-        recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-        recorded.update(got)
-        GOLDEN.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
-        return
-    recorded = json.loads(GOLDEN.read_text())
+    recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    cpu, unrecorded = cpu_signature(), []
     for name, entry in got.items():
+        if WRITE == "1":
+            recorded[name] = {"methods": entry["methods"], "params_after": entry["params_after"],
+                              "forms": entry["forms"], "variants": [{"cpu": cpu, "leaves": entry["leaves"]}]}
+            continue
         want = recorded[name]
         assert entry["params_after"] == want["params_after"] and entry["methods"] == want["methods"], name
-        moved = [leaf for leaf in want["leaves"] if entry["leaves"].get(leaf) != want["leaves"][leaf]]
-        assert set(entry["leaves"]) == set(want["leaves"]) and not moved, (name, moved[:5])
+        assert entry["forms"] == want["forms"], name
+        if any(entry["leaves"] == variant["leaves"] for variant in want["variants"]):
+            continue
+        on_record = [variant["leaves"] for variant in want["variants"] if variant["cpu"] == cpu]
+        moved = [leaf for leaf, h in on_record[0].items() if entry["leaves"][leaf] != h] if on_record else []
+        assert not on_record, (name, cpu, "bits moved on a recorded processor", moved[:5])
+        unrecorded.append(name)
+        if WRITE == "cpu":
+            want["variants"].append({"cpu": cpu, "leaves": entry["leaves"]})
+    if WRITE:
+        GOLDEN.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+    elif unrecorded:
+        warnings.warn(f"this processor ({cpu}) has no record of {unrecorded}: their bits are not checked, only "
+                      "their methods, parameter counts and leaf shapes; add its hashes with JAXBSD_GOLDEN_WRITE=cpu",
+                      stacklevel=1)
