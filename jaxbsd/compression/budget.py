@@ -6,13 +6,14 @@ only compare prices with the budget, so they hold for every method alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from flax import nnx
 
 from jaxbsd.compression.methods import Method, largest_rank
-from jaxbsd.compression.sites import Site, prefix, redraw
+from jaxbsd.compression.sites import Site
 from jaxbsd.compression.specs import GatedMLPSpec, spec_for
 from jaxbsd.compression.surgery import get_submodule
 from jaxbsd.models import count_params
@@ -27,17 +28,19 @@ ALLOCATIONS = ("uniform", "greedy")
 GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
 
 
-def plan_ranks(plan, source, tokens: Mapping[str, tuple], sites: Mapping[str, Site], params_total: int,
-               stage: int) -> tuple[dict, dict]:
+def plan_ranks(plan, sites: Mapping[str, Site], params_total: int, *, samples: Callable[[str, int], int | None],
+               build_key: Callable[[str], Any], redraw: Callable[[str, int], Site]) -> tuple[dict, dict]:
     """``({path: rank}, {(path, rank): (site, built)})``: the ranks of an engine's ``plan`` (explicit,
     or the budget of ``plan.reduction`` shared by ``plan.allocation``), and the builds the greedy
     allocation made to compare its candidates (reused where a step sees the same site).
 
     Args:
-      plan: the engine's :class:`~jaxbsd.compression.engine.Plan`; source: its calibration source
-        (the samples and keys of the planning ``stage``).
-      tokens: every MLP's planning capture ``{path: (X_all, Y_all)}``; sites: their sites.
+      plan: the engine's :class:`~jaxbsd.compression.engine.Plan`; sites: every MLP's planning site.
       params_total: the model's parameters.
+      samples: ``(path, rank) -> S`` (None: the site's own draw) of a greedy candidate.
+      build_key: ``path -> key`` of a candidate's build.
+      redraw: ``(path, S) -> site`` drawn again from the same tokens with ``S`` samples (the same key:
+        the same check tokens), when a candidate needs more samples than the site has.
     """
     method, cache = plan.method, {}
     if plan.reduction is None:
@@ -54,15 +57,14 @@ def plan_ranks(plan, source, tokens: Mapping[str, tuple], sites: Mapping[str, Si
             candidates = greedy_candidates(method, s, uniform, alone)
             # S may grow with the rank: draw the most any candidate needs (same key, so the same
             # check tokens), and give each candidate a prefix of it (a draw without replacement too).
-            sizes = {r: source.num_samples(s.path, r, stage) for r in candidates}
+            sizes = {r: samples(s.path, r) for r in candidates}
             widest = max((S for S in sizes.values() if S is not None), default=None)
-            X_all, Y_all = tokens[s.path]
-            big = s if widest in (None, s.X.shape[0]) else redraw(
-                s, X_all, Y_all, widest, source.keys(s.path, stage)[0], reserve=plan.reserve(int(X_all.shape[0])))
+            big = s if widest in (None, s.X.shape[0]) else redraw(s.path, widest)
             errs = {}
             for r in candidates:
-                site = big if sizes[r] is None else prefix(big, sizes[r])
-                built = method.build(site, r, source.keys(s.path, stage)[1])
+                S = sizes[r]
+                site = big if S is None or big.X.shape[0] == S else dataclasses.replace(big, X=big.X[:S], F=big.F[:S])
+                built = method.build(site, r, build_key(s.path))
                 cache[(s.path, r)] = (site, built)
                 errs[r] = built.output_error
             errors.append(errs)

@@ -235,29 +235,34 @@ def run(
         group) starts and as each MLP finishes.
     """
     method = plan.method
-    params_total = count_params(model)
     distill = plan.distill(model) if plan.distill is not None else None  # the teacher, before any replacement
     digest = model_digest(model) if state is not None else None  # before anything is replaced
-    # 1. Every MLP's tokens on the original model; its site (this validates every path first).
+    # 1. Every MLP's tokens on the original model, in the order of their first calls.
     tokens, first_calls = source.capture(model, plan.paths, PLAN)
-    sites = {p: site_at(model, plan, source, p, PLAN, source.num_samples(p, None, PLAN), tokens[p]) for p in plan.paths}
-    for p in plan.paths:
-        method.check_site(sites[p])
     order = execution_order(plan.order, first_calls)
-    # Judges see the original model's outputs, before any replacement or resumed state.
-    judges = {step: source.judge(model, step) for step in range(1, len(order) + 1)} if method.judges_by_model else {}
     refining = plan.refine is not None and plan.refine.steps > 0
     references = ({step: source.reference(model, path, step) for step, path in enumerate(order, start=1)}
                   if refining and plan.refine.target == "consistent" else {})
+    calibration = calibration_digest(tokens) if state is not None else None
+    # Each MLP's site with S samples of its planning tokens (this validates every path first).
+    planned = lambda path, S: site_at(model, plan, source, path, PLAN, S, tokens[path])  # noqa: E731
+    sites = {p: planned(p, source.num_samples(p, None, PLAN)) for p in plan.paths}
+    for p in plan.paths:
+        method.check_site(sites[p])
+    # Judges see the original model's outputs, before any replacement or resumed state.
+    judges = {step: source.judge(model, step) for step in range(1, len(order) + 1)} if method.judges_by_model else {}
     # 2. The ranks, planned on the original model (a resumed run plans exactly what the first did).
-    rank_of, cache = budgets.plan_ranks(plan, source, tokens, sites, params_total, PLAN)
+    params_total = count_params(model)
+    rank_of, cache = budgets.plan_ranks(plan, sites, params_total,
+                                        samples=lambda path, rank: source.num_samples(path, rank, PLAN),
+                                        build_key=lambda path: source.keys(path, PLAN)[1], redraw=planned)
     # 3. Resume.
     run_state = None if state is None else state({
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,
         "ranks": None if plan.ranks is None else dict(plan.ranks), "allocation": plan.allocation,
         "order": order, "structured": plan.structured, "params": params_total, "model": digest,
         "refine": None if not refining else plan.refine.to_dict(),
-        "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
+        "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration})
     records = [] if run_state is None else run_state.load(model)
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
     records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,

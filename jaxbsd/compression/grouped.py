@@ -175,18 +175,18 @@ def build(model, plan, members: list[tuple[int, str]], sites: dict[str, Site], r
             builds[step] = hit[1]  # the greedy allocation already built exactly this
         else:
             pending.append((step, path))
-    judge_of = {s: output_judge(model, p, *judges[s]) if s in judges else None for s, p in pending}
-    if len(pending) == 1:  # one MLP: the program of one block at a time
+    if len(pending) > 1:
+        builds.update(build_together(model, plan, pending, sites, rank_of, build_key, judges, refiners))
+    elif pending:  # one MLP: the program of one block at a time
         step, path = pending[0]
-        builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge_of[step],
+        judge = output_judge(model, path, *judges[step]) if step in judges else None
+        builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
                                     refine=refiners[step] if method.refines_candidates else None)
-    elif pending:
-        builds.update(build_together(plan, pending, sites, rank_of, build_key, judge_of, refiners))
     return builds
 
 
-def build_together(plan, pending: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
-                   build_key: Callable[[str, int], jax.Array], judges: dict[int, Any],
+def build_together(model, plan, pending: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
+                   build_key: Callable[[str, int], jax.Array], judges: dict[int, tuple],
                    refiners: dict[int, Any]) -> dict[int, Built]:
     """``{step: built}``: the replacements of several MLPs of one group, built as one program
     per kind — for ``method="bsd"`` refined by the engine, the solve and the refinement in one
@@ -194,12 +194,13 @@ def build_together(plan, pending: list[tuple[int, str]], sites: dict[str, Site],
     :meth:`~jaxbsd.compression.methods.Method.build_group`.
 
     Args:
+      model: the model (original, but for the groups already finished and put in place): what the
+        model judges of ``method="auto"`` see.
       plan: the engine's :class:`~jaxbsd.compression.engine.Plan` (its ``devices`` run the programs).
       pending: the ``(step, path)`` to build, in step order.
       sites: every MLP's planning site; rank_of: the planned ranks.
       build_key: ``(path, step) -> key`` of the method's randomness.
-      judges: by step, the model judge (:func:`~jaxbsd.compression.surgery.output_judge`) or None;
-        refiners: by step, the engine's refinement or None.
+      judges: by step, what the model judge uses; refiners: by step, the engine's refinement or None.
     """
     method, devices = plan.method, plan.devices
     fused = _fused(method, pending, sites, rank_of, build_key, refiners, devices)
@@ -208,7 +209,7 @@ def build_together(plan, pending: list[tuple[int, str]], sites: dict[str, Site],
     refs = [refiners[s] for s, _ in pending]
     results = method.build_group(
         [sites[p] for _, p in pending], [rank_of[p] for _, p in pending], [build_key(p, s) for s, p in pending],
-        judges=[judges[s] for s, _ in pending],
+        judges=[output_judge(model, p, *judges[s]) if s in judges else None for s, p in pending],
         refiners=refs if method.refines_candidates and all(r is not None for r in refs) else None,
         refine_group=lambda modules, rs: refine_group(modules, rs, devices), devices=devices)
     return dict(zip([s for s, _ in pending], results))

@@ -27,7 +27,7 @@ from jaxbsd.models import count_params
 from jaxbsd.models.capture import module_jacobians
 from jaxbsd.solver.jacobians import StructuredJacobian, cpd_sq_norm, mlp_jacobian
 
-__all__ = ["Site", "make_site", "redraw", "prefix", "site_jacobian", "gated_site_jacobian", "selection_tokens", "output_error",
+__all__ = ["Site", "make_site", "site_jacobian", "gated_site_jacobian", "selection_tokens", "output_error",
            "apply_module", "param_dtype", "mlp_error_J", "gated_error_J", "CHECK_TOKENS", "same_site", "refined_error_tokens"]
 
 #: Calibration tokens on which the relative output error is measured (and DRONE's inputs).
@@ -157,6 +157,7 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     probe = check[: min(64, check.shape[0])]
     X, (check_X, check_Y), (fit_X, fit_Y), (held_X, held_Y), (probe_X, probe_Y) = _take_rows(
         X_all, Y_all, sample, check, rest, held, probe)
+    params = count_params(module)
     if validate:
         # Token by token: the module must reproduce what it computed inside the model (this
         # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
@@ -174,23 +175,9 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
     biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
-                params=count_params(module), X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
+                params=params, X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
                 fit_X=fit_X, fit_Y=fit_Y, biases=biases, check_idx=check, fit_idx=rest,
                 **({"held_X": held_X, "held_Y": held_Y, "held_idx": held} if reserve else {}))
-
-
-def redraw(site: Site, X_all: jax.Array, Y_all: jax.Array, num_samples: int | None, key: jax.Array, *,
-           reserve: int = 0) -> Site:
-    """``site`` drawn again from its captured tokens with ``num_samples`` sampling points: its
-    module, spec and spec status kept, and with the same ``key`` and ``reserve`` the same check,
-    fit and held-out tokens (:func:`make_site`, validated when the site was made)."""
-    out = make_site(site.path, site.module, site.spec, X_all, Y_all, num_samples, key, validate=False, reserve=reserve)
-    return dataclasses.replace(out, spec_status=site.spec_status)
-
-
-def prefix(site: Site, S: int) -> Site:
-    """The site with its first ``S`` samples (a prefix of a draw without replacement is one too)."""
-    return site if site.X.shape[0] == S else dataclasses.replace(site, X=site.X[:S], F=site.F[:S])
 
 
 @jax.jit
