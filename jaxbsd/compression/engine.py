@@ -4,12 +4,15 @@
 a calibration batch) and :func:`jaxbsd.compression.blockwise.compress` (the paper's block-by-block
 run over a data set, fine-tuning after each step):
 
-1. capture every MLP's tokens on the original model and build its :class:`~jaxbsd.compression.sites.Site`;
+1. capture every MLP's tokens on the original model and draw its :class:`~jaxbsd.compression.sites.Site`
+   (:func:`site_at`);
 2. plan the ranks: explicit, or from the budget ``(1 − ρ)·P`` shared uniformly or greedily
-   (:mod:`jaxbsd.compression.budget`), priced by the method;
+   (:func:`jaxbsd.compression.budget.plan_ranks`), priced by the method;
 3. resume after the last finished MLP of a saved state, if any;
-4. for each MLP in order: capture again on the current model, build the replacement with the
-   method, put it in place, run the caller's step (fine-tuning), save the state.
+4. for each MLP (or group) in order (:func:`execute`): capture again on the current model, build the
+   replacement with the method (:func:`jaxbsd.compression.grouped.build`), refine it
+   (:mod:`jaxbsd.compression.refine`), put it in place, run the caller's step (fine-tuning), save the state;
+5. the plan's distillation of the whole model, if any (``Plan.distill``); the :class:`Outcome`.
 
 The engine never asks which method it holds (:mod:`jaxbsd.compression.methods.base`), and never how
 the tokens are obtained: a :class:`CalibrationSource` gives them, with the keys of each draw.
