@@ -23,7 +23,7 @@ import pytest
 import grouped_toy as toy
 import jaxbsd as jb
 from jaxbsd.compression import devices as dv
-from jaxbsd.compression import grouped
+from jaxbsd.compression import engine
 from jaxbsd.compression.state import RunState
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -133,10 +133,10 @@ def test_a_group_larger_than_its_chunk_runs_in_chunks_with_the_same_models(monke
     assert np.all(errors <= TOLERANCE[jnp.float64]), errors
     # chunks of k blocks per device: k times the devices of the mesh axis per program
     todo = [(i, f"blocks.{i}") for i in range(5)]
-    monkeypatch.setattr(grouped, "group_key", lambda site, rank: rank)  # two groups: ranks 1 and 2
+    monkeypatch.setattr(engine, "group_key", lambda site, rank: rank)  # two groups: ranks 1 and 2
     sites, ranks = dict.fromkeys(p for _, p in todo), {p: 1 + i % 2 for i, p in todo}
-    assert [len(g) for g in grouped.groups(todo, sites, ranks, dv.Devices(max_blocks=2).chunk)] == [2, 1, 2]
-    assert [len(g) for g in grouped.groups(todo, sites, ranks, dv.Devices().chunk)] == [3, 2]
+    assert [len(g) for g in engine.groups(todo, sites, ranks, dv.Devices(max_blocks=2).chunk)] == [2, 1, 2]
+    assert [len(g) for g in engine.groups(todo, sites, ranks, dv.Devices().chunk)] == [3, 2]
     for bad in (0, -1, 1.5, "2"):
         with pytest.raises(ValueError, match=r"^group must be True, False, None or a positive int"):
             toy.run("svd", refine=False, group=bad)

@@ -4,8 +4,10 @@ The modules, top to bottom (each uses only those below it):
 
 * :mod:`~jaxbsd.compression.blockwise` — the paper's block-by-block run over a data set
   (:func:`compress`), an adapter of the engine;
-* :mod:`~jaxbsd.compression.engine` — :func:`compress_model` and the algorithm both share
-  (:func:`~jaxbsd.compression.engine.run`): plan, resume, replace one MLP at a time;
+* :mod:`~jaxbsd.compression.api` — :func:`compress_model` and :class:`Execution`;
+* :mod:`~jaxbsd.compression.engine` — the algorithm both share (:func:`~jaxbsd.compression.engine.run`):
+  plan, resume, replace one MLP (or group) at a time;
+* :mod:`~jaxbsd.compression.grouped` — a group's builds, as one program where the MLPs are independent;
 * :mod:`~jaxbsd.compression.state` — resume: the state directory of a run;
 * :mod:`~jaxbsd.compression.refine` — the label-free refinement stage, the same for every method;
 * :mod:`~jaxbsd.compression.distill` — label-free distillation of the whole compressed model from

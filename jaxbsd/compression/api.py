@@ -175,12 +175,24 @@ class BatchCalibration:
         return self._outputs[path]
 
 
-def _teacher(model, calibration, forward):
-    """``(targets, seconds)``: the original model's outputs for distillation (``ValueError`` naming
-    ``calibration`` where the forward pass fails)."""
-    start = time.perf_counter()
-    targets = _on_calibration(teacher_outputs, model, calibration, forward)
-    return targets, time.perf_counter() - start
+def _distiller(calibration, distill: Distill, mlps: Sequence[str], key: jax.Array):
+    """The engine's distillation stage (``Plan.distill``): ``teach(model) -> finish`` takes the
+    original model's outputs on the calibration (``ValueError`` naming ``calibration`` where the
+    forward pass fails), ``finish(model) -> report`` distills the compressed model towards them."""
+
+    def teach(model):
+        start = time.perf_counter()
+        targets = _on_calibration(teacher_outputs, model, calibration, distill.forward)
+        seconds = time.perf_counter() - start
+
+        def finish(model) -> dict:
+            info = distill_model(model, calibration, targets, mlps, distill, jax.random.fold_in(key, DISTILL_STREAM))
+            info["seconds_targets"] = seconds
+            return info
+
+        return finish
+
+    return teach
 
 
 def _validate(mlps, reduction, ranks, allocation, order, mlp_specs) -> list[str]:
@@ -367,26 +379,19 @@ def compress_model(
     order = execution.order
     plan = Plan(paths=tuple(mlps), method=method, reduction=reduction, ranks=ranks, allocation=allocation,
                 order=order if isinstance(order, str) else tuple(order), mlp_specs=mlp_specs, refine=refine,
-                devices=devices)
+                devices=devices, distill=None if distill is None else _distiller(calibration, distill, mlps, key))
     # The capture runs on one device whatever the mesh (split over devices, programs of other shapes
     # round otherwise, and the decoupling and refinement amplify it: the model would depend on the count).
     source = BatchCalibration(calibration, mlps, key, method.num_samples)
-    params_before = count_params(model)
     after_step = (lambda model, path, step: execution.finetune(model)) if execution.finetune is not None else None
-    targets = _teacher(model, calibration, distill.forward) if distill is not None else None  # before replacing
     with listener(execution.progress) as progress:
-        records = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,
+        outcome = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,
                       state=_state(execution, method, key, distill), progress=progress)
-    distilled = None
-    if distill is not None:  # the whole model, after the last replacement
-        distilled = distill_model(model, calibration, targets[0], mlps, distill,
-                                  jax.random.fold_in(key, DISTILL_STREAM))
-        distilled["seconds_targets"] = targets[1]
-    params_after = count_params(model)
+    before, after = outcome.params_before, outcome.params_after
     if reduction is not None:
-        assert params_after <= (1 - reduction) * params_before, (params_after, params_before, reduction)
-    return model, CompressionReport(
-        mlps=tuple(MLPReport.from_dict(r) for r in records), params_before=params_before,
-        params_after=params_after, reduction=1 - params_after / params_before, target_reduction=reduction,
+        assert after <= (1 - reduction) * before, (after, before, reduction)
+    return outcome.model, CompressionReport(
+        mlps=tuple(MLPReport.from_dict(r) for r in outcome.records), params_before=before, params_after=after,
+        reduction=1 - after / before, target_reduction=reduction,
         allocation=allocation if reduction is not None else "explicit", method=method.name,
-        discovered=discovered, distill=distilled)
+        discovered=discovered, distill=outcome.distill)

@@ -461,7 +461,7 @@ def compress(
         seconds_targets = time.perf_counter() - start
     plan = _plan(model, indices, config)
     records = run(model, plan, source, record=record, after_step=after_step,
-                  state=None if run_state is None else (lambda identity: run_state), on_record=report)
+                  state=None if run_state is None else (lambda identity: run_state), on_record=report).records
     if distill is not None and records:
         info = distill_model(model, images, targets, plan.paths, distill,
                              jax.random.fold_in(jax.random.key(config.seed), DISTILL_STREAM))

@@ -6,8 +6,9 @@ only compare prices with the budget, so they hold for every method alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from flax import nnx
 
@@ -17,7 +18,7 @@ from jaxbsd.compression.specs import GatedMLPSpec, spec_for
 from jaxbsd.compression.surgery import get_submodule
 from jaxbsd.models import count_params
 
-__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "budget_for", "check_budget", "largest_reduction", "priced_sites",
+__all__ = ["ALLOCATIONS", "GREEDY_SCALES", "plan_ranks", "budget_for", "check_budget", "largest_reduction", "priced_sites",
            "uniform_ranks", "greedy_candidates", "greedy_ranks"]
 
 #: How a ``reduction`` budget is shared among the MLPs.
@@ -25,6 +26,50 @@ ALLOCATIONS = ("uniform", "greedy")
 
 #: Candidate ranks of the greedy allocation, as multiples of each MLP's uniform rank.
 GREEDY_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def plan_ranks(plan, sites: Mapping[str, Site], params_total: int, *, samples: Callable[[str, int], int | None],
+               build_key: Callable[[str], Any], redraw: Callable[[str, int], Site]) -> tuple[dict, dict]:
+    """``({path: rank}, {(path, rank): (site, built)})``: the ranks of an engine's ``plan`` (explicit,
+    or the budget of ``plan.reduction`` shared by ``plan.allocation``), and the builds the greedy
+    allocation made to compare its candidates (reused where a step sees the same site).
+
+    Args:
+      plan: the engine's :class:`~jaxbsd.compression.engine.Plan`; sites: every MLP's planning site.
+      params_total: the model's parameters.
+      samples: ``(path, rank) -> S`` (None: the site's own draw) of a greedy candidate.
+      build_key: ``path -> key`` of a candidate's build.
+      redraw: ``(path, S) -> site`` drawn again from the same tokens with ``S`` samples (the same key:
+        the same check tokens), when a candidate needs more samples than the site has.
+    """
+    method, cache = plan.method, {}
+    if plan.reduction is None:
+        return {p: method.check_rank(sites[p], int(r)) for p, r in plan.ranks.items()}, cache
+    ordered = [sites[p] for p in plan.paths]
+    budget = budget_for(plan.reduction, params_total, ordered)
+    check_budget(method, ordered, budget, plan.reduction, params_total)
+    chosen = uniform_ranks(method, ordered, budget)
+    if plan.allocation == "greedy":
+        floor = sum(method.params(s, method.min_rank(s)) for s in ordered)
+        errors = []
+        for s, uniform in zip(ordered, chosen):
+            alone = budget - floor + method.params(s, method.min_rank(s))
+            candidates = greedy_candidates(method, s, uniform, alone)
+            # S may grow with the rank: draw the most any candidate needs (same key, so the same
+            # check tokens), and give each candidate a prefix of it (a draw without replacement too).
+            sizes = {r: samples(s.path, r) for r in candidates}
+            widest = max((S for S in sizes.values() if S is not None), default=None)
+            big = s if widest in (None, s.X.shape[0]) else redraw(s.path, widest)
+            errs = {}
+            for r in candidates:
+                S = sizes[r]
+                site = big if S is None or big.X.shape[0] == S else dataclasses.replace(big, X=big.X[:S], F=big.F[:S])
+                built = method.build(site, r, build_key(s.path))
+                cache[(s.path, r)] = (site, built)
+                errs[r] = built.output_error
+            errors.append(errs)
+        chosen = greedy_ranks(method, ordered, budget, errors, chosen)
+    return dict(zip(plan.paths, chosen)), cache
 
 
 def budget_for(reduction: float, params_total: int, sites: Sequence[Site]) -> int:

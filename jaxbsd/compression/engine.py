@@ -4,12 +4,15 @@
 a calibration batch) and :func:`jaxbsd.compression.blockwise.compress` (the paper's block-by-block
 run over a data set, fine-tuning after each step):
 
-1. capture every MLP's tokens on the original model and build its :class:`~jaxbsd.compression.sites.Site`;
+1. capture every MLP's tokens on the original model and draw its :class:`~jaxbsd.compression.sites.Site`
+   (:func:`site_at`);
 2. plan the ranks: explicit, or from the budget ``(1 − ρ)·P`` shared uniformly or greedily
-   (:mod:`jaxbsd.compression.budget`), priced by the method;
+   (:func:`jaxbsd.compression.budget.plan_ranks`), priced by the method;
 3. resume after the last finished MLP of a saved state, if any;
-4. for each MLP in order: capture again on the current model, build the replacement with the
-   method, put it in place, run the caller's step (fine-tuning), save the state.
+4. for each MLP (or group) in order (:func:`execute`): capture again on the current model, build the
+   replacement with the method (:func:`jaxbsd.compression.grouped.build`), refine it
+   (:mod:`jaxbsd.compression.refine`), put it in place, run the caller's step (fine-tuning), save the state;
+5. the plan's distillation of the whole model, if any (``Plan.distill``); the :class:`Outcome`.
 
 The engine never asks which method it holds (:mod:`jaxbsd.compression.methods.base`), and never how
 the tokens are obtained: a :class:`CalibrationSource` gives them, with the keys of each draw.
@@ -33,14 +36,15 @@ from jaxbsd.compression import grouped
 from jaxbsd.compression.devices import Devices
 from jaxbsd.compression.methods import Built, Method
 from jaxbsd.compression.progress import MLPProgress
-from jaxbsd.compression.refine import Refine, refine_group, reserved_tokens, site_refiner
-from jaxbsd.compression.sites import Site, make_site, output_error, refined_error_tokens, same_site
+from jaxbsd.compression.refine import Refine, refine_stage, reported, site_refiner
+from jaxbsd.compression.sites import Site, make_site
 from jaxbsd.compression.specs import choose_spec
 from jaxbsd.compression.state import RunState
-from jaxbsd.compression.surgery import get_submodule, output_judge, set_submodule
+from jaxbsd.compression.surgery import get_submodule, set_submodule
 from jaxbsd.models import count_params
 
-__all__ = ["CalibrationSource", "Plan", "Step", "PLAN", "ALLOCATIONS", "run", "execute", "site_at", "execution_order"]
+__all__ = ["CalibrationSource", "Plan", "Step", "Outcome", "PLAN", "ALLOCATIONS", "run", "execute", "site_at",
+           "execution_order", "group_key", "groups"]
 
 #: The stage of the planning capture (on the original model); steps are numbered from 1.
 PLAN = 0
@@ -95,6 +99,9 @@ class Plan:
       devices: None: one MLP at a time; a :class:`~jaxbsd.compression.devices.Devices`: the MLPs
         are independent (the caller says so: back to front, no step between them) and are solved
         in groups (:mod:`jaxbsd.compression.grouped`) on those devices.
+      distill: the distillation of the whole model after the last replacement, or None:
+        ``distill(model) -> finish``, called on the original model before any replacement (the
+        teacher's outputs), then ``finish(model) -> report`` on the compressed model.
     """
 
     paths: tuple[str, ...]
@@ -107,6 +114,17 @@ class Plan:
     structured: bool = True
     refine: Refine | None = None
     devices: Devices | None = None
+    distill: Callable[[nnx.Module], Callable[[nnx.Module], dict]] | None = None
+
+    def reserve(self, N: int) -> int:
+        """How many of ``N`` captured tokens are set apart for the refinement's held-out error before
+        any build (``reserve`` of :func:`jaxbsd.compression.sites.make_site`): the ``holdout`` share of
+        the tokens refinement uses, ``round(holdout · min(N, max_tokens))``, at least 1 and at most
+        ``N - 1``; 0 without refinement or with fewer than 2 tokens."""
+        refine = self.refine
+        if refine is None or refine.steps == 0 or N < 2:
+            return 0
+        return max(1, min(N - 1, int(round(refine.holdout * min(N, refine.max_tokens)))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,69 +146,46 @@ class Step:
         return self.built.module
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What :func:`run` returns.
+
+    Attributes:
+      model: the model, changed in place.
+      records: the caller's record of every step (resumed ones included), in step order.
+      params_before, params_after: the model's ``nnx.Param`` scalars before and after the run.
+      distill: the distillation's report (``Plan.distill``), or None.
+    """
+
+    model: nnx.Module
+    records: list[dict]
+    params_before: int
+    params_after: int
+    distill: dict | None = None
+
+
 def execution_order(order, first_calls: list[str]) -> list[str]:
     if isinstance(order, str):
         return list(first_calls) if order == "front-to-back" else list(first_calls)[::-1]
     return list(order)
 
 
-def _site(model, plan: Plan, source: CalibrationSource, path: str, tokens, stage: int, S: int | None) -> Site:
-    """The site of ``path`` from its captured ``tokens = (X_all, Y_all)``, with ``S`` samples drawn
-    by the stage's key, and its spec (given, known, or found on the tokens). When the plan refines,
-    the refinement's held-out tokens are set apart first (:func:`~jaxbsd.compression.refine.reserved_tokens`):
-    no build, greedy candidate or judge on block tokens sees them."""
-    X_all, Y_all = tokens
+def site_at(model, plan: Plan, source: CalibrationSource, path: str, stage: int, S: int | None,
+            tokens: tuple | None = None) -> Site:
+    """The site of ``path`` on the current model at ``stage``, with ``S`` samples drawn by the stage's
+    key, and its spec (given, known, or found on the tokens): from its captured ``tokens = (X_all,
+    Y_all)``, or (None) its tokens captured anew. When the plan refines, the refinement's held-out
+    tokens are set apart first (:meth:`Plan.reserve`): no build, greedy candidate or judge on block
+    tokens sees them."""
+    X_all, Y_all = source.capture(model, [path], stage)[0][path] if tokens is None else tokens
+    reserve = plan.reserve(int(X_all.shape[0]))
     module = get_submodule(model, path)
     if plan.structured or plan.method.needs_spec:
         spec, status = choose_spec(module, path, plan.mlp_specs, X_all, Y_all)
     else:
         spec, status = None, "not used (structured=False)"
-    site = make_site(path, module, spec, X_all, Y_all, S, source.keys(path, stage)[0],
-                     reserve=reserved_tokens(plan.refine, int(X_all.shape[0])))
+    site = make_site(path, module, spec, X_all, Y_all, S, source.keys(path, stage)[0], reserve=reserve)
     return dataclasses.replace(site, spec_status=status)
-
-
-def site_at(model, plan: Plan, source: CalibrationSource, path: str, stage: int, S: int | None) -> Site:
-    """The site of ``path`` on the current model at ``stage``: its tokens captured anew, ``S`` samples."""
-    return _site(model, plan, source, path, source.capture(model, [path], stage)[0][path], stage, S)
-
-
-def _shorter(site: Site, S: int) -> Site:
-    """The site with its first ``S`` samples (a prefix of a draw without replacement is one too)."""
-    return site if site.X.shape[0] == S else dataclasses.replace(site, X=site.X[:S], F=site.F[:S])
-
-
-def _plan_ranks(model, plan: Plan, source, tokens: dict, sites: dict[str, Site], params_total: int):
-    """``({path: rank}, {(path, rank): (site, built)})``: the ranks, and the builds the
-    greedy allocation already made (reused where step 1 sees the same site)."""
-    method, cache = plan.method, {}
-    if plan.reduction is None:
-        return {p: method.check_rank(sites[p], int(r)) for p, r in plan.ranks.items()}, cache
-    ordered = [sites[p] for p in plan.paths]
-    budget = budgets.budget_for(plan.reduction, params_total, ordered)
-    budgets.check_budget(method, ordered, budget, plan.reduction, params_total)
-    chosen = budgets.uniform_ranks(method, ordered, budget)
-    if plan.allocation == "greedy":
-        floor = sum(method.params(s, method.min_rank(s)) for s in ordered)
-        errors = []
-        for s, uniform in zip(ordered, chosen):
-            alone = budget - floor + method.params(s, method.min_rank(s))
-            candidates = budgets.greedy_candidates(method, s, uniform, alone)
-            # S may grow with the rank: draw the most any candidate needs (same key, so the same
-            # check tokens), and give each candidate a prefix of it (a draw without replacement too).
-            sizes = {r: source.num_samples(s.path, r, PLAN) for r in candidates}
-            widest = max((S for S in sizes.values() if S is not None), default=None)
-            big = s if widest in (None, s.X.shape[0]) else _site(model, plan, source, s.path, tokens[s.path],
-                                                                  PLAN, widest)
-            errs = {}
-            for r in candidates:
-                site = big if sizes[r] is None else _shorter(big, sizes[r])
-                built = method.build(site, r, source.keys(s.path, PLAN)[1])
-                cache[(s.path, r)] = (site, built)
-                errs[r] = built.output_error
-            errors.append(errs)
-        chosen = budgets.greedy_ranks(method, ordered, budget, errors, chosen)
-    return dict(zip(plan.paths, chosen)), cache
 
 
 def model_digest(model: nnx.Module) -> str:
@@ -225,8 +220,9 @@ def run(
     state: Callable[[dict], RunState | None] | None = None,
     on_record: Callable[[dict], None] | None = None,
     progress: Callable[[MLPProgress], None] | None = None,
-) -> list[dict]:
-    """Compress ``model`` in place, one MLP at a time; the records of every step (resumed ones included).
+) -> Outcome:
+    """Compress ``model`` in place, one MLP at a time (or group by group), then distill it if the
+    plan says so; the :class:`Outcome` (the records of every step, resumed ones included).
 
     Args:
       model: any NNX module; changed in place.
@@ -242,115 +238,73 @@ def run(
         group) starts and as each MLP finishes.
     """
     method = plan.method
-    params_total = count_params(model)
+    distill = plan.distill(model) if plan.distill is not None else None  # the teacher, before any replacement
     digest = model_digest(model) if state is not None else None  # before anything is replaced
-    # 1. Every MLP's tokens on the original model; its site (this validates every path first).
+    # 1. Every MLP's tokens on the original model, in the order of their first calls.
     tokens, first_calls = source.capture(model, plan.paths, PLAN)
-    sites = {p: _site(model, plan, source, p, tokens[p], PLAN, source.num_samples(p, None, PLAN)) for p in plan.paths}
-    for p in plan.paths:
-        method.check_site(sites[p])
     order = execution_order(plan.order, first_calls)
-    # Judges see the original model's outputs, before any replacement or resumed state.
-    judges = {step: source.judge(model, step) for step in range(1, len(order) + 1)} if method.judges_by_model else {}
     refining = plan.refine is not None and plan.refine.steps > 0
     references = ({step: source.reference(model, path, step) for step, path in enumerate(order, start=1)}
                   if refining and plan.refine.target == "consistent" else {})
+    calibration = calibration_digest(tokens) if state is not None else None
+    # Each MLP's site with S samples of its planning tokens (this validates every path first).
+    planned = lambda path, S: site_at(model, plan, source, path, PLAN, S, tokens[path])  # noqa: E731
+    sites = {p: planned(p, source.num_samples(p, None, PLAN)) for p in plan.paths}
+    for p in plan.paths:
+        method.check_site(sites[p])
+    # Judges see the original model's outputs, before any replacement or resumed state.
+    judges = {step: source.judge(model, step) for step in range(1, len(order) + 1)} if method.judges_by_model else {}
     # 2. The ranks, planned on the original model (a resumed run plans exactly what the first did).
-    rank_of, cache = _plan_ranks(model, plan, source, tokens, sites, params_total)
+    params_total = count_params(model)
+    rank_of, cache = budgets.plan_ranks(plan, sites, params_total,
+                                        samples=lambda path, rank: source.num_samples(path, rank, PLAN),
+                                        build_key=lambda path: source.keys(path, PLAN)[1], redraw=planned)
     # 3. Resume.
     run_state = None if state is None else state({
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,
         "ranks": None if plan.ranks is None else dict(plan.ranks), "allocation": plan.allocation,
         "order": order, "structured": plan.structured, "params": params_total, "model": digest,
         "refine": None if not refining else plan.refine.to_dict(),
-        "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration_digest(tokens)})
+        "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration})
     records = [] if run_state is None else run_state.load(model)
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
-    return execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
-                   record=record, after_step=after_step, run_state=run_state, on_record=on_record,
-                   progress=progress)
+    records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
+                      record=record, after_step=after_step, run_state=run_state, on_record=on_record,
+                      progress=progress)
+    distilled = distill(model) if distill is not None else None  # the whole model, after the last replacement
+    return Outcome(model=model, records=records, params_before=params_total, params_after=count_params(model),
+                   distill=distilled)
 
 
-def _batches(plan: Plan, todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict) -> list[list]:
-    """The ``(step, path)`` of ``todo`` as the loop runs them: groups of one shape and rank where the
-    MLPs are independent (:func:`jaxbsd.compression.grouped.groups`), one MLP a group otherwise."""
-    if plan.devices is None:
-        return [[member] for member in todo]
-    return grouped.groups(todo, sites, rank_of, plan.devices.chunk)
+def group_key(site: Site, rank) -> tuple:
+    """MLPs with equal keys can share one program: module type, widths, hidden width, rank, samples
+    and token counts, dtype (the method and the refinement split further by the programs' exact
+    signatures)."""
+    fit = None if site.fit_X is None else site.fit_X.shape[0]
+    return (type(site.module).__name__, site.m, site.n, site.hidden, site.gated, repr(rank), site.X.shape,
+            str(site.X.dtype), site.check_X.shape[0], fit)
 
 
-def _refine_skipped(plan: Plan, site: Site) -> dict:
-    """The report of a refinement that could not run: too few tokens to hold one out."""
-    tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
-    return {"target": plan.refine.target, "steps": 0, "steps_kept": 0,
-            "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"}
-
-
-def _build(model, plan: Plan, members, sites, rank_of, cache, judges, refiners, build_key) -> dict[int, Built]:
-    """``{step: built}``: each member's replacement as its method builds it, the greedy
-    allocation's build reused where it is exactly this one; several members of a group built
-    together (:func:`jaxbsd.compression.grouped.build_together`)."""
-    method = plan.method
-    builds: dict[int, Built] = {}
-    pending = []
-    for step, path in members:
-        hit = cache.get((path, rank_of[path]))
-        if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
-            builds[step] = hit[1]  # the greedy allocation already built exactly this
-        else:
-            pending.append((step, path))
-    if len(pending) == 1:  # one MLP: the program of one block at a time
-        step, path = pending[0]
-        judge = output_judge(model, path, *judges[step]) if step in judges else None
-        builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
-                                    refine=refiners[step] if method.refines_candidates else None)
-    elif pending:
-        builds.update(grouped.build_together(model, plan, pending, sites, rank_of, build_key, judges, refiners))
-    return builds
-
-
-def _refine_stage(plan: Plan, members, builds: dict[int, Built], refiners) -> dict[int, Built]:
-    """The engine's refinement stage, the same for every method that does not refine its own
-    candidates (and for builds that came back unrefined): one program for a group's replacements."""
-    method = plan.method
-    staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
-              and builds[s].refine is None]
-    if not staged:
-        return builds
-    modules, stage_refiners = [builds[s].module for s in staged], [refiners[s] for s in staged]
-    refined = ([stage_refiners[0](modules[0])] if len(staged) == 1
-               else refine_group(modules, stage_refiners, plan.devices))
-    out = dict(builds)
-    for s, (module, refine_info) in zip(staged, refined):
-        out[s] = builds[s].replace(module=module, refine=refine_info)
-    return out
-
-
-def _reported(plan: Plan, site: Site, built: Built, refined: bool) -> Built:
-    """The build as the run returns it: once refined, with the output error of the module returned
-    (and the error as built kept beside); a refinement that could not run said so."""
-    if refined:
-        return built.replace(refine=dict(built.refine, output_error_built=built.output_error),
-                             output_error=float(output_error(built.module, *refined_error_tokens(site))))
-    if plan.refine is not None and plan.refine.steps > 0:
-        return built.replace(refine=_refine_skipped(plan, site))
-    return built
-
-
-def _tell(progress, kind: str, plan: Plan, position: int, total: int, paths, rank_of, sites, **done) -> None:
-    """Call the progress hook (if any) with one :class:`~jaxbsd.compression.progress.MLPProgress`."""
-    if progress is not None:
-        progress(MLPProgress(kind=kind, position=position, total=total, paths=tuple(paths), method=plan.method.name,
-                             ranks=tuple(rank_of[p] for p in paths),
-                             params_before=sum(sites[p].params for p in paths), **done))
+def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
+           chunk: int | None = None) -> list[list[tuple[int, str]]]:
+    """The ``(step, path)`` of ``todo`` in groups of one :func:`group_key`, each in step order, the
+    groups in the order of their first step; a group of more than ``chunk`` MLPs (None: no limit)
+    split into consecutive chunks of ``chunk`` (the last one shorter)."""
+    out: dict[tuple, list] = {}
+    for step, path in todo:
+        out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
+    sizes = {key: chunk or len(members) for key, members in out.items()}
+    return [members[i:i + sizes[key]] for key, members in out.items() for i in range(0, len(members), sizes[key])]
 
 
 def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
             record, after_step=None, run_state=None, on_record=None, progress=None) -> list[dict]:
     """The one compression loop: the MLPs of ``order`` not in ``records`` (a resumed state's), group by
-    group (:func:`_batches`); each group's sites, replacements, refinement and report, then each
-    replacement put in place, the caller's ``after_step``, its record, the state saved (by process 0)
-    before the next group's captures and judges look at the model. The records in step order.
+    group (:func:`groups` where ``plan.devices`` is given, one MLP a group otherwise); each group's
+    sites, replacements (:func:`jaxbsd.compression.grouped.build`), refinement and report
+    (:func:`jaxbsd.compression.refine.refine_stage`, :func:`~jaxbsd.compression.refine.reported`),
+    then each replacement put in place, the caller's ``after_step``, its record, the state saved (by
+    process 0) before the next group's captures and judges look at the model. The records in step order.
 
     One MLP at a time (``plan.devices`` None), each MLP's tokens are captured again on the current
     model (earlier replacements and fine-tuning change what it sees), but for step 1 of a source whose
@@ -359,14 +313,22 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
     method = plan.method
     refining = plan.refine is not None and plan.refine.steps > 0
     build_key = lambda path, step: source.keys(path, step)[1]  # noqa: E731
+
+    def tell(kind: str, position: int, paths, here, **finished) -> None:
+        if progress is not None:  # one MLPProgress event
+            progress(MLPProgress(kind=kind, position=position, total=len(order), paths=tuple(paths),
+                                 method=method.name, ranks=tuple(rank_of[p] for p in paths),
+                                 params_before=sum(here[p].params for p in paths), **finished))
+
     # A resumed state holds the first steps of a run one MLP at a time, and whole groups of a grouped one.
     done = set(order[:len(records)]) if plan.devices is None else {r["path"] for r in records}
     todo = [(step, path) for step, path in enumerate(order, start=1) if path not in done]
     resumed = bool(records)
     if resumed:
-        _tell(progress, "resumed", plan, len(records) + 1, len(order), [], rank_of, sites)
-    for index, members in enumerate(_batches(plan, todo, sites, rank_of)):
-        _tell(progress, "start", plan, len(records) + 1, len(order), [p for _, p in members], rank_of, sites)
+        tell("resumed", len(records) + 1, [], sites)
+    batches = [[m] for m in todo] if plan.devices is None else groups(todo, sites, rank_of, plan.devices.chunk)
+    for index, members in enumerate(batches):
+        tell("start", len(records) + 1, [p for _, p in members], sites)
         start = time.perf_counter()
         here = dict(sites)
         if plan.devices is None:
@@ -377,12 +339,12 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
         refiners = {step: site_refiner(plan.refine, here[path], references.get(step),
                                        jax.random.fold_in(build_key(path, step), 2))
                     if refining else None for step, path in members}
-        builds = _build(model, plan, members, here, rank_of, cache, judges, refiners, build_key)
-        builds = _refine_stage(plan, members, builds, refiners)
+        builds = grouped.build(model, plan, members, here, rank_of, cache, judges, refiners, build_key)
+        builds = refine_stage(method, members, builds, refiners, plan.devices)
         seconds = (time.perf_counter() - start) / len(members)
         paths = [p for _, p in members]
         for step, path in members:
-            built = _reported(plan, here[path], builds[step], refiners[step] is not None)
+            built = reported(plan.refine, here[path], builds[step], refiners[step] is not None)
             if plan.devices is not None:
                 built = built.replace(group={"index": index, "paths": paths, "devices": plan.devices.size})
             set_submodule(model, path, built.module)
@@ -390,8 +352,8 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
             after = (after_step(model, path, step) if after_step is not None else None) or {}
             records.append(record(Step(step=step, path=path, site=here[path], built=built, rank=rank_of[path],
                                        seconds=seconds, after=after, seconds_after=time.perf_counter() - start_after)))
-            _tell(progress, "done", plan, len(records), len(order), [path], rank_of, here,
-                  params_after=count_params(built.module), output_error=float(built.output_error), seconds=seconds)
+            tell("done", len(records), [path], here, params_after=count_params(built.module),
+                 output_error=float(built.output_error), seconds=seconds)
         if run_state is not None and jax.process_index() == 0:
             run_state.save(model, records)
         if on_record is not None:

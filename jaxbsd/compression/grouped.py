@@ -49,13 +49,14 @@ from jaxbsd.compression import refine as refine_mod
 from jaxbsd.compression.devices import Devices, solve_block, run_blocks
 from jaxbsd.compression.methods.bsd import BSD
 from jaxbsd.compression.refine import refine_group
-from jaxbsd.compression.sites import Site, param_dtype, selection_tokens
+from jaxbsd.compression.methods import Built
+from jaxbsd.compression.sites import Site, param_dtype, same_site, selection_tokens
 from jaxbsd.compression.surgery import output_judge
 from jaxbsd.solver.driver import restart_batching
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.compression.methods.warm_start import relative_output_error
 
-__all__ = ["group_key", "groups", "build_together", "SEQUENTIAL_REASONS", "INDEPENDENT"]
+__all__ = ["build", "build_together", "SEQUENTIAL_REASONS", "INDEPENDENT"]
 
 #: ``order=`` asking for every MLP to be compressed on the original model (grouped, back to front).
 INDEPENDENT = "independent"
@@ -67,27 +68,6 @@ SEQUENTIAL_REASONS = {
     "order": "an explicit order of paths: it may put an MLP after one upstream of it",
     "group=False": "group=False: one MLP at a time was asked for",
 }
-
-
-def group_key(site: Site, rank) -> tuple:
-    """MLPs with equal keys can share one program: module type, widths, hidden width, rank, samples
-    and token counts, dtype (the method and the refinement split further by the programs' exact
-    signatures)."""
-    fit = None if site.fit_X is None else site.fit_X.shape[0]
-    return (type(site.module).__name__, site.m, site.n, site.hidden, site.gated, repr(rank), site.X.shape,
-            str(site.X.dtype), site.check_X.shape[0], fit)
-
-
-def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
-           chunk: int | None = None) -> list[list[tuple[int, str]]]:
-    """The ``(step, path)`` of ``todo`` in groups of one :func:`group_key`, each in step order, the
-    groups in the order of their first step; a group of more than ``chunk`` MLPs (None: no limit)
-    split into consecutive chunks of ``chunk`` (the last one shorter)."""
-    out: dict[tuple, list] = {}
-    for step, path in todo:
-        out.setdefault(group_key(sites[path], rank_of[path]), []).append((step, path))
-    sizes = {key: chunk or len(members) for key, members in out.items()}
-    return [members[i:i + sizes[key]] for key, members in out.items() for i in range(0, len(members), sizes[key])]
 
 
 def _solve_and_refine_block(block, shared, *, restarts: int, batch: str, selection: str, dtype: str,
@@ -173,9 +153,41 @@ def _fused(method, pending, sites, rank_of, build_key, refiners, devices) -> lis
                               [build_key(p, s) for s, p in pending], [refiners[s] for s, _ in pending], devices)
 
 
+def build(model, plan, members: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any], cache: dict,
+          judges: dict[int, tuple], refiners: dict[int, Any], build_key: Callable[[str, int], jax.Array]) -> dict[int, Built]:
+    """``{step: built}``: each member's replacement as its method builds it, the greedy allocation's
+    build reused where it is exactly this one (``cache``: ``{(path, rank): (site, built)}``), one MLP
+    in the program of one block at a time, several as one program per kind (:func:`build_together`).
+
+    Args:
+      model: the model (original, but for the MLPs already replaced): what the model judges of
+        ``method="auto"`` see; plan: the engine's :class:`~jaxbsd.compression.engine.Plan`.
+      members: the ``(step, path)`` of one group, in step order; sites: their sites; rank_of: the ranks.
+      judges: by step, what the model judge uses; refiners: by step, the engine's refinement or None.
+      build_key: ``(path, step) -> key`` of the method's randomness.
+    """
+    method = plan.method
+    builds: dict[int, Built] = {}
+    pending = []
+    for step, path in members:
+        hit = cache.get((path, rank_of[path]))
+        if hit is not None and same_site(hit[0], sites[path]) and not (refiners[step] and method.refines_candidates):
+            builds[step] = hit[1]  # the greedy allocation already built exactly this
+        else:
+            pending.append((step, path))
+    if len(pending) > 1:
+        builds.update(build_together(model, plan, pending, sites, rank_of, build_key, judges, refiners))
+    elif pending:  # one MLP: the program of one block at a time
+        step, path = pending[0]
+        judge = output_judge(model, path, *judges[step]) if step in judges else None
+        builds[step] = method.build(sites[path], rank_of[path], build_key(path, step), judge=judge,
+                                    refine=refiners[step] if method.refines_candidates else None)
+    return builds
+
+
 def build_together(model, plan, pending: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[str, Any],
                    build_key: Callable[[str, int], jax.Array], judges: dict[int, tuple],
-                   refiners: dict[int, Any]) -> dict[int, tuple]:
+                   refiners: dict[int, Any]) -> dict[int, Built]:
     """``{step: built}``: the replacements of several MLPs of one group, built as one program
     per kind — for ``method="bsd"`` refined by the engine, the solve and the refinement in one
     (:func:`_bsd_refined_group`, whose builds come back refined); else the method's

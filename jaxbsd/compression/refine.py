@@ -19,7 +19,7 @@ A share ``holdout`` of the tokens is held out and evaluated once per epoch of th
 (every step with full batches) and at the last step; the evaluated step with the lowest held-out
 error is kept (step 0, the replacement as built, included), so refining never raises the held-out
 error. In :func:`jb.compress_model` the held-out tokens are set apart before the replacement is
-built (:func:`reserved_tokens`, ``Site.held_X``): no build fits on them. Were they among the tokens
+built (:meth:`jaxbsd.compression.engine.Plan.reserve`, ``Site.held_X``): no build fits on them. Were they among the tokens
 a build fitted, step 0 would be judged in sample (a pruned MLP's output layer is the least-squares
 fit on its tokens) and no step of refinement could be seen to beat it.
 
@@ -48,8 +48,11 @@ from jax.experimental import io_callback
 
 from jaxbsd.compression import progress
 from jaxbsd.compression.devices import Devices, run_blocks
+from jaxbsd.compression.methods import Built, Method
+from jaxbsd.compression.sites import Site, output_error, refined_error_tokens
 
-__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "reserved_tokens", "trace_count"]
+__all__ = ["Refine", "Refiner", "TARGETS", "refine_module", "refine_group", "site_refiner", "refine_stage", "reported",
+           "trace_count"]
 
 #: What the refined replacement is trained to reproduce (see the module docstring).
 TARGETS = ("local", "consistent")
@@ -322,16 +325,6 @@ def refine_group(modules: list[nnx.Module], refiners: list[Refiner], devices=Non
     return results
 
 
-def reserved_tokens(config: Refine | None, N: int) -> int:
-    """How many of ``N`` captured tokens the engine sets apart for the refinement's held-out error
-    before any build (``reserve`` of :func:`jaxbsd.compression.sites.make_site`): the ``holdout``
-    share of the tokens refinement uses, ``round(holdout · min(N, max_tokens))``, at least 1 and
-    at most ``N - 1``; 0 without refinement or with fewer than 2 tokens."""
-    if config is None or config.steps == 0 or N < 2:
-        return 0
-    return max(1, min(N - 1, int(round(config.holdout * min(N, config.max_tokens)))))
-
-
 def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | None:
     """The engine's refinement of one site's replacement: the site's check and fit tokens (what the
     MLP is fed now) train and its reserved tokens (``held_X``, which no build saw) are held out,
@@ -353,3 +346,36 @@ def site_refiner(config: Refine, site, reference, key: jax.Array) -> Refiner | N
 
     X = _concatenate(tuple(x for x, _, _ in parts))
     return Refiner(X, targets(*parts), config, key, None if held is None else (held[0], targets(held)))
+
+
+def refine_stage(method: Method, members, builds: dict[int, Built], refiners: dict[int, Refiner | None],
+                 devices: Devices | None = None) -> dict[int, Built]:
+    """The engine's refinement stage, the same for every method that does not refine its own
+    candidates (and for builds that came back unrefined): ``builds`` (by step, of the ``(step,
+    path)`` of ``members``) with each refined by its refiner, a group's replacements as one program
+    (:func:`refine_group` on ``devices``)."""
+    staged = [s for s, _ in members if refiners[s] is not None and not method.refines_candidates
+              and builds[s].refine is None]
+    if not staged:
+        return builds
+    modules, stage_refiners = [builds[s].module for s in staged], [refiners[s] for s in staged]
+    refined = ([stage_refiners[0](modules[0])] if len(staged) == 1
+               else refine_group(modules, stage_refiners, devices))
+    out = dict(builds)
+    for s, (module, refine_info) in zip(staged, refined):
+        out[s] = builds[s].replace(module=module, refine=refine_info)
+    return out
+
+
+def reported(config: Refine | None, site: Site, built: Built, refined: bool) -> Built:
+    """The build as the engine returns it: once refined, with the output error of the module returned
+    (on :func:`~jaxbsd.compression.sites.refined_error_tokens`, the error as built kept beside); a
+    refinement (``config``) that could not run for too few tokens says so."""
+    if refined:
+        return built.replace(refine=dict(built.refine, output_error_built=built.output_error),
+                             output_error=float(output_error(built.module, *refined_error_tokens(site))))
+    if config is not None and config.steps > 0:
+        tokens_seen = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
+        return built.replace(refine={"target": config.target, "steps": 0, "steps_kept": 0,
+                                     "skipped": f"{tokens_seen} calibration token(s); refinement needs 2"})
+    return built

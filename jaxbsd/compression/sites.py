@@ -157,6 +157,7 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     probe = check[: min(64, check.shape[0])]
     X, (check_X, check_Y), (fit_X, fit_Y), (held_X, held_Y), (probe_X, probe_Y) = _take_rows(
         X_all, Y_all, sample, check, rest, held, probe)
+    params = count_params(module)
     if validate:
         # Token by token: the module must reproduce what it computed inside the model (this
         # rejects e.g. attention, which mixes tokens and is no (..., m) -> (..., n) map).
@@ -174,7 +175,7 @@ def make_site(path: str, module: nnx.Module, spec: AnySpec | None, X_all: jax.Ar
     hidden = spec.kernels(module, path)[0].shape[1] if spec is not None else None
     biases = spec.biases(module, path) if isinstance(spec, GatedMLPSpec) else None
     return Site(path=path, module=module, spec=spec, m=int(m), n=int(n), hidden=hidden,
-                params=count_params(module), X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
+                params=params, X=X, F=apply_module(module, X), check_X=check_X, check_Y=check_Y,
                 fit_X=fit_X, fit_Y=fit_Y, biases=biases, check_idx=check, fit_idx=rest,
                 **({"held_X": held_X, "held_Y": held_Y, "held_idx": held} if reserve else {}))
 
