@@ -103,6 +103,8 @@ SUBJECTS: tuple[tuple[str, str, str, str], ...] = (
     ("refine", "refine", "the refinement stage of one replacement vs its decoupling", "python benchmarks/refine.py"),
     ("minilm", "minilm", "one all-MiniLM-L6-v2 MLP decoupled at the study's ranks, vs its matmul bound and pruning",
      "python benchmarks/minilm.py"),
+    ("memory", "memory", "RSS over 10 (load MiniLM, prune, evaluate) in one process; one prune's peak RSS vs the "
+     "memory model", "python benchmarks/memory.py"),
 )
 
 
