@@ -105,6 +105,8 @@ SUBJECTS: tuple[tuple[str, str, str, str], ...] = (
      "python benchmarks/minilm.py"),
     ("compile_cache", "compile_cache", "the same jaxbsd compress-hf command twice in fresh processes: XLA compile "
      "seconds without and with the persistent compilation cache", "python benchmarks/compile_cache.py"),
+    ("memory", "memory", "RSS over 10 (load MiniLM, prune, evaluate) in one process; one prune's peak RSS vs the "
+     "memory model", "python benchmarks/memory.py"),
 )
 
 

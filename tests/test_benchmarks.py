@@ -147,3 +147,36 @@ def test_list_names_every_subject_and_its_command(capsys):
         assert (here.parent / script).exists(), command
         if script == "benchmarks/run.py":
             assert [label for label, _ in run.plan("smoke", command.split()[-1])] != []
+
+
+def test_memory_model_block_terms_are_the_bytes_of_the_arrays_a_step_holds():
+    # The model's per-block terms against the arrays themselves: one MLP's capture, and its site's
+    # check, fit and reserved tokens (the refinement's copy of them is the same size again).
+    from flax import nnx
+
+    from benchmarks import memory
+    from jaxbsd.compression.refine import Refine, reserved_tokens
+    from jaxbsd.compression.sites import make_site
+    from jaxbsd.compression.specs import MLPSpec
+    from jaxbsd.compression.surgery import capture_calls
+    from jaxbsd.models import bert as B
+
+    config = B.BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=24, max_position_embeddings=16)
+    encoder = B.Encoder(B.Bert(config, rngs=nnx.Rngs(0)))
+    windows, T = 6, 16
+    ids = np.random.default_rng(0).integers(1, 50, (windows, T), dtype=np.int32)
+    mask = np.ones_like(ids)
+    path = "bert.layers.0.mlp"
+    (X, Y), = capture_calls(encoder, lambda m: m(ids, mask), [path])[0].values()
+    X, Y = X.astype(np.float32), Y.astype(np.float32)
+    mlp = encoder.bert.layers[0].mlp
+    site = make_site(path, mlp, MLPSpec("fc1", "fc2", mlp.activation), X, Y, 32, jax.random.key(0),
+                     reserve=reserved_tokens(Refine(), X.shape[0]))
+    shapes = {"layers": 2, "m": 8, "H": 24, "n": 8, "kept": [5, 5]}
+    terms = memory.memory_model(shapes, windows, T, heads=2)
+    assert terms["capture"] * memory.MB == X.nbytes + Y.nbytes
+    held = [site.check_X, site.check_Y, site.fit_X, site.fit_Y, site.held_X, site.held_Y]
+    assert terms["site"] * memory.MB == 2 * sum(a.nbytes for a in held if a is not None)
+    assert terms["targets"] * memory.MB == 2 * Y.nbytes
+    assert terms["as_run"] == pytest.approx(terms["one_block"] + terms["every_layer"])

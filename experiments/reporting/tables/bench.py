@@ -139,6 +139,7 @@ source("bench", "results.json", Benchmark, folder="benchmarks")
 source("bench_grouped", "grouped.json", GroupedBenchmark, folder="benchmarks")
 source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
+source("bench_memory", "memory.json", Benchmark, folder="benchmarks")
 
 
 def _grouped_comparison(d: dict) -> list[str]:
@@ -234,3 +235,40 @@ def compile_cache_benchmark_table() -> str:
             "twice, each in a fresh process, one cache directory empty before the first; target: the second run's "
             "XLA compile at most 0.10 × the first's.")
     return "\n".join([head, "", md(["", "first run", "second run", "second / first"], rows)])
+
+
+#: The memory model's terms as the table names them (``benchmarks/memory.py``'s ``memory_model``).
+_MEMORY_TERMS = (("capture", "one MLP's capture"), ("site", "its site and refinement tokens"),
+                 ("targets", "every MLP's refinement targets"), ("forward", "the capture's intermediates"),
+                 ("refit", "the pruning refit"), ("every_layer", "the other MLPs' planning tokens and sites"))
+
+
+@table("memory-benchmark")
+def memory_benchmark_table() -> str:
+    """``benchmarks/memory.json``: resident memory over repeated compressions in one process, and the
+    peak of one compression against the memory model, term by term."""
+    path = committed.BENCHMARKS / "memory.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/memory.py`)."
+    d = json.loads(path.read_text())
+    flat, peaks = d["rows"][0], d["rows"][1:]
+    rss = flat["details"]["rss_mb"]
+    head = (source_line(d) + f" Device: {d.get('device', '?')}. Resident set (`VmRSS`) after each of {len(rss)} "
+            f"iterations in one process; growth = least-squares slope over the last {flat['details']['slope_over']}.")
+    flat_table = md(["iterations", "RSS after each (MB)", "growth", "target", "met"],
+                    [[str(len(rss)), ", ".join(f"{x:.0f}" for x in rss), f"{flat['ours']:.1f} MB/iteration",
+                      flat["target"].replace("<=", "≤"), {True: "yes", False: "**no**"}[flat["passed"]]]])
+    cols = ["model", "tokens", "loaded", "peak measured", "predicted (as run)", "measured / predicted",
+            "predicted (one block)", "compression time"]
+    rows = []
+    for r in peaks:
+        p = r["details"]
+        rows.append([f"{p['model']} ({p['params'] / 1e6:.0f} M)", f"{p['windows']} × {p['tokens_per_window']}",
+                     f"{p['rss_loaded_mb']:.0f} MB", f"{p['peak_rss_mb']:.0f} MB",
+                     f"{p['predicted_as_run_mb']:.0f} MB" + (" (calibrates)" if p["calibrates_programs"] else ""),
+                     f"{r['ratio']:.2f}", f"{p['predicted_one_block_mb']:.0f} MB", f"{p['seconds']:.0f} s"])
+    terms = [[label] + [f"{r['details']['model_mb'][key]:.0f}" for r in peaks] for key, label in _MEMORY_TERMS]
+    terms.append(["compiled programs and runtime (measured)"] + [f"{r['details']['programs_mb']:.0f}" for r in peaks])
+    names = [f"{r['details']['model']}, {r['details']['windows']} windows (MB)" for r in peaks]
+    return "\n".join([head, "", flat_table, "", md(cols, rows), "", "The model's terms:", "",
+                      md(["term", *names], terms)])
