@@ -240,13 +240,14 @@ def memory_model(shapes: dict, windows: int, tokens_per_window: int, heads: int)
 
     ``one_block`` sums all but ``every_layer``; ``as_run`` sums them all.
     """
-    from jaxbsd.compression.refine import Refine, reserved_tokens
+    from jaxbsd.compression.engine import Plan
+    from jaxbsd.compression.refine import Refine
 
     b = 4
     L, m, H, n, k = shapes["layers"], shapes["m"], shapes["H"], shapes["n"], max(shapes["kept"])
     T = tokens_per_window
     N = windows * T
-    R = reserved_tokens(Refine(), N)
+    R = Plan.reserved_tokens(Refine(), N)
     C = min(N - R, 8192)
     F = min(N - R - C, C)
     N_fit = F if F >= 4 * (k + 1) else C

@@ -155,7 +155,8 @@ def test_memory_model_block_terms_are_the_bytes_of_the_arrays_a_step_holds():
     from flax import nnx
 
     from benchmarks import memory
-    from jaxbsd.compression.refine import Refine, reserved_tokens
+    from jaxbsd.compression.engine import Plan
+    from jaxbsd.compression.refine import Refine
     from jaxbsd.compression.sites import make_site
     from jaxbsd.compression.specs import MLPSpec
     from jaxbsd.compression.surgery import capture_calls
@@ -172,7 +173,7 @@ def test_memory_model_block_terms_are_the_bytes_of_the_arrays_a_step_holds():
     X, Y = X.astype(np.float32), Y.astype(np.float32)
     mlp = encoder.bert.layers[0].mlp
     site = make_site(path, mlp, MLPSpec("fc1", "fc2", mlp.activation), X, Y, 32, jax.random.key(0),
-                     reserve=reserved_tokens(Refine(), X.shape[0]))
+                     reserve=Plan.reserved_tokens(Refine(), X.shape[0]))
     shapes = {"layers": 2, "m": 8, "H": 24, "n": 8, "kept": [5, 5]}
     terms = memory.memory_model(shapes, windows, T, heads=2)
     assert terms["capture"] * memory.MB == X.nbytes + Y.nbytes

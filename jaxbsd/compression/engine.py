@@ -118,10 +118,15 @@ class Plan:
 
     def reserve(self, N: int) -> int:
         """How many of ``N`` captured tokens are set apart for the refinement's held-out error before
-        any build (``reserve`` of :func:`jaxbsd.compression.sites.make_site`): the ``holdout`` share of
-        the tokens refinement uses, ``round(holdout · min(N, max_tokens))``, at least 1 and at most
+        any build (:meth:`reserved_tokens` of the plan's refinement)."""
+        return self.reserved_tokens(self.refine, N)
+
+    @staticmethod
+    def reserved_tokens(refine, N: int) -> int:
+        """How many of ``N`` captured tokens a :class:`~jaxbsd.compression.refine.Refine` sets apart
+        (``reserve`` of :func:`jaxbsd.compression.sites.make_site`): the ``holdout`` share of the
+        tokens refinement uses, ``round(holdout · min(N, max_tokens))``, at least 1 and at most
         ``N - 1``; 0 without refinement or with fewer than 2 tokens."""
-        refine = self.refine
         if refine is None or refine.steps == 0 or N < 2:
             return 0
         return max(1, min(N - 1, int(round(refine.holdout * min(N, refine.max_tokens)))))
