@@ -4,8 +4,9 @@ The MLP is ``bert.layers.3.mlp`` of all-MiniLM-L6-v2 (384 → 1536 → 384, GELU
 tokens captured on real text (32 windows of 128 tokens of the Python docs' calibration files, 4096
 tokens), S = 256 sampling points as ``jb.compress_model`` draws by default. At each share ``s`` of
 the MLP's parameters removed (the MiniLM study's, ``experiments/minilm.py``; the full mode runs
-s = 0.8 and 0.5, ranks 306 and 765) one run times, side by side and compiled (one warm-up build
-first), in float32, at the same parameter budget:
+s = 0.8 and 0.5, ranks 306 and 765) one run times, side by side and compiled, in float32, at the
+same parameter budget (pruning and the augmented builds interleaved, 3 rounds after a warm-up,
+medians with the minima beside them; today's decoupling once after a warm-up build):
 
 - ``prune``: ``jb.Prune()``;
 - ``bsd``: today's ``jb.BSD()`` (ν = 4 B-splines, 300 sweeps, the warm start from the pruned MLP,
@@ -48,7 +49,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.common import Row, format_table, write_rows  # noqa: E402  (enables x64 first)
+from benchmarks.common import Row, format_table, interleaved, write_rows  # noqa: E402  (enables x64 first)
 from benchmarks.sweep import gemm_peak  # noqa: E402
 
 import jax  # noqa: E402
@@ -69,6 +70,8 @@ LAYER = 3
 PATHS = tuple(f"bert.layers.{i}.mlp" for i in range(6))
 #: sweeps without a better held-out iterate before the augmented solve stops
 PATIENCE = 5
+#: interleaved timing rounds of pruning and the augmented builds
+REPEATS = 3
 
 
 def _timed(build):
@@ -104,32 +107,48 @@ def _details(method: jb.BSD, site, rank: int, seconds: float, info: dict, peak: 
             "error_vs_prune": info["output_error"] / prune["output_error"] - 1}
 
 
-def share_rows(site, mlp, share: float, peak: float, *, time_all: bool = True) -> tuple[list[Row], dict]:
+def share_rows(site, mlp, share: float, peak: float) -> tuple[list[Row], dict]:
     """The rows of one share at ``site``: pruning, today's decoupling, the augmented one at its
-    budget rank and at today's rank (compiled: a warm-up build first where ``time_all``)."""
+    budget rank and at today's rank, compiled. Pruning and the augmented builds (seconds each)
+    are timed interleaved, ``REPEATS`` rounds after a warm-up (medians, minima beside them);
+    today's decoupling (minutes) once after a warm-up build."""
     budget = (1 - share) * count_params(mlp)
     bsd, prune, aug = jb.BSD(), jb.Prune(), augmented(mlp.activation)
     k, r, r_aug = (largest_rank(meth, site, budget) for meth in (prune, bsd, aug))
-    key = jax.random.key(1)
-    _timed(lambda: prune.build(site, k, key))
-    t_prune, pinfo = _timed(lambda: prune.build(site, k, key))
-    ref = {"seconds": t_prune, "output_error": pinfo["output_error"], "units": k, "params": prune.params(site, k)}
+    key, reports = jax.random.key(1), {}
+    cases = {"prune": (prune, k), f"bsd-aug r={r_aug}": (aug, r_aug)}
+    if r != r_aug:
+        cases[f"bsd-aug r={r}"] = (aug, r)
+
+    def call(name, meth, rank):
+        def run():
+            reports[name] = _timed(lambda: meth.build(site, rank, key))[1]
+        return run
+
+    times = interleaved({name: call(name, *case) for name, case in cases.items()}, repeats=REPEATS)
+    first, _ = _timed(lambda: bsd.build(site, r, key))
+    seconds, reports["bsd"] = _timed(lambda: bsd.build(site, r, key))
+    times["bsd"] = {"median": seconds, "min": seconds, "times": [seconds]}
+    pinfo, t_prune = reports["prune"], times["prune"]
+    ref = {"seconds": t_prune["median"], "seconds_min": t_prune["min"], "output_error": pinfo["output_error"],
+           "units": k, "params": prune.params(site, k)}
     H, tag = site.hidden, f"MiniLM layer {LAYER} MLP (384-1536-384), s={share}"
-    rows = [Row(name=f"pruning, {tag}: k={k}", ours=t_prune, reference=None, ratio=None, target="", passed=None,
-                note=f"output error {ref['output_error']:.4f}, {ref['params']} parameters",
-                details={"share": share, "method": "prune", **ref})]
-    cases = [("bsd", bsd, r), ("bsd-aug", aug, r_aug)] + ([("bsd-aug", aug, r)] if r != r_aug else [])
-    for label, meth, rank in cases:
-        first, _ = _timed(lambda: meth.build(site, rank, key))
-        seconds, info = _timed(lambda: meth.build(site, rank, key))
-        d = _details(meth, site, rank, seconds, info, peak, ref)
+    rows = [Row(name=f"pruning, {tag}: k={k}", ours=ref["seconds"], reference=None, ratio=None, target="",
+                passed=None, note=f"output error {ref['output_error']:.4f}, {ref['params']} parameters",
+                details={"share": share, "method": "prune", **ref, "times": t_prune["times"]})]
+    for name, meth, rank in [("bsd", bsd, r)] + [(n, *cases[n]) for n in cases if n != "prune"]:
+        label, t = name.split(" ")[0], times[name]
+        d = _details(meth, site, rank, t["median"], reports[name], peak, ref)
         rows.append(Row(
-            name=f"{label} / matmul bound, {tag}: r={rank}, S={site.X.shape[0]}", ours=seconds,
+            name=f"{label} / matmul bound, {tag}: r={rank}, S={site.X.shape[0]}", ours=t["median"],
             reference=d["matmul_bound_s"], ratio=d["x_bound"], target="", passed=None,
-            note=(f"{d['x_prune']:.1f}x pruning's {t_prune:.2f} s; output error {d['output_error']:.4f} against "
-                  f"pruning's {ref['output_error']:.4f} ({d['error_vs_prune']:+.1%}); {d['sweeps']} sweeps, "
-                  f"kept {d['sweep_kept']}, stopped: {d['stopped']}"),
-            details={"share": share, "method": label, "budget_rank": rank == (r_aug if label == "bsd-aug" else r), **d, "seconds_first_call": first, "prune": ref, "hidden": H,
+            ratio_min=t["min"] / d["matmul_bound_s"],
+            note=(f"{d['x_prune']:.1f}x pruning's {ref['seconds']:.2f} s (minima: {t['min'] / ref['seconds_min']:.1f}x); "
+                  f"output error {d['output_error']:.4f} against pruning's {ref['output_error']:.4f} "
+                  f"({d['error_vs_prune']:+.1%}); {d['sweeps']} sweeps, kept {d['sweep_kept']}, stopped: {d['stopped']}"),
+            details={"share": share, "method": label, "budget_rank": rank == (r_aug if label == "bsd-aug" else r), **d,
+                     "seconds_min": t["min"], "times": t["times"], "x_prune_min": t["min"] / ref["seconds_min"],
+                     "seconds_first_call": first if label == "bsd" else None, "prune": ref, "hidden": H,
                      "peak_flops": peak, "S": int(site.X.shape[0]), "tokens": int(site.check_X.shape[0])}))
         print(format_table(rows[-1:]), flush=True)
     return rows, ref
