@@ -18,6 +18,7 @@ MiniLM study (``experiments/results/minilm.json``).
 Usage::
 
     python experiments/minilm_end_to_end.py              # writes experiments/results/minilm_end_to_end.json
+    python experiments/minilm_end_to_end.py --quick --out DIR   # the MiniLM study's quick calibration and evaluation
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from jaxbsd.models import bert as B
 from jaxbsd.models import count_params
 
 from checkout import RESULTS
-from minilm import FULL, evaluation_set
+from minilm import FULL, QUICK, evaluation_set
 from output import Timer, command_line, machine, write_json
 
 #: sweeps without a better held-out iterate before the augmented solve stops (as in benchmarks/minilm.py)
@@ -78,13 +79,16 @@ def main(argv=None) -> int:
     parser.add_argument("--share", type=float, default=0.5)
     parser.add_argument("--methods", nargs="+", default=["prune", "bsd-aug"], choices=["prune", "bsd-aug"])
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--quick", action="store_true",
+                        help="the MiniLM study's quick sizes (windows, evaluation passages); results to --out")
     args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
     command = command_line("minilm_end_to_end.py", argv)
     original = B.from_pretrained(minilm_dir())
     corpus = load_docs_corpus()
-    passages, pairs = evaluation_set(corpus, FULL)
+    passages, pairs = evaluation_set(corpus, plan)
     reference = evaluation.embed_eval_set(original, passages, pairs)
-    ids = B.calibration_windows(original, corpus.passages("calibration"), FULL["seq_len"], FULL["windows"], seed=0)
+    ids = B.calibration_windows(original, corpus.passages("calibration"), plan["seq_len"], plan["windows"], seed=0)
     runs = []
     for name in args.methods:
         runs.append(unit(name, args.share, original, ids, reference, passages, pairs))
@@ -96,7 +100,7 @@ def main(argv=None) -> int:
         ratio = by["bsd-aug-ref"]["seconds"] / by["prune-ref"]["seconds"]
     path = pathlib.Path(args.out) / "minilm_end_to_end.json"
     write_json(path, {"command": command, "share": args.share, "runs": runs, "seconds_ratio": ratio,
-                      "calibration": f"{FULL['windows']} windows of {FULL['seq_len']} tokens, seed 0"})
+                      "calibration": f"{plan['windows']} windows of {plan['seq_len']} tokens, seed 0"})
     print(f"wrote {path}; augmented / pruning wall time: {ratio}")
     return 0
 
