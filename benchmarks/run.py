@@ -15,7 +15,7 @@ the order of the compared functions alternating between repeats), the rows of it
 (h) a sweep through the gated-MLP operator vs the dense one (:mod:`benchmarks.gated`).
 
 ``--only LETTERS`` runs a subset; ``--list`` prints every benchmark subject, those with their own
-script (grouped, distill, refine, minilm, gated) included, and the command that runs each.
+script (grouped, distill, refine, minilm, gated, scale) included, and the command that runs each.
 The fresh-process workers of rows (b) and (c) are this script's ``--restarts-worker`` and
 ``--headline-worker`` flags (:func:`benchmarks.common.run_worker`).
 
@@ -103,6 +103,8 @@ SUBJECTS: tuple[tuple[str, str, str, str], ...] = (
     ("refine", "refine", "the refinement stage of one replacement vs its decoupling", "python benchmarks/refine.py"),
     ("minilm", "minilm", "one all-MiniLM-L6-v2 MLP decoupled at the study's ranks, vs its matmul bound and pruning",
      "python benchmarks/minilm.py"),
+    ("scale", "scale", "prune a BERT-base-shaped encoder and a 300 M Llama-style decoder (random weights), "
+     "refined and not: wall time and peak RSS, fresh processes", "python benchmarks/scale.py"),
 )
 
 
