@@ -15,7 +15,7 @@ the order of the compared functions alternating between repeats), the rows of it
 (h) a sweep through the gated-MLP operator vs the dense one (:mod:`benchmarks.gated`).
 
 ``--only LETTERS`` runs a subset; ``--list`` prints every benchmark subject, those with their own
-script (grouped, distill, refine, minilm, gated, compile_cache) included, and the command that runs each.
+script (grouped, distill, refine, minilm, gated, compile_cache, scale) included, and the command that runs each.
 The fresh-process workers of rows (b) and (c) are this script's ``--restarts-worker`` and
 ``--headline-worker`` flags (:func:`benchmarks.common.run_worker`).
 
@@ -107,6 +107,8 @@ SUBJECTS: tuple[tuple[str, str, str, str], ...] = (
      "seconds without and with the persistent compilation cache", "python benchmarks/compile_cache.py"),
     ("memory", "memory", "RSS over 10 (load MiniLM, prune, evaluate) in one process; one prune's peak RSS vs the "
      "memory model", "python benchmarks/memory.py"),
+    ("scale", "scale", "prune a BERT-base-shaped encoder and a 300 M Llama-style decoder (random weights), "
+     "refined and not: wall time and peak RSS, fresh processes", "python benchmarks/scale.py"),
 )
 
 

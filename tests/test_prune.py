@@ -92,6 +92,59 @@ def test_refit_equals_numpy_lstsq_with_an_intercept_and_ranking_matches_numpy(k)
     np.testing.assert_array_equal(res.b1, b1[res.kept])
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_normal_equations_refit_equals_lstsq_over_several_token_chunks(gated, monkeypatch):
+    """More tokens than one chunk of the Gram accumulation, a real spread of unit scales: the refit
+    (normal equations, not the SVD: ``lstsq`` is made to fail) equals ``numpy.linalg.lstsq`` with
+    an intercept column (two-layer MLP) or without (gated MLP without biases) to 1e-6 relative."""
+    rng = np.random.default_rng(7)
+    m, H, n, k, N = 8, 40, 5, 30, 5000
+    X = rng.normal(size=(N, m)) + 0.3
+    if gated:
+        Kg, Ku, Kd = rng.normal(size=(m, H)), rng.normal(size=(m, H)) * rng.uniform(0.1, 3, H), rng.normal(size=(H, n))
+        hidden = (X @ Kg) / (1 + np.exp(-(X @ Kg))) * (X @ Ku)
+        Y = hidden @ Kd + 0.1 * rng.normal(size=(N, n))
+    else:
+        K1, b1, K2, b2 = random_mlp(m=m, H=H, n=n, seed=8)
+        K1 *= rng.uniform(0.1, 3, H)
+        hidden = NP_ACT["gelu"](X @ K1 + b1)
+        Y = hidden @ K2 + b2 + 0.1 * rng.normal(size=(N, n))
+    as_j = lambda *a: [None if x is None else jnp.asarray(x) for x in a]  # noqa: E731
+    first = (baselines.prune_gated_weights(*as_j(Kg, None, Ku, None, Kd, None), "silu", k, jnp.asarray(X), jnp.asarray(Y))
+             if gated else baselines.prune_weights(*as_j(K1, b1, K2, b2), "gelu", k, jnp.asarray(X), jnp.asarray(Y)))
+    design = hidden[:, first.kept] if gated else np.c_[hidden[:, first.kept], np.ones(N)]
+    coef, *_ = np.linalg.lstsq(design, Y, rcond=None)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the well-conditioned refit took the SVD path")
+
+    monkeypatch.setattr(np.linalg, "lstsq", refused)
+    res = (baselines.prune_gated_weights(*as_j(Kg, None, Ku, None, Kd, None), "silu", k, jnp.asarray(X), jnp.asarray(Y))
+           if gated else baselines.prune_weights(*as_j(K1, b1, K2, b2), "gelu", k, jnp.asarray(X), jnp.asarray(Y)))
+    W = res.Kd if gated else res.K2
+    scale = np.abs(coef).max()
+    assert np.abs(W - coef[:k]).max() <= 1e-6 * scale
+    if not gated:
+        assert np.abs(res.b2 - coef[-1]).max() <= 1e-6 * scale
+
+
+def test_a_rank_deficient_refit_is_the_minimum_norm_least_squares():
+    """Two kept units equal on every token (a duplicated unit): the normal equations are singular,
+    and the refit is ``lstsq``'s minimum-norm solution, which splits the weight between the two."""
+    K1, b1, K2, b2 = random_mlp(m=6, H=10, n=3, seed=5)
+    K1[:, 1], b1[1] = K1[:, 0], b1[0]
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(300, 6))
+    Y = np_mlp(K1, b1, K2, b2, "gelu", X)
+    res = baselines.prune_weights(jnp.asarray(K1), jnp.asarray(b1), jnp.asarray(K2), jnp.asarray(b2), "gelu", 10,
+                                  jnp.asarray(X), jnp.asarray(Y))
+    hidden = NP_ACT["gelu"](X @ K1 + b1)
+    centred = hidden - hidden.mean(axis=0)
+    coef, *_ = np.linalg.lstsq(centred, Y - Y.mean(axis=0), rcond=None)
+    np.testing.assert_allclose(res.K2, coef, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(res.K2[0], res.K2[1], rtol=1e-8)
+
+
 def test_the_pruned_module_keeps_the_dtype_of_the_weights():
     K1, b1, K2, b2 = random_mlp(seed=5, dtype=np.float32)
     X = np.random.default_rng(6).normal(size=(64, 5)).astype(np.float32)

@@ -318,3 +318,26 @@ def memory_benchmark_table() -> str:
     names = [f"{r['details']['model']}, {r['details']['windows']} windows (MB)" for r in peaks]
     return "\n".join([head, "", flat_table, "", md(cols, rows), "", "The model's terms:", "",
                       md(["term", *names], terms)])
+
+
+@table("scale-benchmark")
+def scale_benchmark_table() -> str:
+    """``benchmarks/scale.json``: pruning random-weight models of base size, refined and not, in wall
+    time and peak resident memory, against the targets of the refined runs."""
+    path = committed.BENCHMARKS / "scale.json"
+    if not path.exists():
+        return "No current result committed (`python benchmarks/scale.py`)."
+    d = json.loads(path.read_text())
+    rows = []
+    for r in d["rows"]:
+        x = r["details"]
+        refine = sum(s for s in x["seconds_refine_per_mlp"] if s) if x["refine"] else None
+        rows.append([x["model"], f"{x['params'] / 1e6:.0f} M", str(x["mlps"]), "refined" if x["refine"] else "not refined",
+                     bench_value(x["seconds_call"], "s"), "—" if refine is None else bench_value(refine, "s"),
+                     f"{x['peak_rss_gb']:.2f} GB", r["target"] or "—",
+                     "—" if r["passed"] is None else ("yes" if r["passed"] else "no")])
+    head = (source_line(d) + f" Device: {d.get('device', '?')}. `jb.compress_model(mlps=None, method=\"prune\", "
+            "reduction=0.25)` on 64 windows of 128 random token ids, random weights, float32, each case in a fresh "
+            "process (compiles included); peak RSS is the process's `ru_maxrss`.")
+    return "\n".join([head, "", md(["model", "parameters", "MLPs", "refinement", "wall (the call)", "of it refining",
+                                    "peak RSS", "target", "met"], rows)])

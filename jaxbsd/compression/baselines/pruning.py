@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 from jaxbsd.models.compressed import PrunedGatedMLP, PrunedMLP, activation_fn, check_gated, on_device
 from jaxbsd.models.layers import ACTIVATIONS
@@ -112,7 +113,10 @@ def prune_weights(
        pruning (He et al., "Channel Pruning for Accelerating Very Deep Neural Networks", ICCV
        2017; Luo et al., ThiNet, ICCV 2017). It is solved in float64 on the host, with the
        intercept eliminated by centring (the same solution as ``lstsq`` with a ones column,
-       better conditioned), and the minimum-norm solution when ``H_k`` is rank deficient.
+       better conditioned): by the normal equations (the ``k × k`` Gram of the centred kept
+       units, accumulated over chunks of tokens, and its Cholesky factor) where they are well
+       conditioned, else by SVD (``lstsq``), the minimum-norm solution when ``H_k`` is rank
+       deficient.
 
     Args:
       K1: ``(m, H)``; b1: ``(H,)`` or None (zeros).
@@ -174,25 +178,80 @@ def _keep_and_refit(hidden: np.ndarray, K2, k: int, Y: np.ndarray, *, intercept:
     """
     importance = _importance(hidden, K2)
     kept = np.sort(np.argsort(-importance, kind="stable")[:k])
-    Hk = hidden[:, kept]
+    mean_h = hidden.mean(axis=0)[kept] if intercept else np.zeros(k)
+    mean_y = Y.mean(axis=0) if intercept else np.zeros(Y.shape[1])
+    G, B = _centred_gram(hidden, kept, Y, mean_h, mean_y)
     if ridge:
-        mean_h = Hk.mean(axis=0) if intercept else np.zeros(k)
-        mean_y = Y.mean(axis=0) if intercept else np.zeros(Y.shape[1])
-        Hc, Yc = Hk - mean_h[None, :], Y - mean_y[None, :]
         prior = np.asarray(K2, np.float64)[kept]
-        lam = max(ridge * float(np.sum(Hc ** 2)) / k, np.finfo(np.float64).tiny)
-        W = np.linalg.solve(Hc.T @ Hc + lam * np.eye(k), Hc.T @ Yc + lam * prior)
-        bias = mean_y - mean_h @ W if intercept else None
-    elif intercept:
-        mean_h, mean_y = Hk.mean(axis=0), Y.mean(axis=0)
-        W, *_ = np.linalg.lstsq(Hk - mean_h[None, :], Y - mean_y[None, :], rcond=None)
-        bias = mean_y - mean_h @ W
+        lam = max(ridge * float(np.trace(G)) / k, np.finfo(np.float64).tiny)
+        W = np.linalg.solve(G + lam * np.eye(k), B + lam * prior)
     else:
-        W, *_ = np.linalg.lstsq(Hk, Y, rcond=None)
-        bias = None
+        W = _solve_normal_equations(G, B)
+        if W is None:  # rank deficient or ill-conditioned: the minimum-norm least squares, by SVD
+            Hc = hidden[:, kept] - mean_h[None, :]
+            W, *_ = np.linalg.lstsq(Hc, Y - mean_y[None, :], rcond=None)
+    bias = mean_y - mean_h @ W if intercept else None
     if not (np.all(np.isfinite(W)) and (bias is None or np.all(np.isfinite(bias)))):
         raise ValueError("X: the least-squares refit of the output layer is not finite")
     return importance, kept, W, bias
+
+
+#: Tokens per chunk of the Gram accumulation: the centred copy of the kept units is never whole.
+_GRAM_CHUNK = 2048
+#: The largest condition number (of the Gram matrix with its diagonal scaled to one, as
+#: :func:`_condition_estimate` estimates it) the normal equations are trusted with: they lose about ``κ · eps`` of
+#: relative accuracy (``κ`` of the Gram, the square of the tokens' own), so 1e8 keeps the refit
+#: within ~1e-8 of the SVD's; worse goes to ``lstsq``.
+_GRAM_CONDITION = 1e8
+
+
+def _centred_gram(hidden: np.ndarray, kept: np.ndarray, Y: np.ndarray, mean_h: np.ndarray, mean_y: np.ndarray):
+    """``(Hcᵀ Hc (k, k), Hcᵀ Yc (k, n))`` for ``Hc = hidden[:, kept] − mean_h`` and ``Yc = Y − mean_y``,
+    in float64, accumulated over chunks of tokens so only one chunk of ``Hc`` is held at a time."""
+    k, n = kept.shape[0], Y.shape[1]
+    G, B = np.zeros((k, k)), np.zeros((k, n))
+    for start in range(0, hidden.shape[0], _GRAM_CHUNK):
+        Hc = hidden[start:start + _GRAM_CHUNK, kept] - mean_h[None, :]
+        G += Hc.T @ Hc  # numpy runs a symmetric rank-k update for ``a.T @ a``
+        B += Hc.T @ (Y[start:start + _GRAM_CHUNK] - mean_y[None, :])
+    return G, B
+
+
+def _condition_estimate(factor, A: np.ndarray, iterations: int = 12) -> float:
+    """A lower estimate of ``κ₂(A)`` for symmetric positive definite ``A`` with its Cholesky
+    ``factor``: the spread of the factor's pivots, or power iterations on ``A`` and ``A⁻¹`` (from
+    a fixed start), whichever is larger. An estimate, not a bound: a threshold on it is a guard
+    against the badly conditioned refits, not a certificate."""
+    L = np.abs(np.diag(factor[0]))
+    if not L.min() > 0:
+        return np.inf
+    pivots = (L.max() / L.min()) ** 2
+    v = w = np.random.default_rng(0).standard_normal(A.shape[0])
+    for _ in range(iterations):
+        v = A @ v
+        v /= np.linalg.norm(v)
+        w = scipy.linalg.cho_solve(factor, w, check_finite=False)
+        w /= np.linalg.norm(w)
+    largest = float(v @ A @ v)
+    smallest = float(w @ A @ w)
+    return max(pivots, largest / smallest if smallest > 0 else np.inf)
+
+
+def _solve_normal_equations(G: np.ndarray, B: np.ndarray) -> np.ndarray | None:
+    """``G⁻¹ B`` by Cholesky of the Jacobi-scaled ``G`` (``D^{-1/2} G D^{-1/2}``), or None when
+    ``G`` is singular or worse conditioned than :data:`_GRAM_CONDITION` (the caller solves the
+    least squares by SVD then: the minimum-norm solution of a rank-deficient refit)."""
+    d = np.sqrt(np.diag(G))
+    if not np.all(d > 0) or not np.all(np.isfinite(G)):
+        return None  # a unit constant on the tokens: rank deficient
+    scaled = G / d[:, None] / d[None, :]
+    try:
+        factor = scipy.linalg.cho_factor(scaled, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
+    if _condition_estimate(factor, scaled) > _GRAM_CONDITION:
+        return None
+    return scipy.linalg.cho_solve(factor, B / d[:, None], check_finite=False) / d[:, None]
 
 
 def prune_mlp(K1, b1, K2, b2, activation: str | Callable, k: int, X: jax.Array,
