@@ -49,14 +49,14 @@ def probe(dtype=jnp.float64):
     return jax.random.normal(jax.random.key(5), (64, M), dtype)
 
 
-def run(method="bsd", *, hidden=(32, 32, 32), dtype=jnp.float64, refine=True, **kwargs):
-    """``(model, report)`` of a small compression of :class:`Net`."""
+def run(method="bsd", *, hidden=(32, 32, 32), dtype=jnp.float64, refine=True, seed=0, **kwargs):
+    """``(model, report)`` of a small compression of :class:`Net` (``seed``: the compression's key)."""
     model = Net(hidden, dtype)
     options = dict(config=FAST, restarts=2) if method in ("bsd", "auto") else {}
     if method == "auto":
         options["auto_judge"] = "block"
     paths = [f"blocks.{i}" for i in range(len(hidden))]
-    return jb.compress_model(model, calibration(dtype), mlps=paths, reduction=0.5, key=jax.random.key(0),
+    return jb.compress_model(model, calibration(dtype), mlps=paths, reduction=0.5, key=jax.random.key(seed),
                              method=jb.get_method(method, **options), refine=jb.Refine(steps=10) if refine else None,
                              execution=jb.Execution(**kwargs))
 

@@ -37,13 +37,13 @@ TOLERANCE = {jnp.float64: 1e-10, jnp.float32: 1e-6}
 
 
 @functools.cache
-def compressed(method, refine, group, dtype=jnp.float64):
+def compressed(method, refine, group, dtype=jnp.float64, seed=0):
     """``(outputs (3, 64, 12), report, solver traces, refinement traces)`` of one run of the toy model
-    (the group programs built afresh, so that a program another case traced first is traced again;
+    (``seed``: the compression's key; the group programs built afresh, so that a program another case traced first is traced again;
     the compiled code comes from the compilation cache)."""
     dv._program.cache_clear(), dv._one_block_program.cache_clear()
     solver, refining = dv.trace_count("solver"), dv.trace_count("refine")
-    model, report = toy.run(method, refine=refine, group=group, dtype=dtype)
+    model, report = toy.run(method, refine=refine, group=group, dtype=dtype, seed=seed)
     return (toy.outputs(model, dtype), report, dv.trace_count("solver") - solver,
             dv.trace_count("refine") - refining)
 
@@ -81,10 +81,20 @@ def test_grouped_float32_within_1e_6():
 def test_grouped_bsd_refined_keeps_the_restart_of_one_block_at_a_time_in_float32():
     """bsd refined runs as one program (solve, restart selection, refinement): in float32 the toy has
     blocks whose held-out selection and objective disagree, so keeping the wrong restart in the
-    program would show here (in float64 both criteria agree on every block)."""
-    alone, report_alone, _, _ = compressed("bsd", True, False, jnp.float32)
-    together, report, solver_traces, refine_traces = compressed("bsd", True, True, jnp.float32)
-    assert any(r.restart_by_objective != r.restart_by_output for r in report_alone.mlps)  # the case that tells
+    program would show here (in float64 both criteria agree on every block).
+
+    Which blocks disagree follows the processor (XLA's CPU kernels differ in the last bits, and a
+    restart's held-out error with them): the test takes the first compression key of eight whose
+    one-block-at-a-time run has such a block (keys 0, 2 and 3 on an AVX-512 EPYC; key 0 on CI's
+    processor has none), and fails if none has."""
+    def telling(seed):
+        return any(r.restart_by_objective != r.restart_by_output
+                   for r in compressed("bsd", True, False, jnp.float32, seed)[1].mlps)
+
+    seed = next((seed for seed in range(8) if telling(seed)), None)
+    assert seed is not None, "no key of 8 gives a block whose held-out selection and objective disagree"
+    alone, report_alone, _, _ = compressed("bsd", True, False, jnp.float32, seed)
+    together, report, solver_traces, refine_traces = compressed("bsd", True, True, jnp.float32, seed)
     assert [r.restart for r in report.mlps] == [r.restart for r in report_alone.mlps]
     assert (solver_traces, refine_traces) == (1, 0)
     errors = toy.relative_errors(together, alone)
