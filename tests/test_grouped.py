@@ -23,7 +23,7 @@ import pytest
 import grouped_toy as toy
 import jaxbsd as jb
 from jaxbsd.compression import devices as dv
-from jaxbsd.compression import engine
+from jaxbsd.compression import engine, grouped
 from jaxbsd.compression.state import RunState
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -37,13 +37,17 @@ TOLERANCE = {jnp.float64: 1e-10, jnp.float32: 1e-6}
 
 
 @functools.cache
-def compressed(method, refine, group, dtype=jnp.float64, seed=0):
+def compressed(method, refine, group, dtype=jnp.float64, seed=0, fuse=None):
     """``(outputs (3, 64, 12), report, solver traces, refinement traces)`` of one run of the toy model
     (``seed``: the compression's key; the group programs built afresh, so that a program another case traced first is traced again;
-    the compiled code comes from the compilation cache)."""
+    the compiled code comes from the compilation cache; ``fuse``: :data:`jaxbsd.compression.grouped.FUSE` for the run)."""
     dv._program.cache_clear(), dv._one_block_program.cache_clear()
     solver, refining = dv.trace_count("solver"), dv.trace_count("refine")
-    model, report = toy.run(method, refine=refine, group=group, dtype=dtype, seed=seed)
+    saved, grouped.FUSE = grouped.FUSE, fuse
+    try:
+        model, report = toy.run(method, refine=refine, group=group, dtype=dtype, seed=seed)
+    finally:
+        grouped.FUSE = saved
     return (toy.outputs(model, dtype), report, dv.trace_count("solver") - solver,
             dv.trace_count("refine") - refining)
 
@@ -58,15 +62,47 @@ def test_grouped_gives_the_models_of_one_block_at_a_time(method, refine):
     # The report says which MLPs were solved together (all three: one shape, one rank), and why not.
     assert all(r.group["paths"] == ["blocks.2", "blocks.1", "blocks.0"] for r in report.mlps)
     assert all("one MLP at a time" in r.group["sequential"] for r in report_alone.mlps)
-    # Traced once per group: the decoupling's program (bsd, auto) and the refinement's (auto: one
-    # per candidate kind; the other baselines one); none for the methods without one. bsd refined
-    # is one program in all: its solve, restart selection and refinement.
+    # Traced once per group (one compile of each program for the three same-shape blocks): the
+    # decoupling's program (bsd, auto) and the refinement's (auto: one per candidate kind; the
+    # other methods one); none for the methods without one. On the CPU without a mesh bsd refined
+    # runs the solve's program and the refinement's (grouped.fuses; the fused one is tested below).
+    assert not grouped.fuses(jb.BSD(), True, dv.Devices())
     assert solver_traces == (1 if method in ("bsd", "auto") else 0)
-    assert refine_traces == (0 if not refine or method == "bsd" else 2 if method == "auto" else 1)
+    assert refine_traces == (0 if not refine else 2 if method == "auto" else 1)
     # The same choices as one block at a time: the restart kept, the refinement's step kept.
     assert [r.restart for r in report.mlps] == [r.restart for r in report_alone.mlps]
     if refine:
         assert [r.refine["steps_kept"] for r in report.mlps] == [r.refine["steps_kept"] for r in report_alone.mlps]
+
+
+def test_bsd_refined_fuses_its_solve_and_refinement_with_a_mesh_or_an_accelerator_not_on_the_cpu_alone():
+    mesh = dv.check_mesh(jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("blocks",)), None)
+    alone = dv.Devices()
+    assert not grouped.fuses(jb.BSD(), True, alone, "cpu")  # no device parallelism; XLA compiles two faster
+    assert grouped.fuses(jb.BSD(), True, mesh, "cpu") and grouped.fuses(jb.BSD(), True, alone, "gpu")
+    assert grouped.fuses(jb.BSD(), True, alone, "cpu", force=True)
+    assert not grouped.fuses(jb.BSD(), True, mesh, "gpu", force=False)
+    for method, refined in ((jb.BSD(), False), (jb.get_method("prune"), True), (jb.get_method("auto"), True)):
+        assert not grouped.fuses(method, refined, mesh, "gpu"), (method, refined)
+        assert not grouped.fuses(method, refined, alone, "cpu", force=True), (method, refined)
+    assert grouped.FUSE is None  # the default decides by the devices
+
+
+@SLOW
+def test_the_fused_program_forced_on_the_cpu_gives_the_models_of_one_block_at_a_time():
+    """``grouped.FUSE = True``: bsd refined as one program (solve, restart selection, refinement),
+    traced once for the group and no refinement program of its own; the same models and choices as
+    one block at a time and as the two programs."""
+    alone, report_alone, _, _ = compressed("bsd", True, False)
+    together, report, solver_traces, refine_traces = compressed("bsd", True, True, fuse=True)
+    two, _, two_solver, two_refine = compressed("bsd", True, True)
+    assert (solver_traces, refine_traces) == (1, 0) and (two_solver, two_refine) == (1, 1)
+    assert all("one program for the solve and the refinement" in r.refine["program"] for r in report.mlps)
+    for other in (alone, two):
+        errors = toy.relative_errors(together, other)
+        assert np.all(errors <= TOLERANCE[jnp.float64]), errors
+    assert [r.restart for r in report.mlps] == [r.restart for r in report_alone.mlps]
+    assert [r.refine["steps_kept"] for r in report.mlps] == [r.refine["steps_kept"] for r in report_alone.mlps]
 
 
 @pytest.mark.slow  # a costly program of this file; its claim's cheaper checks stay
@@ -78,10 +114,12 @@ def test_grouped_float32_within_1e_6():
 
 
 @pytest.mark.slow
-def test_grouped_bsd_refined_keeps_the_restart_of_one_block_at_a_time_in_float32():
-    """bsd refined runs as one program (solve, restart selection, refinement): in float32 the toy has
-    blocks whose held-out selection and objective disagree, so keeping the wrong restart in the
-    program would show here (in float64 both criteria agree on every block).
+@pytest.mark.parametrize("fuse", [True, None], ids=["fused", "two-programs"])
+def test_grouped_bsd_refined_keeps_the_restart_of_one_block_at_a_time_in_float32(fuse):
+    """bsd refined grouped, as one program (solve, restart selection, refinement; forced on the CPU)
+    or as the solve's and the refinement's (the CPU's default): in float32 the toy has
+    blocks whose held-out selection and objective disagree, so keeping the wrong restart
+    would show here (in float64 both criteria agree on every block).
 
     Which blocks disagree follows the processor (XLA's CPU kernels differ in the last bits, and a
     restart's held-out error with them): the test takes the first compression key of eight whose
@@ -94,9 +132,9 @@ def test_grouped_bsd_refined_keeps_the_restart_of_one_block_at_a_time_in_float32
     seed = next((seed for seed in range(8) if telling(seed)), None)
     assert seed is not None, "no key of 8 gives a block whose held-out selection and objective disagree"
     alone, report_alone, _, _ = compressed("bsd", True, False, jnp.float32, seed)
-    together, report, solver_traces, refine_traces = compressed("bsd", True, True, jnp.float32, seed)
+    together, report, solver_traces, refine_traces = compressed("bsd", True, True, jnp.float32, seed, fuse)
     assert [r.restart for r in report.mlps] == [r.restart for r in report_alone.mlps]
-    assert (solver_traces, refine_traces) == (1, 0)
+    assert (solver_traces, refine_traces) == ((1, 0) if fuse else (1, 1))
     errors = toy.relative_errors(together, alone)
     assert together.dtype == np.float32 and np.all(errors <= TOLERANCE[jnp.float32]), errors
 

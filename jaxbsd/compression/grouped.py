@@ -13,8 +13,10 @@ given. A group holds
   otherwise);
 * ``auto``'s two candidates, and the refinement of each (one program per candidate kind);
 * the engine's refinement stage (one program for the group's replacements; for ``method="bsd"``
-  the decoupling's own program, which solves, keeps a restart and refines it: one compile for the
-  group, :func:`_bsd_refined_group`).
+  with a mesh or on an accelerator, the decoupling's own program, which solves, keeps a restart and
+  refines it: one compile for the group, :func:`_bsd_refined_group`; on the CPU without a mesh the
+  solve's program then the refinement's, each compiled once, which XLA compiles faster than the
+  fused one: :func:`fuses`).
 
 Host computations stay per block: the pruning's float64 least squares (and the warm start built
 from it), the low-rank baselines' SVDs (each a jitted program compiled once per shape, not per
@@ -56,7 +58,7 @@ from jaxbsd.solver.driver import restart_batching
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.compression.methods.warm_start import relative_output_error
 
-__all__ = ["build", "build_together", "SEQUENTIAL_REASONS", "INDEPENDENT"]
+__all__ = ["build", "build_together", "fuses", "FUSE", "SEQUENTIAL_REASONS", "INDEPENDENT"]
 
 #: ``order=`` asking for every MLP to be compressed on the original model (grouped, back to front).
 INDEPENDENT = "independent"
@@ -145,9 +147,39 @@ def _bsd_refined_group(method: BSD, sites: list[Site], ranks: list, keys: list, 
     return builds
 
 
+#: Whether ``method="bsd"`` refined by the engine runs as the one fused program of
+#: :func:`_bsd_refined_group`: None (the default) as :func:`fuses` decides from the devices; True or
+#: False forces it (the tests, and ``benchmarks/grouped.py``'s ``fused`` mode, set it on the CPU).
+FUSE: bool | None = None
+
+
+def fuses(method, refined: bool, devices: Devices, platform: str | None = None, force: bool | None = None) -> bool:
+    """Whether a group of ``method``'s builds, refined by the engine or not (``refined``), runs as one
+    program for the solve and the refinement (:func:`_bsd_refined_group`) rather than the group's
+    solve program then its refinement program.
+
+    Only ``method="bsd"`` refined has the fused program. With a mesh, or on an accelerator, it is
+    used: one compile and one sharded or batched program for the group. On the CPU without a mesh
+    (``platform``: the backend the group runs on; None: ``jax.default_backend()``) there is no
+    device parallelism for it to gain, the blocks running one after the other either way
+    (:func:`jaxbsd.compression.devices.run_blocks`), and XLA compiles the fused program more slowly
+    than the two it joins (``benchmarks/grouped.py``'s ``fused`` mode against ``grouped``): the
+    group then runs the solve's program and the refinement's, each compiled once for the group.
+    ``force`` (default :data:`FUSE`): True or False decides regardless of the devices."""
+    if type(method) is not BSD or not refined:
+        return False
+    force = FUSE if force is None else force
+    if force is not None:
+        return bool(force)
+    if devices.mesh is not None:
+        return True
+    return (platform or jax.default_backend()) != "cpu"
+
+
 def _fused(method, pending, sites, rank_of, build_key, refiners, devices) -> list[tuple] | None:
-    """The builds of :func:`_bsd_refined_group` for ``method="bsd"`` refined by the engine, else None."""
-    if type(method) is not BSD or any(refiners[s] is None for s, _ in pending):
+    """The builds of :func:`_bsd_refined_group` for ``method="bsd"`` refined by the engine where
+    :func:`fuses` says so, else None."""
+    if not fuses(method, all(refiners[s] is not None for s, _ in pending), devices):
         return None
     return _bsd_refined_group(method, [sites[p] for _, p in pending], [rank_of[p] for _, p in pending],
                               [build_key(p, s) for s, p in pending], [refiners[s] for s, _ in pending], devices)
@@ -189,9 +221,10 @@ def build_together(model, plan, pending: list[tuple[int, str]], sites: dict[str,
                    build_key: Callable[[str, int], jax.Array], judges: dict[int, tuple],
                    refiners: dict[int, Any]) -> dict[int, Built]:
     """``{step: built}``: the replacements of several MLPs of one group, built as one program
-    per kind — for ``method="bsd"`` refined by the engine, the solve and the refinement in one
-    (:func:`_bsd_refined_group`, whose builds come back refined); else the method's
-    :meth:`~jaxbsd.compression.methods.Method.build_group`.
+    per kind — for ``method="bsd"`` refined by the engine where :func:`fuses` says so, the solve
+    and the refinement in one (:func:`_bsd_refined_group`, whose builds come back refined); else
+    the method's :meth:`~jaxbsd.compression.methods.Method.build_group` (the engine's refinement
+    stage then refines them, :func:`jaxbsd.compression.refine.refine_stage`).
 
     Args:
       model: the model (original, but for the groups already finished and put in place): what the
