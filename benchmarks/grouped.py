@@ -4,15 +4,18 @@ A 6-block model whose MLPs have the ViT/Fashion-MNIST study's shape (``m = 64``,
 residual blocks, float32; ``--model minilm``: all-MiniLM-L6-v2's, ``384 → 1536 → 384`` at rank 153
 on 4,096 tokens, where compiling is a small share of the solve) is compressed by ``jb.compress_model`` with the defaults (``jb.BSD()``:
 300 sweeps, the warm start, held-out selection; ``jb.Refine()``), at the rank a ρ = 0.5
-training-free run gives that shape (40), once grouped (``group=True``: one program for the six
-blocks) and once one block at a time (``group=False``). Each mode runs in a fresh subprocess (so
-each compiles from cold, and its peak memory is its own), the two modes alternating for
-``rounds`` rounds (5): a first run (compiles included), then ``repeats`` timed runs. Reported per
+training-free run gives that shape (40), grouped (``group=True``: on this CPU without a mesh the
+solve's program then the refinement's, each compiled once for the six blocks,
+:func:`jaxbsd.compression.grouped.fuses`), grouped with the solve and the refinement fused in one
+program (``fused``: what a mesh or an accelerator runs, forced here by
+:data:`jaxbsd.compression.grouped.FUSE`) and one block at a time (``group=False``). Each mode runs
+in a fresh subprocess (so each compiles from cold, and its peak memory is its own), the modes
+alternating for ``rounds`` rounds (5): a first run (compiles included), then ``repeats`` timed runs. Reported per
 mode (medians over the rounds): the first run's and the steady wall time, the XLA backend
 compiles of the first run (``jax.monitoring``), those of the solver's and the refinement's
 programs by name, where the first run's compile time goes (tracing, lowering, XLA's compile, and
 XLA's compile of those programs alone), and the process's peak resident memory. Ratios are one
-block at a time / grouped.
+block at a time / grouped (``fused_*``: one block at a time / fused).
 
 Also: the exported CUDA program of a group of 6 blocks × 4 restarts (``jax.export``, lowered on
 this CPU): its count of device-side loops; and the sweep as a multiple of this machine's GEMM
@@ -51,6 +54,7 @@ MODELS = {"vit": dict(blocks=6, m=64, H=256, rank=40, tokens=(32, 64)),
 #: a group's (on the CPU without a mesh the one-block program of jaxbsd.compression.devices.run_blocks,
 #: named after the function it runs; otherwise jaxbsd.compression.devices._program).
 SOLVER_PROGRAMS = ("jit(decouple_compiled)", "jit(refine_loop)", "jit(_solve_and_refine_block)", "jit(solve_block)",
+                   "jit(_refine_block)",
                    "jit(program)")
 #: jax.monitoring's compile events, by the stage a first run's profile names them.
 COMPILE_STAGES = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
@@ -167,6 +171,10 @@ def structured_sweep_rows(ranks, sweeps: int, repeats: int, peak: float) -> list
     return rows
 
 
+#: The modes compared, in the order each round runs them.
+MODES = ("sequential", "grouped", "fused")
+
+
 def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
     """One mode in this process: ``{"first": s, "steady": [s...], "compiles": k, "peak_rss_mib": x}``."""
     import jax
@@ -174,6 +182,9 @@ def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
     from flax import nnx
 
     import jaxbsd as jb
+    from jaxbsd.compression import grouped
+
+    grouped.FUSE = True if mode == "fused" else None  # fused: the one program a mesh or an accelerator runs
 
     compiles = [0]
     by_name: dict[str, int] = {}
@@ -229,7 +240,7 @@ def child(mode: str, quick: bool, repeats: int, model: str = "vit") -> dict:
 
     def once():
         model = Net()
-        jb.compress_model(model, x, mlps=paths, ranks={p: RANK for p in paths}, method=method, refine=refine, key=jax.random.key(0), mlp_specs=spec, execution=jb.Execution(group=mode == "grouped"))
+        jb.compress_model(model, x, mlps=paths, ranks={p: RANK for p in paths}, method=method, refine=refine, key=jax.random.key(0), mlp_specs=spec, execution=jb.Execution(group=mode != "sequential"))
         jax.block_until_ready(nnx.state(model))
 
     t0 = time.perf_counter()
@@ -250,7 +261,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    parser.add_argument("--child", choices=("grouped", "sequential"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="alternating subprocess rounds per mode")
     parser.add_argument("--model", choices=tuple(MODELS), default="vit",
@@ -264,9 +275,9 @@ def main(argv=None) -> int:
     # "not slower" is judged against that spread.
     default_rounds = 1 if args.quick else 5
     rounds = args.rounds or default_rounds
-    runs: dict[str, list] = {"sequential": [], "grouped": []}
+    runs: dict[str, list] = {mode: [] for mode in MODES}
     for _ in range(rounds):
-        for mode in ("sequential", "grouped"):
+        for mode in MODES:
             command = ([sys.executable, __file__, "--child", mode, "--repeats", str(repeats), "--model", args.model]
                        + (["--quick"] if args.quick else []))
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -277,21 +288,29 @@ def main(argv=None) -> int:
                       "peak_rss_mib": med(r["peak_rss_mib"] for r in rs),
                       "compile_seconds": {k: med(r["compile_seconds"][k] for r in rs) for k in rs[0]["compile_seconds"]},
                       "first_runs": [r["first"] for r in rs]} for mode, rs in runs.items()}
-    seq, grp = summary["sequential"], summary["grouped"]
-    ratios = {"first_run": seq["first"] / grp["first"], "steady_median": seq["steady"] / grp["steady"],
-              "compiles": seq["compiles"] / max(grp["compiles"], 1), "peak_rss": seq["peak_rss_mib"] / grp["peak_rss_mib"]}
-    print(f"{'':34s}{'one at a time':>16s}{'grouped':>12s}{'ratio':>9s}")
-    print(f"{'first run (compiles), s':34s}{seq['first']:16.2f}{grp['first']:12.2f}{ratios['first_run']:9.2f}")
-    print(f"{'  (each round)':34s}{' '.join(f'{x:.1f}' for x in seq['first_runs'])}   |   "
-          f"{' '.join(f'{x:.1f}' for x in grp['first_runs'])}")
-    print(f"{'steady run (median), s':34s}{seq['steady']:16.2f}{grp['steady']:12.2f}{ratios['steady_median']:9.2f}")
-    print(f"{'XLA compiles, first run':34s}{seq['compiles']:16.0f}{grp['compiles']:12.0f}{ratios['compiles']:9.2f}")
-    print(f"{'  solver + refinement programs':34s}{sum(seq['solver_programs'].values()):16d}"
-          f"{sum(grp['solver_programs'].values()):12d}   {seq['solver_programs']} | {grp['solver_programs']}")
+    seq, grp, fus = summary["sequential"], summary["grouped"], summary["fused"]
+    ratios = {}
+    for prefix, other in (("", grp), ("fused_", fus)):
+        ratios.update({prefix + "first_run": seq["first"] / other["first"],
+                       prefix + "steady_median": seq["steady"] / other["steady"],
+                       prefix + "compiles": seq["compiles"] / max(other["compiles"], 1),
+                       prefix + "peak_rss": seq["peak_rss_mib"] / other["peak_rss_mib"]})
+    print(f"{'':34s}{'one at a time':>16s}{'grouped':>12s}{'ratio':>9s}{'fused':>12s}{'ratio':>9s}")
+
+    def line(name, key, fmt, ratio=None):
+        a, b, c = seq[key], grp[key], fus[key]
+        tail = "" if ratio is None else f"{ratios[ratio]:9.2f}{c:12{fmt}}{ratios['fused_' + ratio]:9.2f}"
+        print(f"{name:34s}{a:16{fmt}}{b:12{fmt}}" + tail)
+
+    line("first run (compiles), s", "first", ".2f", "first_run")
+    print(f"{'  (each round)':34s}" + "   |   ".join(" ".join(f"{x:.1f}" for x in r["first_runs"]) for r in (seq, grp, fus)))
+    line("steady run (median), s", "steady", ".2f", "steady_median")
+    line("XLA compiles, first run", "compiles", ".0f", "compiles")
+    print(f"{'  solver + refinement programs':34s}" + " | ".join(str(r["solver_programs"]) for r in (seq, grp, fus)))
     for stage in seq["compile_seconds"]:
-        a, b = seq["compile_seconds"][stage], grp["compile_seconds"][stage]
-        print(f"{'  first run: ' + stage + ', s':34s}{a:16.2f}{b:12.2f}{a / max(b, 1e-9):9.2f}")
-    print(f"{'peak RSS, MiB':34s}{seq['peak_rss_mib']:16.0f}{grp['peak_rss_mib']:12.0f}{ratios['peak_rss']:9.2f}")
+        a, b, c = (r["compile_seconds"][stage] for r in (seq, grp, fus))
+        print(f"{'  first run: ' + stage + ', s':34s}{a:16.2f}{b:12.2f}{a / max(b, 1e-9):9.2f}{c:12.2f}{a / max(c, 1e-9):9.2f}")
+    line("peak RSS, MiB", "peak_rss_mib", ".0f", "peak_rss")
     from jaxbsd.io import provenance, write_json_atomic
     import jax
 

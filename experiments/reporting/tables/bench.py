@@ -125,6 +125,12 @@ class GroupedBenchmark(Result):
             text += (f". XLA's compile is most of a first run: {cs['XLA compile']:.1f} s of {seq['first']:.1f} s one "
                      f"block at a time, {cg['XLA compile']:.1f} s of {grp['first']:.1f} s grouped, of which the solver "
                      f"programs' {cs['solver programs (XLA)']:.1f} s and {cg['solver programs (XLA)']:.1f} s")
+        fus = self.json["results"].get("fused")
+        if fus is not None:  # the fused program (a mesh's, an accelerator's) forced on this CPU
+            text += (f". Fused in one program (solve and refinement, what a mesh or an accelerator runs), the first "
+                     f"run takes {fus['first']:.1f} s ({ratio['fused_first_run']:.2f}×), XLA's compile "
+                     f"{fus['compile_seconds']['XLA compile']:.1f} s, the solver programs' "
+                     f"{fus['compile_seconds']['solver programs (XLA)']:.1f} s")
         return text + "."
 
     def sweep_part(self, rank: str, part: str) -> float:
@@ -148,21 +154,33 @@ def _grouped_comparison(d: dict) -> list[str]:
     mdl = d["model"]
     head = (source_line(d) + f" Device: {d.get('device', '?')}. A {mdl['blocks']}-block model, MLPs "
             f"{mdl['m']} → {mdl['H']} → {mdl['m']} at rank {mdl['rank']}, `jb.BSD()` and `jb.Refine()` defaults; "
-            f"each mode in fresh processes, {d['rounds']} alternating round(s), medians; ratio = one at a time / grouped.")
+            f"each mode in fresh processes, {d['rounds']} alternating round(s), medians; ratio = one at a time / grouped"
+            + (" (or / fused: grouped with the solve and the refinement in one program, what a mesh or an "
+               "accelerator runs, forced on this CPU)." if "fused" in d["results"] else "."))
     programs = lambda r: ", ".join(f"`{k}` × {v}" for k, v in sorted(r["solver_programs"].items()))  # noqa: E731
+    modes = [grp] + ([d["results"]["fused"]] if "fused" in d["results"] else [])
+    prefixes = ["", "fused_"][:len(modes)]
+
+    def row(name, value, ratio_key=None, ratio_of=None):
+        cells = [name, value(seq)]
+        for mode, prefix in zip(modes, prefixes):
+            cells.append(value(mode))
+            cells.append(f"{ratio[prefix + ratio_key]:.2f}×" if ratio_key else ratio_of(mode) if ratio_of else "—")
+        return cells
+
     rows = [
-        ["first run (compiles included)", f"{seq['first']:.1f} s", f"{grp['first']:.1f} s", f"{ratio['first_run']:.2f}×"],
-        ["steady run (compiled)", f"{seq['steady']:.2f} s", f"{grp['steady']:.2f} s", f"{ratio['steady_median']:.2f}×"],
-        ["XLA compiles, first run", f"{seq['compiles']:.0f}", f"{grp['compiles']:.0f}", f"{ratio['compiles']:.2f}×"],
-        ["of which the solve's and refinement's programs", programs(seq), programs(grp), "—"],
+        row("first run (compiles included)", lambda r: f"{r['first']:.1f} s", "first_run"),
+        row("steady run (compiled)", lambda r: f"{r['steady']:.2f} s", "steady_median"),
+        row("XLA compiles, first run", lambda r: f"{r['compiles']:.0f}", "compiles"),
+        row("of which the solve's and refinement's programs", programs),
         # where the first run's compile time goes (benchmarks run before this profile have none)
-        *([[f"first run: {stage}", f"{seq['compile_seconds'][stage]:.1f} s", f"{grp['compile_seconds'][stage]:.1f} s",
-            f"{seq['compile_seconds'][stage] / max(grp['compile_seconds'][stage], 1e-9):.2f}×"]
+        *([row(f"first run: {stage}", lambda r, stage=stage: f"{r['compile_seconds'][stage]:.1f} s",
+               ratio_of=lambda r, stage=stage: f"{seq['compile_seconds'][stage] / max(r['compile_seconds'][stage], 1e-9):.2f}×")
            for stage in seq["compile_seconds"]] if "compile_seconds" in seq else []),
-        ["peak resident memory", f"{seq['peak_rss_mib']:.0f} MiB", f"{grp['peak_rss_mib']:.0f} MiB",
-         f"{ratio['peak_rss']:.2f}×"],
+        row("peak resident memory", lambda r: f"{r['peak_rss_mib']:.0f} MiB", "peak_rss"),
     ]
-    return [head, "", md(["", "one block at a time", "grouped", "ratio"], rows)]
+    heads = ["", "one block at a time"] + [h for h in (["grouped", "ratio"], ["fused", "ratio"])[:len(modes)] for h in h]
+    return [head, "", md(heads, rows)]
 
 
 @table("grouped-benchmark")
