@@ -234,7 +234,7 @@ def minilm_benchmark_table() -> str:
     augmented = [r["details"] for r in d["rows"] if r["details"].get("method") == "bsd-aug"]
     kept = sorted({x["sweep_kept"] for x in augmented if x.get("sweep_kept") is not None})
     if augmented and kept == [0]:
-        out += ["", "Every augmented row, at every MLP, keeps sweep 0: no sweep improves on the warm start on the "
+        out += ["", "Every augmented row keeps sweep 0: no sweep improves on the warm start on the "
                 "held-out tokens, so each augmented decoupling is the pruned MLP written as a decoupling (with the "
                 "constant inner basis at r ≥ 384, the r-unit pruned MLP itself), its sweeps discarded."]
     if every:
