@@ -11,11 +11,18 @@ medians with the minima beside them; today's decoupling once after a warm-up bui
 - ``prune``: ``jb.Prune()``;
 - ``bsd``: today's ``jb.BSD()`` (ν = 4 B-splines, 300 sweeps, the warm start from the pruned MLP,
   the restart chosen on held-out tokens);
-- ``bsd-aug``: ``jb.BSD`` with the augmented basis ``jb.Augmented(jb.BSpline(3, 4), "gelu")`` (the
-  model's activation beside the splines, so the warm start is the pruned MLP exactly), the best
-  iterate on the held-out selection tokens (``best_iterate=True``) and early stopping
-  (``CMTFConfig(patience=5)``), at the largest rank within the budget (one coefficient more per
-  unit: the rank giving pruning's parameter count, 764 and 305) and at today's rank (765, 306).
+- ``bsd-aug``: ``jb.BSD`` with the augmented basis ``jb.Augmented(jb.BSpline(0, 1), "gelu")`` (a
+  constant plus the model's activation per unit, 2 coefficients, so the warm start is the pruned MLP
+  exactly: at ranks of at least the output width it keeps ``r`` units and the constants carry the
+  output bias, :func:`jaxbsd.compression.methods.bsd.warm_init`), the best iterate on the held-out
+  selection tokens (``best_iterate=True``) and early stopping (``CMTFConfig(patience=5)``), at the
+  largest rank within the budget (306 and 767: 770 parameters a unit against pruning's 769) and at
+  today's rank where it differs (765);
+- ``bsd-aug`` with a larger inner basis, ``jb.BSpline(3, 4)`` (ν + 1 = 5 coefficients, budget ranks
+  305 and 764) and ``jb.BSpline(1, 2)`` (3, ranks 306 and 766), at their budget ranks: the measurement
+  behind the choice of the constant. Every coefficient per unit beyond pruning's one bias costs
+  budget rank, and a unit fewer costs more output error than the richer internal functions win back
+  in the five sweeps before the early stop (the sweeps kept are 0: none improves on the start).
 
 Every row records its seconds, its output error on the check tokens (held out from the restart
 and the iterate choices), its sweeps run and the sweep kept, and its time as multiples of
@@ -27,8 +34,8 @@ the float32 GEMM rate measured in the same run: per sweep ``V0 W0ᵀ`` and ``V1�
 (Row (f) of ``benchmarks/run.py`` uses the dense ``4·S·n·m·r``, ≈ 27× larger here; it is recorded
 as ``dense_bound_s``.) The held-out error tracking of ``bsd-aug`` is not in the bound.
 
-Then every MLP of MiniLM (the six, each on its own captured tokens) at s = 0.5: ``bsd-aug`` at the
-rank within the budget against ``prune``, output errors at the same parameter count (rows named
+Then every MLP of MiniLM (the six, each on its own captured tokens) at s = 0.5: ``bsd-aug`` (the
+constant inner basis) at the rank within the budget against ``prune``, output errors at the same parameter count (rows named
 ``every MLP``; layer 3's is the one above).
 
 Usage::
@@ -72,6 +79,10 @@ PATHS = tuple(f"bert.layers.{i}.mlp" for i in range(6))
 PATIENCE = 5
 #: interleaved timing rounds of pruning and the augmented builds
 REPEATS = 3
+#: the augmented basis's inner basis: a constant (the activation carries the rest)
+INNER = jb.BSpline(0, 1)
+#: larger inner bases measured beside it at layer 3, at their budget ranks
+COMPARED_INNERS = (jb.BSpline(3, 4), jb.BSpline(1, 2))
 
 
 def _timed(build):
@@ -81,10 +92,9 @@ def _timed(build):
     return time.perf_counter() - start, built.report()
 
 
-def augmented(activation: str) -> jb.BSD:
+def augmented(activation: str, inner: jb.Basis = INNER) -> jb.BSD:
     """The decoupling whose warm start is the pruned MLP exactly, keeping its best iterate."""
-    config = dataclasses.replace(jb.BSD().config, basis=jb.Augmented(jb.BSpline(3, 4), activation),
-                                 patience=PATIENCE)
+    config = dataclasses.replace(jb.BSD().config, basis=jb.Augmented(inner, activation), patience=PATIENCE)
     return jb.BSD(config=config, best_iterate=True)
 
 
@@ -94,12 +104,18 @@ def _site(encoder, tokens, path: str):
     return mlp, make_site(path, mlp, MLPSpec("fc1", "fc2", mlp.activation), X, Y, 256, jax.random.key(0))
 
 
+def _inner(method: jb.BSD) -> str | None:
+    """The augmented basis's inner basis, as written (``"BSpline(0, 1)"``); None for a plain basis."""
+    basis = method.config.basis
+    return f"BSpline({basis.inner.degree}, {basis.inner.dof})" if isinstance(basis, jb.Augmented) else None
+
+
 def _details(method: jb.BSD, site, rank: int, seconds: float, info: dict, peak: float, prune: dict) -> dict:
     """A decoupling's figures beside pruning's (``prune``: seconds, error, units, params)."""
     S, m, n, H = site.X.shape[0], site.m, site.n, site.hidden
     sweeps = int(info["iterations"])
     bound = sweeps * 4 * rank * H * (S + m + n) / peak
-    return {"rank": rank, "params": method.params(site, rank), "seconds": seconds, "sweeps": sweeps,
+    return {"rank": rank, "inner": _inner(method), "num_coef": method.dof, "params": method.params(site, rank), "seconds": seconds, "sweeps": sweeps,
             "sweep_kept": info.get("sweep_kept"), "stopped": info.get("stopped"),
             "output_error": info["output_error"], "matmul_bound_s": bound,
             "dense_bound_s": sweeps * 4 * S * n * m * rank / peak,
@@ -109,18 +125,24 @@ def _details(method: jb.BSD, site, rank: int, seconds: float, info: dict, peak: 
 
 def share_rows(site, mlp, share: float, peak: float) -> tuple[list[Row], dict]:
     """The rows of one share at ``site``: pruning, today's decoupling, the augmented one at its
-    budget rank and at today's rank, compiled. Pruning and the augmented builds (seconds each)
-    are timed interleaved, ``REPEATS`` rounds after a warm-up (medians, minima beside them);
-    today's decoupling (minutes) once after a warm-up build."""
+    budget rank and at today's rank, and the augmented ones with the larger inner bases at theirs,
+    compiled. Pruning and the augmented builds (seconds each) are timed interleaved, ``REPEATS``
+    rounds after a warm-up (medians, minima beside them); today's decoupling (minutes) once after a
+    warm-up build."""
     budget = (1 - share) * count_params(mlp)
     bsd, prune, aug = jb.BSD(), jb.Prune(), augmented(mlp.activation)
     k, r, r_aug = (largest_rank(meth, site, budget) for meth in (prune, bsd, aug))
     key, reports = jax.random.key(1), {}
-    cases = {"prune": (prune, k), f"bsd-aug r={r_aug}": (aug, r_aug)}
+    # name -> (method, rank, at its budget rank)
+    cases = {"prune": (prune, k, True), f"bsd-aug r={r_aug}": (aug, r_aug, True)}
     if r != r_aug:
-        cases[f"bsd-aug r={r}"] = (aug, r)
+        cases[f"bsd-aug r={r}"] = (aug, r, False)
+    for inner in COMPARED_INNERS:
+        meth = augmented(mlp.activation, inner)
+        rank = largest_rank(meth, site, budget)
+        cases[f"bsd-aug[{_inner(meth)}] r={rank}"] = (meth, rank, True)
 
-    def call(name, meth, rank):
+    def call(name, meth, rank, _budget_rank):
         def run():
             reports[name] = _timed(lambda: meth.build(site, rank, key))[1]
         return run
@@ -129,6 +151,7 @@ def share_rows(site, mlp, share: float, peak: float) -> tuple[list[Row], dict]:
     first, _ = _timed(lambda: bsd.build(site, r, key))
     seconds, reports["bsd"] = _timed(lambda: bsd.build(site, r, key))
     times["bsd"] = {"median": seconds, "min": seconds, "times": [seconds]}
+    cases["bsd"] = (bsd, r, True)
     pinfo, t_prune = reports["prune"], times["prune"]
     ref = {"seconds": t_prune["median"], "seconds_min": t_prune["min"], "output_error": pinfo["output_error"],
            "units": k, "params": prune.params(site, k)}
@@ -136,8 +159,10 @@ def share_rows(site, mlp, share: float, peak: float) -> tuple[list[Row], dict]:
     rows = [Row(name=f"pruning, {tag}: k={k}", ours=ref["seconds"], reference=None, ratio=None, target="",
                 passed=None, note=f"output error {ref['output_error']:.4f}, {ref['params']} parameters",
                 details={"share": share, "method": "prune", **ref, "times": t_prune["times"]})]
-    for name, meth, rank in [("bsd", bsd, r)] + [(n, *cases[n]) for n in cases if n != "prune"]:
-        label, t = name.split(" ")[0], times[name]
+    for name in ["bsd"] + [n for n in cases if n not in ("prune", "bsd")]:
+        meth, rank, budget_rank = cases[name]
+        label, t = name.rsplit(" r=", 1)[0], times[name]
+        method = label.split("[")[0]
         d = _details(meth, site, rank, t["median"], reports[name], peak, ref)
         rows.append(Row(
             name=f"{label} / matmul bound, {tag}: r={rank}, S={site.X.shape[0]}", ours=t["median"],
@@ -146,7 +171,7 @@ def share_rows(site, mlp, share: float, peak: float) -> tuple[list[Row], dict]:
             note=(f"{d['x_prune']:.1f}x pruning's {ref['seconds']:.2f} s (minima: {t['min'] / ref['seconds_min']:.1f}x); "
                   f"output error {d['output_error']:.4f} against pruning's {ref['output_error']:.4f} "
                   f"({d['error_vs_prune']:+.1%}); {d['sweeps']} sweeps, kept {d['sweep_kept']}, stopped: {d['stopped']}"),
-            details={"share": share, "method": label, "budget_rank": rank == (r_aug if label == "bsd-aug" else r), **d,
+            details={"share": share, "method": method, "budget_rank": budget_rank, **d,
                      "seconds_min": t["min"], "times": t["times"], "x_prune_min": t["min"] / ref["seconds_min"],
                      "seconds_first_call": first if label == "bsd" else None, "prune": ref, "hidden": H,
                      "peak_flops": peak, "S": int(site.X.shape[0]), "tokens": int(site.check_X.shape[0])}))
@@ -178,7 +203,8 @@ def every_mlp_rows(encoder, tokens, share: float, peak: float, done: dict) -> li
             target="", passed=None, unit="",
             note=f"{d['error_vs_prune']:+.2%} relative; {d['sweeps']} sweeps, kept {d['sweep_kept']}; "
                  f"{d['seconds']:.1f} s against {ref['seconds']:.2f} s",
-            details={"share": share, "path": path, "method": "bsd-aug", "rank": d["rank"], "params": d["params"],
+            details={"share": share, "path": path, "method": "bsd-aug", "inner": d["inner"], "rank": d["rank"],
+                     "params": d["params"],
                      "output_error": d["output_error"], "sweeps": d["sweeps"], "sweep_kept": d["sweep_kept"],
                      "stopped": d["stopped"], "seconds": d["seconds"], "prune": ref,
                      "error_vs_prune": d["error_vs_prune"]}))
@@ -205,7 +231,8 @@ def main(argv=None) -> int:
     for share in shares:
         got, ref = share_rows(site, mlp, share, peak)
         rows += got
-        aug = next(r.details for r in got if r.details["method"] == "bsd-aug")
+        aug = next(r.details for r in got if r.details["method"] == "bsd-aug" and r.details["inner"] == _inner(
+            augmented(mlp.activation)) and r.details["budget_rank"])
         done[share] = {PATHS[LAYER]: (aug, ref)}
     if not args.quick:
         rows += every_mlp_rows(encoder, tokens, 0.5, peak, done.get(0.5, {}))

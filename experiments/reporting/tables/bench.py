@@ -146,6 +146,7 @@ source("bench_grouped", "grouped.json", GroupedBenchmark, folder="benchmarks")
 source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
 source("bench_memory", "memory.json", Benchmark, folder="benchmarks")
+source("bench_minilm", "minilm.json", Benchmark, folder="benchmarks")
 
 
 def _grouped_comparison(d: dict) -> list[str]:
@@ -218,7 +219,7 @@ def minilm_benchmark_table() -> str:
         return "No current result committed (`python benchmarks/minilm.py`)."
     d = json.loads(path.read_text())
     label = {"prune": "pruning", "bsd": "B-splines (today)", "bsd-aug": "B-splines, augmented"}
-    rows = []
+    rows, inners = [], []
     for r in (r for r in d["rows"] if not r["name"].startswith("every MLP")):
         x = r["details"]
         if x["method"] == "prune":
@@ -226,31 +227,43 @@ def minilm_benchmark_table() -> str:
                          bench_value(x["seconds"], "s"), "1× (1×)", "—", "—", "—", f"{x['output_error']:.4f}", "—"])
             continue
         kept = "last" if x["sweep_kept"] is None else f"{x['sweep_kept']} ({x['stopped'].replace('_', ' ')})"
-        rows.append([f"{x['share']:g}", label[x["method"]], f"r = {x['rank']}", f"{x['params']:,}",
+        name = label[x["method"]] + (f", `{x['inner']}` + GELU" if x.get("inner") else "")
+        if x.get("inner") and x["inner"] not in inners:
+            inners.append(x["inner"])
+        rows.append([f"{x['share']:g}", name, f"r = {x['rank']}", f"{x['params']:,}",
                      bench_value(x["seconds"], "s"), f"{x['x_prune']:.1f}× ({x['x_prune_min']:.1f}×)",
                      bench_value(x["matmul_bound_s"], "s"),
                      f"{x['x_bound']:.1f}×", f"{x['sweeps']} / {kept}", f"{x['output_error']:.4f}",
                      f"{x['error_vs_prune']:+.1%}"])
     head = (source_line(d) + f" Device: {d.get('device', '?')}. `bert.layers.3.mlp` of all-MiniLM-L6-v2 at the same "
             "parameter budget, compiled, float32, one run: `jb.Prune()`; `jb.BSD()` (ν = 4, 300 sweeps, warm start, "
-            "held-out selection); the augmented basis `jb.Augmented(jb.BSpline(3, 4), \"gelu\")` with "
-            "`best_iterate=True` and `CMTFConfig(patience=5)`, at the rank within the budget and at today's rank. "
+            "held-out selection); the augmented basis `jb.Augmented(inner, \"gelu\")` with "
+            f"`best_iterate=True` and `CMTFConfig(patience=5)` for the inner bases {', '.join(f'`{i}`' for i in inners)}, "
+            "at the rank within the budget (and the constant one at today's rank). "
             "Pruning and the augmented builds are timed interleaved, 3 rounds after a warm-up (medians; × pruning "
             "of the minima in brackets), today's decoupling once after a warm-up build. "
             "Bound = the GEMM work of the sweeps run through the structured Jacobian at this run's GEMM rate; "
-            "sweeps = run / kept (0: the warm start, i.e. the pruned MLP of r − 1 units); output error on the "
-            "check tokens, held out from every choice.")
+            "sweeps = run / kept (0: the warm start, i.e. the pruned MLP: of r units, the constants carrying "
+            "the output bias, at r ≥ 384, the MLP's output width; of r − 1 and a constant unit below); output "
+            "error on the check tokens, held out from every choice.")
     every = [r["details"] for r in d["rows"] if r["name"].startswith("every MLP")]
     out = [head, "", md(["MLP share removed", "method", "rank", "parameters", "seconds", "× pruning (minima)", "matmul bound",
                          "× bound", "sweeps run / kept", "output error", "vs pruning"], rows)]
+    augmented = [r["details"] for r in d["rows"] if r["details"].get("method") == "bsd-aug"]
+    kept = sorted({x["sweep_kept"] for x in augmented if x.get("sweep_kept") is not None})
+    if augmented and kept == [0]:
+        out += ["", "Every augmented row keeps sweep 0: no sweep improves on the warm start on the "
+                "held-out tokens, so each augmented decoupling is the pruned MLP written as a decoupling (with the "
+                "constant inner basis at r ≥ 384, the r-unit pruned MLP itself), its sweeps discarded."]
     if every:
         erows = [[x["path"], f"r = {x['rank']} ({x['params']:,})", f"k = {x['prune']['units']} ({x['prune']['params']:,})",
                   f"{x['output_error']:.4f}", f"{x['prune']['output_error']:.4f}", f"{x['error_vs_prune']:+.2%}",
                   f"{x['sweeps']} / {x['sweep_kept']}", f"{x['seconds']:.1f} s / {x['prune']['seconds']:.2f} s"]
                  for x in every]
         worst = max(x["error_vs_prune"] for x in every)
-        out += ["", f"Every MLP at s = {every[0]['share']:g}, the augmented decoupling against pruning at the same "
-                f"parameter count (each MLP on its own captured tokens); the worst relative excess is {worst:+.2%}.", "",
+        basis = f" (`{every[0]['inner']}` + GELU)" if every[0].get("inner") else ""
+        out += ["", f"Every MLP at s = {every[0]['share']:g}, the augmented decoupling{basis} against pruning within the same "
+                f"parameter budget (each MLP on its own captured tokens); the worst relative excess is {worst:+.2%}.", "",
                 md(["MLP", "B-splines, augmented (params)", "pruning (params)", "output error (augmented)",
                     "output error (pruning)", "relative", "sweeps run / kept", "seconds (augmented / pruning)"], erows)]
     return "\n".join(out + _minilm_end_to_end())

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.solver import metrics
-from jaxbsd.solver.bases import BSpline
+from jaxbsd.solver.bases import Augmented, BSpline
 from jaxbsd.solver.cmtf import CMTFConfig, Status
 from jaxbsd.compression.methods.base import IDENTITY, Built, Method, RestartChoice, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
@@ -27,21 +27,39 @@ from jaxbsd.compression.devices import Devices, decouple_group
 from jaxbsd.compression.progress import bars_wanted
 from jaxbsd.solver.driver import check_init, decouple, problem
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
-from jaxbsd.compression.methods.warm_start import SELECTIONS, choose_restart, decoupled_from_pruned, restart_output_errors
+from jaxbsd.compression.methods.warm_start import (SELECTIONS, bias_residual, bias_tolerance, choose_restart,
+                                                   decoupled_from_pruned, restart_output_errors)
 
-__all__ = ["BSD", "DEFAULT_CONFIG", "warm_init"]
+__all__ = ["BSD", "DEFAULT_CONFIG", "exact_bias", "warm_init"]
 
 #: The solver template when none is given (the CLI's defaults: cubic splines, ν = 4, 300 sweeps).
 DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
 
 
+def exact_bias(site: Site, rank: int, basis) -> bool:
+    """Whether a rank-``rank`` warm start of ``site`` may keep ``rank`` units and carry the output
+    bias in their constants: ``basis`` is :class:`~jaxbsd.solver.bases.Augmented` with the MLP's own
+    activation (by name), and ``n ≤ rank ≤ H`` (at least the output width, so that ``b2`` is in the
+    span of the kept units' output columns generically; at most the hidden width). Whether it is
+    in that span is then checked on the pruned MLP (:func:`warm_init`)."""
+    return (isinstance(basis, Augmented) and site.spec is not None and not site.gated
+            and basis.activation == site.spec.activation and site.n <= rank <= site.hidden)
+
+
 def warm_init(site: Site, rank: int, config: CMTFConfig):
-    """The warm start of a rank-``rank`` decoupling of ``site``: its MLP pruned to ``rank − 1``
-    hidden units (fitted on the same tokens as ``method="prune"``) plus one constant internal
-    function for the output bias, written as a :class:`~jaxbsd.Decoupled` by
-    :func:`jaxbsd.compression.methods.warm_start.decoupled_from_pruned` on the solver's samples — so, before any sweep,
-    it is that pruned MLP up to the basis's approximation of the activation. At rank 1: one unit,
-    its output bias projected on its output column.
+    """The warm start of a rank-``rank`` decoupling of ``site``: its MLP pruned (fitted on the same
+    tokens as ``method="prune"``) and written as a :class:`~jaxbsd.Decoupled` by
+    :func:`jaxbsd.compression.methods.warm_start.decoupled_from_pruned` on the solver's samples — so,
+    before any sweep, it is that pruned MLP up to the basis's approximation of the activation.
+
+    * In an augmented basis with the MLP's activation at ``n ≤ rank ≤ H`` (:func:`exact_bias`):
+      pruned to ``rank`` units, the output bias carried by the internal functions' constants
+      (``c = argmin ‖K2ᵀ c − b2‖``), so the start is the rank-unit pruned MLP itself — when ``b2``
+      is in the span of ``K2``'s rows to the solve dtype's precision
+      (:func:`~jaxbsd.compression.methods.warm_start.bias_residual` at most
+      :func:`~jaxbsd.compression.methods.warm_start.bias_tolerance`); otherwise as below.
+    * Otherwise: pruned to ``rank − 1`` units, plus one constant internal function for the
+      output bias. At rank 1: one unit, its output bias projected on its output column.
 
     Returns:
       ``(Decoupled, PrunedMLP)``.
@@ -53,6 +71,10 @@ def warm_init(site: Site, rank: int, config: CMTFConfig):
     if site.spec is None or site.gated:
         raise ValueError(f"mlp_specs: a warm start prunes the two nnx.Linear layers of an MLP; {site.path!r} "
                          f"({type(site.module).__name__}) needs a two-layer MLPSpec ({site.spec_status})")
+    if exact_bias(site, rank, config.basis):
+        pruned = pruned_mlp(site, rank, regularize=False, purpose=" for a warm start")[0]
+        if bias_residual(pruned, site.X.dtype) <= bias_tolerance(site.X.dtype):
+            return decoupled_from_pruned(pruned, site.X, config.basis, rank=rank), pruned
     k = max(1, rank - 1)
     if k > site.hidden:
         raise ValueError(f"ranks[{site.path!r}] = {rank}: a warm start keeps rank - 1 = {k} hidden units, "
@@ -72,8 +94,9 @@ class BSD(Method):
       warm_start: ``True``: one more restart started from the pruned MLP (:func:`warm_init`; an
         error where that is impossible); ``False``: the random restarts alone; ``None``: the warm
         start wherever the MLP can be pruned to ``rank − 1`` units (a two-layer spec, ``rank − 1``
-        at most its hidden width), the random restarts alone elsewhere, with the reason in the
-        report (``warm_start_skipped``).
+        at most its hidden width; ``rank`` units in an augmented basis where :func:`warm_init`
+        says so), the random restarts alone elsewhere, with the reason in the report
+        (``warm_start_skipped``).
       selection: the restart kept: ``"objective"`` (the solver's training objective on the
         samples) or ``"output"`` (the relative output error on held-out calibration tokens,
         :func:`~jaxbsd.compression.sites.selection_tokens`).
