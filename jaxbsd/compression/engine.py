@@ -20,7 +20,10 @@ the tokens are obtained: a :class:`CalibrationSource` gives them, with the keys 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import gc
 import hashlib
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -44,10 +47,44 @@ from jaxbsd.compression.surgery import get_submodule, set_submodule
 from jaxbsd.models import count_params
 
 __all__ = ["CalibrationSource", "Plan", "Step", "Outcome", "PLAN", "ALLOCATIONS", "run", "execute", "site_at",
-           "execution_order", "group_key", "groups"]
+           "execution_order", "group_key", "groups", "release_host_memory", "without_tokens"]
 
 #: The stage of the planning capture (on the original model); steps are numbered from 1.
 PLAN = 0
+
+
+def _malloc_trim() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)`` (hands the heap's free pages back to the OS), or None where the C
+    library has none (macOS, musl, Windows)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
+_TRIM = _malloc_trim()
+
+
+def release_host_memory() -> None:
+    """Free what nothing refers to any more and give the freed host memory back to the OS: a
+    ``gc.collect()`` (buffers held only by reference cycles), then glibc's ``malloc_trim(0)`` where
+    the C library has it (a no-op elsewhere). Freed buffers otherwise stay in the process's heap,
+    and the resident set (what a user sees) keeps them. Called by :func:`run` after planning and
+    after each MLP (or group)."""
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM()
+
+
+def without_tokens(site: Site) -> Site:
+    """``site`` without its token arrays (sampling points, check, fit and held-out tokens): what a
+    step that captures its own tokens still reads of its planning site (the module, its spec, the
+    widths and parameter counts), so the planning capture's arrays are not held for the whole run."""
+    return dataclasses.replace(site, X=None, F=None, check_X=None, check_Y=None, fit_X=None, fit_Y=None,
+                               held_X=None, held_Y=None)
 
 
 
@@ -264,6 +301,10 @@ def run(
     rank_of, cache = budgets.plan_ranks(plan, sites, params_total,
                                         samples=lambda path, rank: source.num_samples(path, rank, PLAN),
                                         build_key=lambda path: source.keys(path, PLAN)[1], redraw=planned)
+    # The planning capture's tokens are done with (each site holds what its builds read), and so are
+    # the greedy allocation's builds at ranks not chosen: only a step's own rank can reuse one.
+    tokens = planned = None
+    cache = {(p, r): hit for (p, r), hit in cache.items() if rank_of[p] == r}
     # 3. Resume.
     run_state = None if state is None else state({
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,
@@ -272,6 +313,10 @@ def run(
         "refine": None if not refining else plan.refine.to_dict(),
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration})
     records = [] if run_state is None else run_state.load(model)
+    if plan.devices is None:  # one MLP at a time: each step captures its own tokens, but a first step that reuses these
+        keep = order[0] if source.first_step_reuses_plan and not records else None
+        sites = {p: site if p == keep else without_tokens(site) for p, site in sites.items()}
+    release_host_memory()
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
     records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
                       record=record, after_step=after_step, run_state=run_state, on_record=on_record,
@@ -364,6 +409,15 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
         if on_record is not None:
             for r in records[-len(members):]:
                 on_record(r)
+        # What this group's steps needed is done with: its sites, targets, judges and cached builds
+        # (held otherwise until the next group reassigns them, or the run's end).
+        for step, path in members:
+            sites[path] = without_tokens(sites[path])
+            references.pop(step, None)
+            judges.pop(step, None)
+            cache.pop((path, rank_of[path]), None)
+        del here, refiners, builds, built, after
+        release_host_memory()
     if plan.devices is None:
         return records
     position = {p: i for i, p in enumerate(order)}
