@@ -79,12 +79,19 @@ def release_host_memory() -> None:
         _TRIM()
 
 
+_TOKEN_FIELDS = ("X", "F", "check_X", "check_Y", "fit_X", "fit_Y", "held_X", "held_Y")
+
+
 def without_tokens(site: Site) -> Site:
-    """``site`` without its token arrays (sampling points, check, fit and held-out tokens): what a
-    step that captures its own tokens still reads of its planning site (the module, its spec, the
-    widths and parameter counts), so the planning capture's arrays are not held for the whole run."""
-    return dataclasses.replace(site, X=None, F=None, check_X=None, check_Y=None, fit_X=None, fit_Y=None,
-                               held_X=None, held_Y=None)
+    """``site`` with each token array (sampling points, check, fit and held-out tokens) replaced by
+    its shape and dtype (a :class:`jax.ShapeDtypeStruct`): what a step that captures its own tokens
+    still reads of its planning site (the module, its spec, widths, token counts and parameter
+    counts, the rank and budget arithmetic), so the planning capture's arrays are not held for the
+    whole run. Reading the values of a token array of such a site fails."""
+    def shape(a):
+        return None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+    return dataclasses.replace(site, **{f: shape(getattr(site, f)) for f in _TOKEN_FIELDS})
 
 
 
@@ -291,7 +298,17 @@ def run(
     calibration = calibration_digest(tokens) if state is not None else None
     # Each MLP's site with S samples of its planning tokens (this validates every path first).
     planned = lambda path, S: site_at(model, plan, source, path, PLAN, S, tokens[path])  # noqa: E731
-    sites = {p: planned(p, source.num_samples(p, None, PLAN)) for p in plan.paths}
+    # One MLP at a time, a step captures its own tokens (but a first step that reuses these), and
+    # the ranks are priced on shapes alone (but the greedy allocation's candidates, built on the
+    # planning tokens): each MLP's planning tokens and site arrays go as soon as its site is drawn.
+    lean = plan.devices is None and not (plan.reduction is not None and plan.allocation == "greedy")
+    keep = order[0] if source.first_step_reuses_plan else None
+    sites = {}
+    for p in plan.paths:
+        sites[p] = planned(p, source.num_samples(p, None, PLAN))
+        if lean and p != keep:
+            sites[p] = without_tokens(sites[p])
+            del tokens[p]
     for p in plan.paths:
         method.check_site(sites[p])
     # Judges see the original model's outputs, before any replacement or resumed state.
@@ -314,7 +331,7 @@ def run(
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration})
     records = [] if run_state is None else run_state.load(model)
     if plan.devices is None:  # one MLP at a time: each step captures its own tokens, but a first step that reuses these
-        keep = order[0] if source.first_step_reuses_plan and not records else None
+        keep = keep if not records else None
         sites = {p: site if p == keep else without_tokens(site) for p, site in sites.items()}
     release_host_memory()
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
