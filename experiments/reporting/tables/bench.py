@@ -140,6 +140,7 @@ source("bench_grouped", "grouped.json", GroupedBenchmark, folder="benchmarks")
 source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
 source("bench_memory", "memory.json", Benchmark, folder="benchmarks")
+source("bench_scale", "scale.json", Benchmark, folder="benchmarks")
 
 
 def _grouped_comparison(d: dict) -> list[str]:
