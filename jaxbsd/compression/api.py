@@ -138,14 +138,20 @@ def _check_finite(what: str, value) -> None:
 class BatchCalibration:
     """The :class:`CalibrationSource` of :func:`compress_model`: one calibration batch (or a
     callable running the forward pass) for every stage, and per MLP the keys
-    ``fold_in(fold_in(key, i), 0)`` (draw) and ``fold_in(fold_in(key, i), 1)`` (build)."""
+    ``fold_in(fold_in(key, i), 0)`` (draw) and ``fold_in(fold_in(key, i), 1)`` (build).
+
+    ``keep_outputs``: keep the planning capture's outputs of each MLP until :meth:`reference` asks
+    for them (the refinement's ``"consistent"`` target; handed over, not kept twice); ``False``
+    where nothing will ask, so the planning outputs die with the planning."""
 
     first_step_reuses_plan = True
 
-    def __init__(self, calibration, paths: Sequence[str], key: jax.Array, num_samples: int | None):
+    def __init__(self, calibration, paths: Sequence[str], key: jax.Array, num_samples: int | None, *,
+                 keep_outputs: bool = True):
         self.calibration = calibration
         self.samples = num_samples
         self.site_keys = {p: jax.random.fold_in(key, i) for i, p in enumerate(paths)}
+        self.keep_outputs = keep_outputs
         self._reference = None
         self._outputs: dict[str, jax.Array] = {}
 
@@ -155,7 +161,8 @@ class BatchCalibration:
             for path, (X, Y) in tokens.items():
                 _check_finite(f"the inputs of {path!r} in the forward pass", X)
                 _check_finite(f"the outputs of {path!r} in the forward pass", Y)
-                self._outputs.setdefault(path, Y)  # the original model's outputs ("consistent" target)
+                if self.keep_outputs:
+                    self._outputs.setdefault(path, Y)  # the original model's outputs ("consistent" target)
         return tokens, order
 
     def keys(self, path, stage):
@@ -170,9 +177,9 @@ class BatchCalibration:
         return self.calibration, self._reference
 
     def reference(self, model, path, stage):
-        if path not in self._outputs:  # every stage sees the same batch: capture once
-            self._outputs[path] = self.capture(model, [path], stage)[0][path][1]
-        return self._outputs[path]
+        if path in self._outputs:  # every stage sees the same batch: the planning capture's, handed over
+            return self._outputs.pop(path)
+        return self.capture(model, [path], stage)[0][path][1]
 
 
 def _distiller(calibration, distill: Distill, mlps: Sequence[str], key: jax.Array):
@@ -382,7 +389,8 @@ def compress_model(
                 devices=devices, distill=None if distill is None else _distiller(calibration, distill, mlps, key))
     # The capture runs on one device whatever the mesh (split over devices, programs of other shapes
     # round otherwise, and the decoupling and refinement amplify it: the model would depend on the count).
-    source = BatchCalibration(calibration, mlps, key, method.num_samples)
+    consistent = refine is not None and refine.steps > 0 and refine.target == "consistent"
+    source = BatchCalibration(calibration, mlps, key, method.num_samples, keep_outputs=consistent)
     after_step = (lambda model, path, step: execution.finetune(model)) if execution.finetune is not None else None
     with listener(execution.progress) as progress:
         outcome = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,

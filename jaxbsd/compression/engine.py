@@ -20,7 +20,10 @@ the tokens are obtained: a :class:`CalibrationSource` gives them, with the keys 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import gc
 import hashlib
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -44,10 +47,51 @@ from jaxbsd.compression.surgery import get_submodule, set_submodule
 from jaxbsd.models import count_params
 
 __all__ = ["CalibrationSource", "Plan", "Step", "Outcome", "PLAN", "ALLOCATIONS", "run", "execute", "site_at",
-           "execution_order", "group_key", "groups"]
+           "execution_order", "group_key", "groups", "release_host_memory", "without_tokens"]
 
 #: The stage of the planning capture (on the original model); steps are numbered from 1.
 PLAN = 0
+
+
+def _malloc_trim() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)`` (hands the heap's free pages back to the OS), or None where the C
+    library has none (macOS, musl, Windows)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
+_TRIM = _malloc_trim()
+
+
+def release_host_memory() -> None:
+    """Free what nothing refers to any more and give the freed host memory back to the OS: a
+    ``gc.collect()`` (buffers held only by reference cycles), then glibc's ``malloc_trim(0)`` where
+    the C library has it (a no-op elsewhere). Freed buffers otherwise stay in the process's heap,
+    and the resident set (what a user sees) keeps them. Called by :func:`run` after planning and
+    after each MLP (or group)."""
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM()
+
+
+_TOKEN_FIELDS = ("X", "F", "check_X", "check_Y", "fit_X", "fit_Y", "held_X", "held_Y")
+
+
+def without_tokens(site: Site) -> Site:
+    """``site`` with each token array (sampling points, check, fit and held-out tokens) replaced by
+    its shape and dtype (a :class:`jax.ShapeDtypeStruct`): what a step that captures its own tokens
+    still reads of its planning site (the module, its spec, widths, token counts and parameter
+    counts, the rank and budget arithmetic), so the planning capture's arrays are not held for the
+    whole run. Reading the values of a token array of such a site fails."""
+    def shape(a):
+        return None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+    return dataclasses.replace(site, **{f: shape(getattr(site, f)) for f in _TOKEN_FIELDS})
 
 
 
@@ -254,7 +298,17 @@ def run(
     calibration = calibration_digest(tokens) if state is not None else None
     # Each MLP's site with S samples of its planning tokens (this validates every path first).
     planned = lambda path, S: site_at(model, plan, source, path, PLAN, S, tokens[path])  # noqa: E731
-    sites = {p: planned(p, source.num_samples(p, None, PLAN)) for p in plan.paths}
+    # One MLP at a time, a step captures its own tokens (but a first step that reuses these), and
+    # the ranks are priced on shapes alone (but the greedy allocation's candidates, built on the
+    # planning tokens): each MLP's planning tokens and site arrays go as soon as its site is drawn.
+    lean = plan.devices is None and not (plan.reduction is not None and plan.allocation == "greedy")
+    keep = order[0] if source.first_step_reuses_plan else None
+    sites = {}
+    for p in plan.paths:
+        sites[p] = planned(p, source.num_samples(p, None, PLAN))
+        if lean and p != keep:
+            sites[p] = without_tokens(sites[p])
+            del tokens[p]
     for p in plan.paths:
         method.check_site(sites[p])
     # Judges see the original model's outputs, before any replacement or resumed state.
@@ -264,6 +318,10 @@ def run(
     rank_of, cache = budgets.plan_ranks(plan, sites, params_total,
                                         samples=lambda path, rank: source.num_samples(path, rank, PLAN),
                                         build_key=lambda path: source.keys(path, PLAN)[1], redraw=planned)
+    # The planning capture's tokens are done with (each site holds what its builds read), and so are
+    # the greedy allocation's builds at ranks not chosen: only a step's own rank can reuse one.
+    tokens = planned = None
+    cache = {(p, r): hit for (p, r), hit in cache.items() if rank_of[p] == r}
     # 3. Resume.
     run_state = None if state is None else state({
         "method": method.to_dict(), "paths": list(plan.paths), "reduction": plan.reduction,
@@ -272,6 +330,10 @@ def run(
         "refine": None if not refining else plan.refine.to_dict(),
         "specs": {p: sites[p].spec_status for p in plan.paths}, "calibration": calibration})
     records = [] if run_state is None else run_state.load(model)
+    if plan.devices is None:  # one MLP at a time: each step captures its own tokens, but a first step that reuses these
+        keep = keep if not records else None
+        sites = {p: site if p == keep else without_tokens(site) for p, site in sites.items()}
+    release_host_memory()
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
     records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
                       record=record, after_step=after_step, run_state=run_state, on_record=on_record,
@@ -364,6 +426,15 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
         if on_record is not None:
             for r in records[-len(members):]:
                 on_record(r)
+        # What this group's steps needed is done with: its sites, targets, judges and cached builds
+        # (held otherwise until the next group reassigns them, or the run's end).
+        for step, path in members:
+            sites[path] = without_tokens(sites[path])
+            references.pop(step, None)
+            judges.pop(step, None)
+            cache.pop((path, rank_of[path]), None)
+        del here, refiners, builds, built, after
+        release_host_memory()
     if plan.devices is None:
         return records
     position = {p: i for i, p in enumerate(order)}

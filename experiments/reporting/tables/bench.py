@@ -147,6 +147,7 @@ source("bench_gpu", "results_gpu.json", Benchmark, folder="benchmarks")
 source("bench_refine", "refine.json", Benchmark, folder="benchmarks")
 source("bench_memory", "memory.json", Benchmark, folder="benchmarks")
 source("bench_minilm", "minilm.json", Benchmark, folder="benchmarks")
+source("bench_scale", "scale.json", Benchmark, folder="benchmarks")
 
 
 def _grouped_comparison(d: dict) -> list[str]:

@@ -1,0 +1,103 @@
+"""Peak memory of one block: a run one MLP at a time holds one step's tokens, not every MLP's.
+
+Oracle: ``jax.live_arrays()`` (every buffer JAX holds alive), counted at the start of each step by
+the number of calibration-token rows: the planning capture records every MLP's inputs and outputs,
+and each planning site gathers its check and held-out tokens; a run that kept them all would hold
+several such arrays per MLP until the end.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import jaxbsd as jb
+from jaxbsd.compression import engine
+from jaxbsd.compression.api import BatchCalibration
+from jaxbsd.compression.engine import Plan
+from jaxbsd.models.layers import MLP
+
+BLOCKS, WINDOWS, T, WIDTH = 6, 8, 37, 8
+N = WINDOWS * T  # 296 calibration tokens: above the 256 sampling points, so those are not counted
+
+
+class _Block(nnx.Module):
+    def __init__(self, d, h, rngs):
+        self.norm = nnx.LayerNorm(d, rngs=rngs)
+        self.mlp = MLP(d, h, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class _Six(nnx.Module):
+    def __init__(self, rngs):
+        self.blocks = nnx.List([_Block(WIDTH, 16, rngs) for _ in range(BLOCKS)])
+
+    def __call__(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _token_arrays(rows: set[int]) -> int:
+    gc.collect()
+    return sum(1 for a in jax.live_arrays() if a.ndim == 2 and a.shape[0] in rows)
+
+
+def _compress(refine, rows: set[int]) -> tuple[list[int], int]:
+    """The token arrays alive at the start of each step, and after the run."""
+    x = jax.random.normal(jax.random.key(1), (WINDOWS, T, WIDTH), jnp.float64)
+    at_start = []
+
+    def progress(event):
+        if event.kind == "start":
+            at_start.append(_token_arrays(rows))
+
+    model, _ = jb.compress_model(_Six(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=None, method="prune",
+                                 reduction=0.3, refine=refine, execution=jb.Execution(progress=progress))
+    del model, x
+    return at_start, _token_arrays(rows)
+
+
+def test_a_run_without_refinement_holds_only_the_first_steps_planning_site():
+    # No tokens are reserved: a site's check tokens are all N. Step 1 reuses its planning site (its
+    # check inputs and outputs: 2 arrays); every later step captures its own, after the last was let go.
+    at_start, after = _compress(None, {N})
+    assert len(at_start) == BLOCKS
+    assert at_start[0] <= 2 and at_start[1:] == [0] * (BLOCKS - 1), at_start
+    assert after == 0
+
+
+def test_a_refined_run_holds_the_consistent_targets_of_the_steps_to_come_and_nothing_else():
+    refine = jb.Refine(steps=5)
+    R = Plan.reserved_tokens(refine, N)
+    at_start, after = _compress(refine, {N, N - R, R})
+    # Step k: the original model's outputs of the MLPs not yet compressed (the "consistent" target,
+    # one array each), and at step 1 its planning site's check and held-out inputs and outputs.
+    assert at_start[0] <= BLOCKS + 4, at_start
+    assert at_start[1:] == [BLOCKS - k for k in range(1, BLOCKS)], at_start
+    assert after == 0
+
+
+@pytest.mark.parametrize("target", ["local", "consistent"])
+def test_the_batch_source_keeps_planning_outputs_only_for_the_consistent_target(target):
+    x = jax.random.normal(jax.random.key(1), (2, 5, WIDTH), jnp.float64)
+    model = _Six(nnx.Rngs(0))
+    paths = [f"blocks.{i}.mlp" for i in range(BLOCKS)]
+    source = BatchCalibration(x, paths, jax.random.key(0), None, keep_outputs=target == "consistent")
+    tokens, _ = source.capture(model, paths, engine.PLAN)
+    assert len(source._outputs) == (BLOCKS if target == "consistent" else 0)
+    Y = source.reference(model, paths[0], 1)  # handed over (or captured again): the same values either way
+    assert bool(jnp.array_equal(Y, tokens[paths[0]][1]))
+    assert paths[0] not in source._outputs
+
+
+def test_release_host_memory_runs_where_the_c_library_has_no_malloc_trim(monkeypatch):
+    engine.release_host_memory()
+    monkeypatch.setattr(engine, "_TRIM", None)
+    engine.release_host_memory()  # a gc.collect() alone
