@@ -15,13 +15,14 @@ import jax
 import numpy as np
 import pytest
 from bert_reference import WORDS, write_tiny_bert
+from residual_stack import ResidualStack
 from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd import evaluation
 from jaxbsd.compression import refine
 from jaxbsd.models import bert as B
-from jaxbsd.models.layers import MLP
+
 
 
 class _Compiles(logging.Handler):
@@ -84,23 +85,8 @@ def test_a_second_load_compress_and_evaluate_compiles_nothing_but_the_capture(tm
     assert rss[-1] - rss[1] < 20, rss  # MB over two iterations: a program kept per call measured more
 
 
-class _Block(nnx.Module):
-    def __init__(self, d, h, rngs):
-        self.norm = nnx.LayerNorm(d, rngs=rngs)
-        self.mlp = MLP(d, h, rngs=rngs)
-
-    def __call__(self, x):
-        return x + self.mlp(self.norm(x))
-
-
-class _Twelve(nnx.Module):
-    def __init__(self, rngs):
-        self.blocks = nnx.List([_Block(8, 16, rngs) for _ in range(12)])
-
-    def __call__(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
+def _Twelve(rngs):
+    return ResidualStack(12, 8, 16, rngs)
 
 
 @pytest.mark.slow  # twelve MLPs one at a time, refined: ~30 s on CI's CPU

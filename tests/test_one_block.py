@@ -19,29 +19,14 @@ import jaxbsd as jb
 from jaxbsd.compression import engine
 from jaxbsd.compression.api import BatchCalibration
 from jaxbsd.compression.engine import Plan
-from jaxbsd.models.layers import MLP
+from residual_stack import ResidualStack
 
 BLOCKS, WINDOWS, T, WIDTH = 6, 8, 37, 8
 N = WINDOWS * T  # 296 calibration tokens: above the 256 sampling points, so those are not counted
 
 
-class _Block(nnx.Module):
-    def __init__(self, d, h, rngs):
-        self.norm = nnx.LayerNorm(d, rngs=rngs)
-        self.mlp = MLP(d, h, rngs=rngs)
-
-    def __call__(self, x):
-        return x + self.mlp(self.norm(x))
-
-
-class _Six(nnx.Module):
-    def __init__(self, rngs):
-        self.blocks = nnx.List([_Block(WIDTH, 16, rngs) for _ in range(BLOCKS)])
-
-    def __call__(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
+def _Six(rngs):
+    return ResidualStack(BLOCKS, WIDTH, 16, rngs)
 
 
 def _token_arrays(rows: set[int]) -> int:
