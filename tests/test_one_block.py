@@ -34,7 +34,7 @@ def _token_arrays(rows: set[int]) -> int:
     return sum(1 for a in jax.live_arrays() if a.ndim == 2 and a.shape[0] in rows)
 
 
-def _compress(refine, rows: set[int]) -> tuple[list[int], int]:
+def _compress(refine, rows: set[int], allocation: str = "uniform") -> tuple[list[int], int]:
     """The token arrays alive at the start of each step, and after the run."""
     x = jax.random.normal(jax.random.key(1), (WINDOWS, T, WIDTH), jnp.float64)
     at_start = []
@@ -44,7 +44,8 @@ def _compress(refine, rows: set[int]) -> tuple[list[int], int]:
             at_start.append(_token_arrays(rows))
 
     model, _ = jb.compress_model(_Six(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=None, method="prune",
-                                 reduction=0.3, refine=refine, execution=jb.Execution(progress=progress))
+                                 reduction=0.3, refine=refine, allocation=allocation,
+                                 execution=jb.Execution(progress=progress))
     del model, x
     return at_start, _token_arrays(rows)
 
@@ -66,6 +67,15 @@ def test_a_refined_run_holds_the_consistent_targets_of_the_steps_to_come_and_not
     # one array each), and at step 1 its planning site's check and held-out inputs and outputs.
     assert at_start[0] <= BLOCKS + 4, at_start
     assert at_start[1:] == [BLOCKS - k for k in range(1, BLOCKS)], at_start
+    assert after == 0
+
+
+def test_a_greedy_run_lets_the_planning_sites_go_once_the_ranks_are_chosen():
+    # The greedy allocation builds its candidates on the planning tokens. Once the ranks are chosen,
+    # each step still to come keeps only its build at its chosen rank (which it reuses: 2 token
+    # arrays), not its planning site's arrays; each goes as its step is done.
+    at_start, after = _compress(None, {N}, allocation="greedy")
+    assert at_start == [2 * (BLOCKS - k) for k in range(BLOCKS)], at_start
     assert after == 0
 
 
