@@ -21,11 +21,11 @@ from jaxbsd.compression.api import BatchCalibration
 from jaxbsd.compression.engine import Plan
 from residual_stack import ResidualStack
 
-BLOCKS, WINDOWS, T, WIDTH = 6, 8, 37, 8
+BLOCKS, WINDOWS, T, WIDTH = 4, 8, 37, 8
 N = WINDOWS * T  # 296 calibration tokens: above the 256 sampling points, so those are not counted
 
 
-def _Six(rngs):
+def _stack(rngs):
     return ResidualStack(BLOCKS, WIDTH, 16, rngs)
 
 
@@ -43,7 +43,7 @@ def _compress(refine, rows: set[int], allocation: str = "uniform") -> tuple[list
         if event.kind == "start":
             at_start.append(_token_arrays(rows))
 
-    model, _ = jb.compress_model(_Six(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=None, method="prune",
+    model, _ = jb.compress_model(_stack(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=None, method="prune",
                                  reduction=0.3, refine=refine, allocation=allocation,
                                  execution=jb.Execution(progress=progress))
     del model, x
@@ -82,7 +82,7 @@ def test_a_greedy_run_lets_the_planning_sites_go_once_the_ranks_are_chosen():
 @pytest.mark.parametrize("target", ["local", "consistent"])
 def test_the_batch_source_keeps_planning_outputs_only_for_the_consistent_target(target):
     x = jax.random.normal(jax.random.key(1), (2, 5, WIDTH), jnp.float64)
-    model = _Six(nnx.Rngs(0))
+    model = _stack(nnx.Rngs(0))
     paths = [f"blocks.{i}.mlp" for i in range(BLOCKS)]
     source = BatchCalibration(x, paths, jax.random.key(0), None, keep_outputs=target == "consistent")
     tokens, _ = source.capture(model, paths, engine.PLAN)
