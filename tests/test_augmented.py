@@ -449,3 +449,31 @@ def test_augmented_bsd_is_within_one_percent_of_pruning_at_the_same_budget():
     # Today's start at the same rank: the (r − 1)-unit pruned MLP, measurably worse than pruning.
     fewer = prune.build(site, r - 1, key).module
     assert error(fewer) > 1.05 * error(pruned.module)
+
+
+def test_the_warm_start_alone_is_never_worse_than_the_pruned_mlp_it_starts_from():
+    """``jb.BSD(restarts=0, best_iterate=True)``: no random restart, the warm start's own loop, so
+    one restart whose selection-token error is at most the start's (the pruned MLP: the iterate 0
+    it may keep). Where ``warm_start=None`` finds no warm start (no spec), one random restart."""
+    from jaxbsd.compression.methods.bsd import warm_init
+    from jaxbsd.compression.sites import make_site, selection_tokens
+
+    d, H, r = 6, 24, 8
+    ffn = _FFN(d, H, 3)
+    site = _ffn_site(ffn, d, N=1200, S=120, seed=4)
+    config = jb.CMTFConfig(rank=1, basis=jb.Augmented(jb.BSpline(3, 4), "gelu"), max_iter=12, tol=0.0, patience=3)
+    built = jb.BSD(config=config, restarts=0, best_iterate=True).build(site, r, jax.random.key(0))
+    info = built.report()
+    assert info["restart_warm"] and len(info["restart_output_errors"]) == 1
+    X, Y, _ = selection_tokens(site)
+    start = warm_init(site, r, config.replace(rank=r))[0]
+    assert info["output_error_heldout"] <= _relative(start(X), Y) * (1 + 1e-9)
+    X_all = jax.random.normal(jax.random.key(1), (400, d), jnp.float64)
+    bare = make_site("ffn", ffn, None, X_all, ffn(X_all), 120, jax.random.key(2))
+    fallback = jb.BSD(config=config, restarts=0).build(bare, 3, jax.random.key(0)).report()
+    assert not fallback["restart_warm"] and len(fallback["restart_output_errors"]) == 1
+    assert "MLPSpec" in fallback["warm_start_skipped"]
+    with pytest.raises(ValueError, match="restarts=0 solves the warm start alone"):
+        jb.BSD(restarts=0, warm_start=False)
+    with pytest.raises(ValueError, match="restarts must be an int >= 0"):
+        jb.BSD(restarts=-1)

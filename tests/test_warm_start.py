@@ -97,6 +97,21 @@ def test_random_restarts_are_unchanged_by_a_warm_start(batch):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[:2])
 
 
+def test_the_warm_start_alone_is_the_warm_restart_beside_random_ones():
+    """``restarts=0`` with ``init`` runs the warm start's loop alone: every leaf of its one
+    restart equals the warm restart (index 1) of ``restarts=1``, and that restart is the result."""
+    J, F, X, model, _ = planted()
+    config = jb.CMTFConfig(rank=2, basis=BASIS, max_iter=4, mu_w=1.0, mu_c=1.0)  # sweeps that move away
+    both = jb.decouple(J, F, X, config, key=jax.random.key(5), restarts=1, init=model)
+    alone = jb.decouple(J, F, X, config, key=jax.random.key(5), restarts=0, init=model)
+    assert alone.restarts.objective.shape == (1,) and int(alone.best_restart) == 0
+    for a, b in zip(jax.tree_util.tree_leaves(alone.restarts), jax.tree_util.tree_leaves(both.restarts)):
+        np.testing.assert_array_equal(np.asarray(a)[0], np.asarray(b)[1])
+    np.testing.assert_array_equal(np.asarray(alone.model.W0), np.asarray(both.restart_model(1).W0))
+    with pytest.raises(ValueError, match=r"restarts must be an int >= 1 \(or 0 with init"):
+        jb.decouple(J, F, X, config, key=jax.random.key(5), restarts=0)
+
+
 def test_solve_takes_the_warm_state():
     J, F, X, model, _ = planted()
     problem = jb.solver.problem(J, F, X)

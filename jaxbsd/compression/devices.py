@@ -206,9 +206,9 @@ def solve_block(block, shared, *, restarts: int, batch: str) -> DecouplingResult
     :func:`jaxbsd.decouple` compiles for one problem, without the progress hook."""
     key_data, problem, init = block
     config = shared
-    keys = jax.random.split(jax.random.wrap_key_data(key_data), restarts)
+    keys = driver.restart_keys(jax.random.wrap_key_data(key_data), restarts)
     return driver.decouple_compiled(keys, problem, config, jnp.int32(0), jnp.int32(0), init, batch=batch,
-                                     report=False)
+                                     report=False, warm_only=restarts == 0)
 
 
 def decouple_group(problems: list[Problem], config: CMTFConfig, keys: list[jax.Array], inits: list[Decoupled] | None,
@@ -220,7 +220,7 @@ def decouple_group(problems: list[Problem], config: CMTFConfig, keys: list[jax.A
       config: the solver configuration (one rank for all).
       keys: one key per problem, exactly the key :func:`jaxbsd.decouple` would get for it.
       inits: one warm start per problem (validated, in the problems' dtype), or None.
-      restarts: random restarts per problem.
+      restarts: random restarts per problem (0: the warm starts alone; ``inits`` must then be given).
       devices: where the program runs.
 
     Returns:

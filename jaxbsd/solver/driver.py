@@ -211,7 +211,7 @@ def restart_batching(batch: str | None, restarts: int) -> str:
         batch = "vmap"
     if batch not in ("vmap", "map"):
         raise ValueError(f"batch must be 'vmap', 'map' or None, got {batch!r}")
-    return "map" if restarts == 1 else batch
+    return "map" if restarts <= 1 else batch
 
 
 # --------------------------------------------------------------------------- progress
@@ -265,10 +265,12 @@ def _stack_warm(runs: Any, warm: Any) -> Any:
     return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]]), runs, warm)
 
 
-def _run_map(keys, problem, config, channel, every, warm=None, report=True, heldout=None) -> cmtf.RestartResult:
+def _run_map(keys, problem, config, channel, every, warm=None, report=True, heldout=None,
+             warm_only=False) -> cmtf.RestartResult:
     """Restarts one after the other (``lax.map``); each restart's loop reports itself (unless
     ``report`` is False: no progress hook in the program at all). A warm start (``warm``, a
-    :class:`~jaxbsd.solver.cmtf.SolverState`) runs after the random restarts."""
+    :class:`~jaxbsd.solver.cmtf.SolverState`) runs after the random restarts; ``warm_only``: it
+    alone (``keys``' one key is then unused), the same loop as the warm restart beside random ones."""
 
     def hook(index):
         return (lambda loop: _hook(channel, every, index, loop.it, loop)) if report else None
@@ -277,11 +279,14 @@ def _run_map(keys, problem, config, channel, every, warm=None, report=True, held
         index, key = args
         return cmtf.solve(key, problem, config, on_sweep=hook(index), heldout=heldout)
 
-    runs = jax.lax.map(one, (jnp.arange(keys.shape[0]), keys))
+    random = 0 if warm_only else keys.shape[0]
+    runs = None if warm_only else jax.lax.map(one, (jnp.arange(random), keys))
     if warm is None:
         return runs
-    warm_run = cmtf.solve(keys[0], problem, config, init=warm, on_sweep=hook(jnp.asarray(keys.shape[0])),
+    warm_run = cmtf.solve(keys[0], problem, config, init=warm, on_sweep=hook(jnp.asarray(random)),
                           heldout=heldout)
+    if runs is None:
+        return jax.tree_util.tree_map(lambda a: a[None], warm_run)
     return _stack_warm(runs, warm_run)
 
 
@@ -311,13 +316,24 @@ def _run_vmap(keys, problem, config, channel, every, warm=None, report=True, hel
     return over(cmtf.finish)(loops, problem, config)
 
 
+def restart_keys(key: jax.Array, restarts: int) -> jax.Array:
+    """The keys a solve of ``restarts`` random restarts is given: restart ``k`` uses
+    ``jax.random.split(key, restarts)[k]``. With none (``restarts=0``: the warm start alone) one
+    key, which the warm start's loop is handed but never uses."""
+    return jax.random.split(key, max(restarts, 1))
+
+
 def decouple_compiled(keys, problem, config, channel, every, init=None, heldout=None, *, batch: str,
-                       report: bool = True) -> DecouplingResult:
+                       report: bool = True, warm_only: bool = False) -> DecouplingResult:
     """The whole solve of one problem. ``report=False`` leaves the progress hook out of the
     program (a group of blocks vmaps this function: a batched hook would call the host every
-    sweep); the numbers are the same either way. ``heldout``: a :class:`~jaxbsd.solver.cmtf.HeldOut`."""
-    run = _run_vmap if batch == "vmap" else _run_map
+    sweep); the numbers are the same either way. ``heldout``: a :class:`~jaxbsd.solver.cmtf.HeldOut`.
+    ``warm_only``: no random restart, the warm start ``init`` alone (``keys``: :func:`restart_keys`
+    of 0)."""
     warm = None if init is None else cmtf.warm_state(problem, config, init)
+    if warm_only:
+        return cmtf.select_best(_run_map(keys, problem, config, channel, every, warm, report, heldout, True), config)
+    run = _run_vmap if batch == "vmap" else _run_map
     return cmtf.select_best(run(keys, problem, config, channel, every, warm, report, heldout), config)
 
 
@@ -325,7 +341,7 @@ def decouple_compiled(keys, problem, config, channel, every, init=None, heldout=
 #: is asked for, else without it. A program holding a host callback is never written to JAX's
 #: persistent compilation cache, so the hook-free one is what a later process (a rerun, a test
 #: worker, a study's next unit) loads from the cache instead of compiling the solver again.
-_decouple_jit = jax.jit(decouple_compiled, static_argnames=("batch", "report"))
+_decouple_jit = jax.jit(decouple_compiled, static_argnames=("batch", "report", "warm_only"))
 
 
 def _reporter(progress: bool | ProgressCallback, restarts: int, config: CMTFConfig, batch: str):
@@ -415,7 +431,8 @@ def decouple(
       X: ``(S, m)`` sampling points.
       config: a :class:`~jaxbsd.CMTFConfig`.
       key: a ``jax.random`` key; restart ``k`` uses ``jax.random.split(key, restarts)[k]``.
-      restarts: number of random restarts, run together in one compiled program.
+      restarts: number of random restarts, run together in one compiled program; 0 with ``init``:
+        the warm start alone (the same loop, bit for bit, as its restart beside random ones).
       progress: ``True`` shows a progress bar with the best Error(𝒥) and Error(F); a callable
         is called as ``progress(iteration, error_J, error_F)`` with per-restart
         ``(restarts,)`` arrays (NaN for restarts not begun yet). The report is an
@@ -452,8 +469,8 @@ def decouple(
     """
     if not isinstance(config, CMTFConfig):
         raise ValueError(f"config must be a CMTFConfig, got {type(config).__name__}")
-    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 1:
-        raise ValueError(f"restarts must be an int >= 1, got {restarts!r}")
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < (0 if init is not None else 1):
+        raise ValueError(f"restarts must be an int >= 1 (or 0 with init: the warm start alone), got {restarts!r}")
     if progress_every is not None and (not isinstance(progress_every, int) or progress_every < 1):
         raise ValueError(f"progress_every must be a positive int, got {progress_every!r}")
     prob = problem(J, F, X)
@@ -466,15 +483,17 @@ def decouple(
     if heldout is not None:
         heldout = check_heldout(heldout, prob)
     batch = restart_batching(batch, restarts)
-    keys, prob = _place(jax.random.split(key, restarts), prob, shard)
+    warm_only = restarts == 0
+    keys, prob = _place(restart_keys(key, restarts), prob, shard)
     every = (progress_every or max(1, config.max_iter // 20)) if progress else 0
     if not progress:
         return _decouple_jit(keys, prob, config, jnp.int32(0), jnp.int32(0), init, heldout, batch=batch,
-                             report=False)
+                             report=False, warm_only=warm_only)
     report, close = _reporter(progress, restarts + (init is not None), config, batch)
     try:
         with reporting(report) as channel:
             return jax.block_until_ready(
-                _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, heldout, batch=batch))
+                _decouple_jit(keys, prob, config, jnp.int32(channel), jnp.int32(every), init, heldout, batch=batch,
+                              warm_only=warm_only))
     finally:
         close()

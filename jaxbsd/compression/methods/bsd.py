@@ -90,7 +90,11 @@ class BSD(Method):
 
     Attributes:
       config: the solver template (basis, λ, sweeps…); its rank is replaced per MLP.
-      restarts: random restarts, solved as one batched program.
+      restarts: random restarts, solved as one batched program; 0: the warm start alone (a
+        ``warm_start`` of ``True`` or ``None``; where ``None`` finds no warm start, one random
+        restart instead, the reason in ``warm_start_skipped``). With ``best_iterate`` that is the
+        cheapest solve that can never end worse, on the selection tokens, than the pruned MLP it
+        starts from.
       warm_start: ``True``: one more restart started from the pruned MLP (:func:`warm_init`; an
         error where that is impossible); ``False``: the random restarts alone; ``None``: the warm
         start wherever the MLP can be pruned to ``rank − 1`` units (a two-layer spec, ``rank − 1``
@@ -121,10 +125,13 @@ class BSD(Method):
         super().__post_init__()
         if not isinstance(self.config, CMTFConfig):
             raise ValueError(f"config must be a jaxbsd.CMTFConfig, got {type(self.config).__name__}")
-        if isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 1:
-            raise ValueError(f"restarts must be a positive int, got {self.restarts!r}")
+        if isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 0:
+            raise ValueError(f"restarts must be an int >= 0, got {self.restarts!r}")
         if self.warm_start is not None and not isinstance(self.warm_start, bool):
             raise ValueError(f"warm_start must be True, False or None, got {self.warm_start!r}")
+        if self.restarts == 0 and self.warm_start is False:
+            raise ValueError("restarts=0 solves the warm start alone; it needs warm_start=True or None, "
+                             "got warm_start=False")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if not isinstance(self.best_iterate, bool):
@@ -151,6 +158,11 @@ class BSD(Method):
             raise ValueError(f"{name}: {site.path!r} gets S = {S} sampling points from {tokens} calibration tokens, "
                              f"but a decoupling needs at least the basis's {self.dof} coefficients; calibrate on "
                              f"more tokens, sample more, or use a smaller basis")
+
+    def random_restarts(self, init) -> int:
+        """The random restarts beside the warm start ``init`` (None: none was built): ``restarts``,
+        but one where ``restarts=0`` finds no warm start to solve alone."""
+        return self.restarts if init is not None else max(self.restarts, 1)
 
     def _init(self, site: Site, rank: int, config: CMTFConfig) -> tuple[Any, str | None]:
         """``(warm start or None, why it was skipped or None)``."""
@@ -198,8 +210,8 @@ class BSD(Method):
         # restarts over the devices reorders the reductions, whose rounding the sweeps amplify: the
         # model would depend on the device count. Devices serve a grouped run's blocks instead.
         heldout = selection_tokens(site)[:2] if self.best_iterate else None
-        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.restarts, init=init, shard=None,
-                       progress=bars_wanted(), heldout=heldout)  # the sweeps' bar of Execution(progress=True)
+        res = decouple(jac, site.F, site.X, config, key=key, restarts=self.random_restarts(init), init=init,
+                       shard=None, progress=bars_wanted(), heldout=heldout)  # the bar of Execution(progress=True)
         return self.finish(site, res, init is not None, kind, skipped, start)
 
     def group_inputs(self, sites, ranks) -> tuple[list, list, list]:
@@ -230,7 +242,8 @@ class BSD(Method):
         for members in buckets.values():
             solved = decouple_group([problems[i] for i in members], preps[members[0]][2], [keys[i] for i in members],
                                     None if inits[members[0]] is None else [inits[i] for i in members],
-                                    restarts=self.restarts, devices=devices if devices is not None else Devices())
+                                    restarts=self.random_restarts(inits[members[0]]),
+                                    devices=devices if devices is not None else Devices())
             results.update(zip(members, solved))
         seconds = (time.perf_counter() - start) / len(sites)
         builds = []
