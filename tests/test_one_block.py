@@ -9,9 +9,11 @@ several such arrays per MLP until the end.
 from __future__ import annotations
 
 import gc
+import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -19,6 +21,7 @@ import jaxbsd as jb
 from jaxbsd.compression import engine
 from jaxbsd.compression.api import BatchCalibration
 from jaxbsd.compression.engine import Plan
+from jaxbsd.compression.surgery import unfed_by
 from residual_stack import ResidualStack
 
 BLOCKS, WINDOWS, T, WIDTH = 4, 8, 37, 8
@@ -96,3 +99,74 @@ def test_release_host_memory_runs_where_the_c_library_has_no_malloc_trim(monkeyp
     engine.release_host_memory()
     monkeypatch.setattr(engine, "_TRIM", None)
     engine.release_host_memory()  # a gc.collect() alone
+
+
+# --------------------------------------------------------------------------- one forward pass back to front
+
+
+def _counted_run(monkeypatch, *, order="back-to-front", finetune=None, recapture=False):
+    """The compressed model's leaves and the number of captures, with (``recapture``) every step
+    made to capture its own tokens, as the engine did before planning tokens were set aside."""
+    calls = []
+    original = BatchCalibration.capture
+
+    def capture(self, model, paths, stage):
+        calls.append(stage)
+        return original(self, model, paths, stage)
+
+    monkeypatch.setattr(BatchCalibration, "capture", capture)
+    if recapture:
+        monkeypatch.setattr(engine, "unfed_by", lambda *a: False)
+    x = jax.random.normal(jax.random.key(1), (WINDOWS, T, WIDTH), jnp.float64)
+    model, report = jb.compress_model(_stack(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=None, method="prune",
+                                      reduction=0.3, refine=jb.Refine(steps=5),
+                                      execution=jb.Execution(order=order, finetune=finetune))
+    monkeypatch.undo()
+    return jax.tree_util.tree_leaves(nnx.state(model)), calls, report
+
+
+def test_back_to_front_captures_once_and_gives_what_a_capture_a_step_gives(monkeypatch):
+    """Back to front no replacement feeds the MLPs still to come: the planning capture is the only
+    one (a capture a step before), and the model is the one a capture a step gives."""
+    leaves, calls, report = _counted_run(monkeypatch)
+    again, recaptured, _ = _counted_run(monkeypatch, recapture=True)
+    assert calls == [engine.PLAN] and len(recaptured) == BLOCKS  # planning, then steps 2..BLOCKS
+    assert len(report.mlps) == BLOCKS
+    for a, b in zip(leaves, again):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("case", ["front-to-back", "finetune"])
+def test_a_step_fed_by_a_replacement_captures_its_own_tokens(monkeypatch, case):
+    """Front to back every replacement feeds the MLPs after it, and fine-tuning changes every one:
+    each step after the first captures again."""
+    kwargs = {"order": "front-to-back"} if case == "front-to-back" else {"finetune": lambda model: None}
+    _, calls, _ = _counted_run(monkeypatch, **kwargs)
+    assert len(calls) == BLOCKS and calls[0] == engine.PLAN and engine.PLAN not in calls[1:], calls
+
+
+@pytest.mark.parametrize("sequence, path, replaced, expected", [
+    (["a", "b", "c"], "a", ["c", "b"], True),      # back to front
+    (["a", "b", "c"], "b", ["a"], False),          # front to back: a feeds b
+    (["a", "b", "a"], "b", ["a"], False),          # a module called again after b
+    (["a", "b", "c", "b"], "a", ["b"], True),
+    (["a", "b", "c", "b"], "b", ["c"], False),     # c runs between b's calls
+    (["a", "b"], "x", [], False),                  # never called
+    (["a", "b"], "a", ["x"], False),               # a replacement never seen
+])
+def test_unfed_by_reads_the_call_sequence(sequence, path, replaced, expected):
+    assert unfed_by(sequence, path, replaced) is expected
+
+
+def test_spilled_tokens_come_back_as_they_went_and_leave_no_file():
+    store = engine.SpilledTokens()
+    X, Y = np.arange(12.0).reshape(4, 3), np.arange(8, dtype=np.float32).reshape(4, 2)
+    store.put("mlp", (jnp.asarray(X), jnp.asarray(Y)))
+    folder = store._dir.name
+    assert "mlp" in store and os.listdir(folder)
+    back = store.take("mlp")
+    assert "mlp" not in store and not os.listdir(folder)
+    np.testing.assert_array_equal(np.asarray(back[0]), X)
+    assert back[1].dtype == jnp.float32
+    store.close()
+    assert not os.path.exists(folder)

@@ -10,6 +10,7 @@ them all before anything compiles, then hands the algorithm to :func:`jaxbsd.com
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Callable, Mapping, Sequence
@@ -154,9 +155,12 @@ class BatchCalibration:
         self.keep_outputs = keep_outputs
         self._reference = None
         self._outputs: dict[str, jax.Array] = {}
+        self.plan_sequence: list[str] = []  # every call's path in the planning capture's forward pass
 
     def capture(self, model, paths, stage):
-        tokens, order = _on_calibration(capture_calls, model, self.calibration, paths)
+        sequence = self.plan_sequence if stage == PLAN else None
+        tokens, order = _on_calibration(functools.partial(capture_calls, sequence=sequence), model, self.calibration,
+                                        paths)
         if stage == PLAN:  # checked once, on the original model (later stages see the same batch)
             for path, (X, Y) in tokens.items():
                 _check_finite(f"the inputs of {path!r} in the forward pass", X)

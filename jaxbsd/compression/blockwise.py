@@ -179,6 +179,7 @@ class BlockCalibration:
     """
 
     first_step_reuses_plan = False
+    plan_sequence = None  # each stage draws its own images, with its own keys: a step captures its own tokens
 
     def __init__(self, images: np.ndarray, config: "CompressionConfig", key: jax.Array, *, eval_batch_size: int):
         self.images, self.config, self.key = images, config, key

@@ -9,7 +9,8 @@ run over a data set, fine-tuning after each step):
 2. plan the ranks: explicit, or from the budget ``(1 − ρ)·P`` shared uniformly or greedily
    (:func:`jaxbsd.compression.budget.plan_ranks`), priced by the method;
 3. resume after the last finished MLP of a saved state, if any;
-4. for each MLP (or group) in order (:func:`execute`): capture again on the current model, build the
+4. for each MLP (or group) in order (:func:`execute`): capture again on the current model (or take
+   its planning tokens, set aside on disk, where no earlier replacement feeds it), build the
    replacement with the method (:func:`jaxbsd.compression.grouped.build`), refine it
    (:mod:`jaxbsd.compression.refine`), put it in place, run the caller's step (fine-tuning), save the state;
 5. the plan's distillation of the whole model, if any (``Plan.distill``); the :class:`Outcome`.
@@ -25,6 +26,8 @@ import ctypes.util
 import dataclasses
 import gc
 import hashlib
+import os
+import tempfile
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -43,7 +46,7 @@ from jaxbsd.compression.refine import Refine, refine_stage, reported, site_refin
 from jaxbsd.compression.sites import Site, make_site
 from jaxbsd.compression.specs import choose_spec
 from jaxbsd.compression.state import RunState
-from jaxbsd.compression.surgery import get_submodule, set_submodule
+from jaxbsd.compression.surgery import get_submodule, set_submodule, unfed_by
 from jaxbsd.models import count_params
 
 __all__ = ["CalibrationSource", "Plan", "Step", "Outcome", "PLAN", "ALLOCATIONS", "run", "execute", "site_at",
@@ -95,6 +98,42 @@ def without_tokens(site: Site) -> Site:
 
 
 
+class SpilledTokens:
+    """Planning tokens set aside on disk until their step (``.npy`` files in a temporary directory,
+    removed by :meth:`close`): a step whose MLP no earlier replacement feeds takes them instead of
+    capturing again, so the run holds one MLP's tokens in host memory and makes one forward pass,
+    not one a step."""
+
+    def __init__(self):
+        self._dir = None
+        self._paths: dict[str, tuple[str, str]] = {}
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._paths
+
+    def put(self, path: str, tokens: tuple) -> None:
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="jaxbsd-tokens-")
+        files = tuple(os.path.join(self._dir.name, f"{len(self._paths)}-{name}.npy") for name in ("X", "Y"))
+        for file, a in zip(files, tokens):
+            np.save(file, np.asarray(a))
+        self._paths[path] = files
+
+    def take(self, path: str) -> tuple[jax.Array, jax.Array]:
+        """``(X_all, Y_all)`` of ``path`` as captured at planning (its files removed)."""
+        arrays = []
+        for file in self._paths.pop(path):
+            arrays.append(jax.device_put(np.load(file)))  # device_put: jnp.asarray compiles a copy per shape
+            os.remove(file)
+        return tuple(arrays)
+
+    def close(self) -> None:
+        self._paths.clear()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
 class CalibrationSource(Protocol):
     """Where the engine's tokens, keys and judges come from.
 
@@ -105,6 +144,11 @@ class CalibrationSource(Protocol):
     #: Whether step 1 sees exactly the planning tokens (same inputs, same keys): its site is
     #: then the planning site, not a second capture.
     first_step_reuses_plan: bool
+    #: Where every stage captures the planning batch with the planning keys: the path of every call
+    #: of the planning capture's forward pass, in order (filled by :meth:`capture` at :data:`PLAN`),
+    #: from which a step whose MLP no replacement before it feeds takes its planning tokens
+    #: (:func:`jaxbsd.compression.surgery.unfed_by`); None: every step captures its own.
+    plan_sequence: list[str] | None
 
     def capture(self, model: nnx.Module, paths: Sequence[str], stage: int) -> tuple[dict, list[str]]:
         """``({path: (X (N, m), Y (N, n))}, paths in order of their first call)``."""
@@ -303,11 +347,18 @@ def run(
     # planning tokens): each MLP's planning tokens and site arrays go as soon as its site is drawn.
     lean = plan.devices is None and not (plan.reduction is not None and plan.allocation == "greedy")
     keep = order[0] if source.first_step_reuses_plan else None
+    # Back to front through a feed-forward model no replacement before an MLP's step feeds its
+    # inputs, and without fine-tuning nothing else changes them: its planning tokens are what its
+    # step would capture, set aside on disk until then (one forward pass for the run, not one a step).
+    sequence = source.plan_sequence if after_step is None else None
+    spilled = SpilledTokens()
     sites = {}
     for p in plan.paths:
         sites[p] = planned(p, source.num_samples(p, None, PLAN))
         if lean and p != keep:
             sites[p] = without_tokens(sites[p])
+            if sequence and unfed_by(sequence, p, order[:order.index(p)]):
+                spilled.put(p, tokens[p])
             del tokens[p]
     for p in plan.paths:
         method.check_site(sites[p])
@@ -335,9 +386,12 @@ def run(
         sites = {p: site if p == keep else without_tokens(site) for p, site in sites.items()}
     release_host_memory()
     # 4. The replacements, group by group: one MLP a group when they run one at a time.
-    records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
-                      record=record, after_step=after_step, run_state=run_state, on_record=on_record,
-                      progress=progress)
+    try:
+        records = execute(model, plan, source, order, sites, rank_of, cache, judges, references, records,
+                          record=record, after_step=after_step, run_state=run_state, on_record=on_record,
+                          progress=progress, spilled=spilled)
+    finally:
+        spilled.close()
     distilled = distill(model) if distill is not None else None  # the whole model, after the last replacement
     return Outcome(model=model, records=records, params_before=params_total, params_after=count_params(model),
                    distill=distilled)
@@ -365,7 +419,8 @@ def groups(todo: list[tuple[int, str]], sites: dict[str, Site], rank_of: dict[st
 
 
 def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, references, records, *,
-            record, after_step=None, run_state=None, on_record=None, progress=None) -> list[dict]:
+            record, after_step=None, run_state=None, on_record=None, progress=None,
+            spilled: SpilledTokens | None = None) -> list[dict]:
     """The one compression loop: the MLPs of ``order`` not in ``records`` (a resumed state's), group by
     group (:func:`groups` where ``plan.devices`` is given, one MLP a group otherwise); each group's
     sites, replacements (:func:`jaxbsd.compression.grouped.build`), refinement and report
@@ -375,7 +430,8 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
 
     One MLP at a time (``plan.devices`` None), each MLP's tokens are captured again on the current
     model (earlier replacements and fine-tuning change what it sees), but for step 1 of a source whose
-    first step sees the planning tokens; grouped, every MLP's site is the planning capture's (the
+    first step sees the planning tokens, and for the MLPs whose planning tokens ``spilled`` holds (no
+    earlier replacement feeds them); grouped, every MLP's site is the planning capture's (the
     MLPs are independent: none is fed by another replaced before it)."""
     method = plan.method
     refining = plan.refine is not None and plan.refine.steps > 0
@@ -402,7 +458,8 @@ def execute(model, plan: Plan, source, order, sites, rank_of, cache, judges, ref
             (step, path), = members
             if not (step == 1 and source.first_step_reuses_plan and not resumed):
                 here[path] = site_at(model, plan, source, path, step,
-                                     source.num_samples(path, method.sample_rank(rank_of[path]), step))
+                                     source.num_samples(path, method.sample_rank(rank_of[path]), step),
+                                     spilled.take(path) if spilled is not None and path in spilled else None)
         refiners = {step: site_refiner(plan.refine, here[path], references.get(step),
                                        jax.random.fold_in(build_key(path, step), 2))
                     if refining else None for step, path in members}

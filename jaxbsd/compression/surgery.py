@@ -72,8 +72,9 @@ def set_submodule(model: nnx.Module, path: str, module: nnx.Module) -> None:
 class _Sink:
     """Plain Python storage for recorded calls (a static attribute to NNX, never traced)."""
 
-    def __init__(self, path: str, order: list[str]):
+    def __init__(self, path: str, order: list[str], sequence: list[str] | None = None):
         self.path, self.order, self.calls = path, order, []
+        self.sequence = sequence  # every recorded call's path, in call order (shared by the sinks), or None
         self.tracing = False  # inside capture's own compiled forward pass: tracers are expected
 
     def record(self, x, y, extra: bool) -> None:
@@ -82,6 +83,8 @@ class _Sink:
                              "capture needs the model's forward pass to run eagerly")
         if self.path not in self.order:
             self.order.append(self.path)
+        if self.sequence is not None:
+            self.sequence.append(self.path)
         self.calls.append((x, y, extra))
 
 
@@ -146,18 +149,22 @@ def _recording_forward(model: nnx.Module, calibration, sinks: dict[str, _Sink], 
         order.clear()
         for sink in sinks.values():
             sink.calls = []
+            if sink.sequence is not None:
+                sink.sequence.clear()
         forward(model, batch)
         return
     for p, sink in sinks.items():
         sink.calls = [(x, y, extra) for (x, y), (_, _, extra) in zip(recorded[p], sink.calls)]
 
 
-def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple[dict[str, tuple[jax.Array, jax.Array]], list[str]]:
+def capture_calls(model: nnx.Module, calibration, paths: Sequence[str], *, sequence: list[str] | None = None
+                  ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], list[str]]:
     """Inputs and outputs of the submodules at ``paths`` during one eval-mode forward pass.
 
     Each submodule is replaced by a recording wrapper for the duration of ``model(calibration)``
     (or ``calibration(model)`` if ``calibration`` is callable), then put back; the model's
-    train/eval flags are restored afterwards.
+    train/eval flags are restored afterwards. ``sequence``, if given, is filled with the path of
+    every call in the order the forward pass makes them (:func:`unfed_by`).
 
     Returns:
       ``(tokens, order)``: ``tokens[path] = (X, Y)`` with ``X (N, m)`` the flattened inputs and
@@ -171,7 +178,9 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple
     originals = {p: get_submodule(model, p) for p in paths}
     flags = mode_flags(model)
     order: list[str] = []
-    sinks = {p: _Sink(p, order) for p in paths}
+    sinks = {p: _Sink(p, order, sequence) for p in paths}
+    if sequence is not None:
+        sequence.clear()
     try:
         for p in paths:
             set_submodule(model, p, _Recorder(originals[p], sinks[p]))
@@ -203,6 +212,19 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str]) -> tuple
         tokens[p] = (jnp.concatenate(xs), jnp.concatenate(ys))
     return tokens, order
 
+
+
+def unfed_by(sequence: Sequence[str], path: str, replaced: Sequence[str]) -> bool:
+    """Whether replacing the modules at ``replaced`` leaves the inputs of ``path`` as they were,
+    read off ``sequence`` (every call's path in the order of a forward pass, :func:`capture_calls`):
+    each of them is first called after the last call of ``path``, so nothing it computes comes
+    before any input of ``path`` (back to front through a feed-forward model; not for a module
+    called again later, or a replacement called earlier). For a deterministic forward pass (eval
+    mode): what runs before a module's first call cannot depend on what it computes."""
+    if path not in sequence:
+        return False
+    last = len(sequence) - 1 - list(reversed(sequence)).index(path)
+    return all(q in sequence and sequence.index(q) > last for q in replaced)
 
 
 def capture_tokenwise(model: nnx.Module, calibration, paths: Sequence[str]
