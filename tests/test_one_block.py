@@ -133,7 +133,7 @@ def test_back_to_front_captures_once_and_gives_what_a_capture_a_step_gives(monke
     assert calls == [engine.PLAN] and len(recaptured) == BLOCKS  # planning, then steps 2..BLOCKS
     assert len(report.mlps) == BLOCKS
     for a, b in zip(leaves, again):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)  # bit-equal here
 
 
 @pytest.mark.parametrize("case", ["front-to-back", "finetune"])
