@@ -48,7 +48,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import sys
 import time
@@ -66,6 +65,7 @@ from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.methods.base import largest_rank  # noqa: E402
+from jaxbsd.compression.methods.bsd import augmented as augmented_bsd  # noqa: E402
 from jaxbsd.compression.sites import make_site  # noqa: E402
 from jaxbsd.compression.specs import MLPSpec  # noqa: E402
 from jaxbsd.compression.surgery import capture_calls  # noqa: E402
@@ -94,10 +94,9 @@ def _timed(build):
 
 
 def augmented(activation: str, inner: jb.Basis = INNER) -> jb.BSD:
-    """The decoupling whose warm start is the pruned MLP exactly, keeping its best iterate: the warm
-    start's loop alone (``restarts=0``; a random restart beside it never won here, and doubled the time)."""
-    config = dataclasses.replace(jb.BSD().config, basis=jb.Augmented(inner, activation), patience=PATIENCE)
-    return jb.BSD(config=config, restarts=0, best_iterate=True)
+    """The decoupling whose warm start is the pruned MLP exactly, keeping its best iterate, the warm
+    start's loop alone (:func:`jaxbsd.compression.methods.bsd.augmented`)."""
+    return augmented_bsd(activation, inner, patience=PATIENCE)
 
 
 def _site(encoder, tokens, path: str):

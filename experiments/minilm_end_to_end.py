@@ -6,8 +6,9 @@ reduction ``ρ = s · P_mlp / P`` as in ``experiments/minilm.py``), refined (``j
 default), calibrated on 32 windows of 128 tokens of the Python docs' calibration files (seed 0), by
 
 - ``prune``: ``jb.Prune()``;
-- ``bsd-aug``: ``jb.BSD`` with ``jb.Augmented(jb.BSpline(3, 4), "gelu")``, ``best_iterate=True`` and
-  ``CMTFConfig(patience=5)`` (the benchmark's, ``benchmarks/minilm.py``).
+- ``bsd-aug``: :func:`jaxbsd.compression.methods.bsd.augmented` of ``"gelu"``: ``jb.BSD`` with
+  ``jb.Augmented(jb.BSpline(0, 1), "gelu")``, the warm start alone (``restarts=0``),
+  ``best_iterate=True`` and ``CMTFConfig(patience=5)`` (the benchmark's, ``benchmarks/minilm.py``).
 
 Each unit runs in this one process in the order given, compiles included (a fresh process pays
 them as well), and records its wall seconds, the seconds per MLP, the sweeps kept, the output
@@ -24,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import pathlib
 import sys
@@ -36,29 +36,19 @@ import jaxbsd as jb
 from jaxbsd import evaluation
 from jaxbsd.data import load_docs_corpus, minilm_dir
 from jaxbsd.models import bert as B
+from jaxbsd.compression.methods.bsd import augmented
 from jaxbsd.models import count_params
 
 from checkout import RESULTS
 from minilm import FULL, QUICK, evaluation_set
 from output import Timer, command_line, machine, write_json
 
-#: sweeps without a better held-out iterate before the augmented solve stops (as in benchmarks/minilm.py)
-PATIENCE = 5
-
-
-def augmented(activation: str) -> jb.BSD:
-    """The decoupling whose warm start is the pruned MLP exactly, keeping its best iterate."""
-    config = dataclasses.replace(jb.BSD().config, basis=jb.Augmented(jb.BSpline(3, 4), activation),
-                                 patience=PATIENCE)
-    return jb.BSD(config=config, best_iterate=True)
-
-
 def unit(name: str, share: float, original, ids, reference, passages, pairs) -> dict:
     """One refined compression of the six MLPs by ``name`` at ``share``: its wall seconds and measures."""
     P = count_params(original)
     P_mlp = sum(count_params(original.bert.layers[i].mlp) for i in range(6))
     rho = share * P_mlp / P
-    method = jb.Prune() if name == "prune" else augmented("gelu")
+    method = jb.Prune() if name == "prune" else augmented("gelu")  # BSpline(0, 1) + GELU, the benchmark's
     encoder, mask = B.from_pretrained(minilm_dir()), np.ones_like(ids)
     load_start, t = os.getloadavg()[0], Timer()
     encoder, report = jb.compress_model(encoder, lambda m: m(ids, mask), mlps=None, reduction=rho, method=method,

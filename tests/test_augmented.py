@@ -477,3 +477,12 @@ def test_the_warm_start_alone_is_never_worse_than_the_pruned_mlp_it_starts_from(
         jb.BSD(restarts=0, warm_start=False)
     with pytest.raises(ValueError, match="restarts must be an int >= 0"):
         jb.BSD(restarts=-1)
+
+
+def test_the_recipe_that_contains_pruning():
+    from jaxbsd.compression.methods.bsd import augmented
+
+    method = augmented("silu")
+    assert method.restarts == 0 and method.best_iterate and method.config.patience == 5
+    assert method.config.basis == jb.Augmented(jb.BSpline(0, 1), "silu") and method.dof == 2
+    assert augmented("gelu", jb.BSpline(3, 4), patience=2).config.basis.num_coef == 5

@@ -30,7 +30,7 @@ from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.compression.methods.warm_start import (SELECTIONS, bias_residual, bias_tolerance, choose_restart,
                                                    decoupled_from_pruned, restart_output_errors)
 
-__all__ = ["BSD", "DEFAULT_CONFIG", "exact_bias", "warm_init"]
+__all__ = ["BSD", "DEFAULT_CONFIG", "augmented", "exact_bias", "warm_init"]
 
 #: The solver template when none is given (the CLI's defaults: cubic splines, ν = 4, 300 sweeps).
 DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
@@ -251,6 +251,18 @@ class BSD(Method):
             built = self.finish(site, results[i], inits[i] is not None, prep[1], prep[4], time.perf_counter())
             builds.append(built.replace(seconds=built.seconds + seconds))  # the group's solve, shared evenly
         return builds
+
+
+def augmented(activation: str, inner=BSpline(0, 1), *, patience: int = 5) -> BSD:
+    """The decoupling that contains the pruned MLP it starts from: the basis
+    ``Augmented(inner, activation)`` (``activation``: the MLP's own, by name), the warm start
+    alone (``restarts=0``), the iterate of lowest error on the selection tokens kept
+    (``best_iterate``, the warm start's sweep 0 included), stopped after ``patience`` sweeps without
+    a better one; the other settings :data:`DEFAULT_CONFIG`'s. The constant inner basis (the
+    default) costs one coefficient a unit more than pruning's bias, so at a budget it keeps
+    pruning's units (``benchmarks/minilm.py`` measures the larger ones beside it)."""
+    config = dataclasses.replace(DEFAULT_CONFIG, basis=Augmented(inner, activation), patience=patience)
+    return BSD(config=config, restarts=0, best_iterate=True)
 
 
 def sampling_notes(site: Site, rank: int) -> str | None:
