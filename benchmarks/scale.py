@@ -13,7 +13,9 @@ reduction=0.25)`` on 64 windows of 128 random token ids, once with the default r
 (``jb.Refine()``) and once without (``refine=None``). Each case runs in a fresh process (so it
 compiles from cold and its peak memory is its own): the call's wall time, the process's wall
 time (imports and the model's construction included) and its peak resident memory
-(``ru_maxrss``), with the per-MLP build and refinement seconds of the report. Targets (issue 59):
+(``ru_maxrss``), with the per-MLP build and refinement seconds of the report, the planning's seconds
+(capture, sites, ranks: until the first step starts) and the resident set sampled every 0.25 s, its
+peak during the planning and during the steps. Targets (issue 59):
 BERT-base refined at most 300 s and 3 GB, the decoder at most 600 s and 5 GB.
 
 Usage::
@@ -78,6 +80,8 @@ def worker(spec: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from benchmarks.memory import _Sampler  # (benchmarks.common turns x64 on: before the line below)
+
     jax.config.update("jax_enable_x64", False)  # what a user's run has
     import jaxbsd as jb
     from jaxbsd.models import count_params
@@ -89,10 +93,19 @@ def worker(spec: dict) -> dict:
     ids = jax.random.randint(jax.random.key(1), (windows, tokens), 0, vocab)
     mask = jnp.ones_like(ids)
     built = time.perf_counter()
-    model, report = jb.compress_model(model, lambda m: m(ids, mask), key=jax.random.key(0), mlps=None,
-                                      method="prune", reduction=REDUCTION,
-                                      refine=jb.Refine() if spec["refine"] else None)
+    first_step = []
+    with _Sampler(every=0.25) as sampler:
+        def progress(event):
+            sampler.progress(event)
+            if event.kind == "start" and not first_step:
+                first_step.append(time.perf_counter() - built)
+
+        model, report = jb.compress_model(model, lambda m: m(ids, mask), key=jax.random.key(0), mlps=None,
+                                          method="prune", reduction=REDUCTION,
+                                          refine=jb.Refine() if spec["refine"] else None,
+                                          execution=jb.Execution(progress=progress))
     call = time.perf_counter() - built
+    peaks = sampler.peaks()
     mlps = report.to_dict()["mlps"]
     return {"params": params, "params_after": count_params(model), "mlps": len(mlps),
             "rank": sorted({m["rank"] for m in mlps}), "seconds_call": call,
@@ -100,7 +113,11 @@ def worker(spec: dict) -> dict:
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
             "seconds_per_mlp": [m["seconds"] for m in mlps],
             "seconds_refine_per_mlp": [(m.get("refine") or {}).get("seconds") for m in mlps],
-            "output_error_max": max(m["output_error"] for m in mlps)}
+            "output_error_max": max(m["output_error"] for m in mlps),
+            # the planning (capture, sites, ranks) until the first step starts, and the sampled peak of each stage
+            "seconds_planning": first_step[0] if first_step else None,
+            "peak_rss_gb_planning": peaks.get("planning", 0.0) / 1e3,
+            "peak_rss_gb_steps": max([v for k, v in peaks.items() if k != "planning"] or [0.0]) / 1e3}
 
 
 def _run_case(name: str, spec: dict, refine: bool, quick: bool) -> dict:
@@ -135,7 +152,9 @@ def main(argv=None) -> int:
                 name=f"prune rho={REDUCTION}, {name} ({r['params'] / 1e6:.0f} M), {'refined' if refine else 'not refined'}",
                 ours=r["seconds_call"], reference=None, ratio=None,
                 target=f"<= {seconds:.0f} s and {gb:g} GB" if refine else "", passed=passed,
-                note=f"peak RSS {r['peak_rss_gb']:.2f} GB; {r['mlps']} MLPs, {r['seconds_process']:.0f} s in all",
+                note=(f"peak RSS {r['peak_rss_gb']:.2f} GB (sampled: planning {r['peak_rss_gb_planning']:.2f}, steps "
+                      f"{r['peak_rss_gb_steps']:.2f}); {r['mlps']} MLPs, planning {r['seconds_planning']:.0f} s, "
+                      f"{r['seconds_process']:.0f} s in all"),
                 details={"model": name, "refine": refine, **r,
                          "windows": list(QUICK_WINDOWS if args.quick else (WINDOWS, TOKENS))}))
             print(format_table(rows[-1:]), flush=True)
