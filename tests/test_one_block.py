@@ -170,3 +170,23 @@ def test_spilled_tokens_come_back_as_they_went_and_leave_no_file():
     assert back[1].dtype == jnp.float32
     store.close()
     assert not os.path.exists(folder)
+
+
+def test_with_mlps_found_by_discovery_the_run_makes_one_forward_pass(monkeypatch):
+    """``mlps=None``: the discovery's recording forward pass is the planning capture, and back to front
+    no step captures again: one forward pass for the whole run, the same model as with ``mlps`` given."""
+    from jaxbsd.compression import surgery
+
+    passes = []
+    original = surgery._recording_forward
+    monkeypatch.setattr(surgery, "_recording_forward", lambda *a: (passes.append(1), original(*a))[1])
+    x = jax.random.normal(jax.random.key(1), (WINDOWS, T, WIDTH), jnp.float64)
+    found, report = jb.compress_model(_stack(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=None, method="prune",
+                                      reduction=0.3, refine=jb.Refine(steps=5))
+    assert len(passes) == 1 and len(report.mlps) == BLOCKS
+    monkeypatch.undo()
+    paths = [p for p, why in report.discovered.items() if why.startswith("chosen")]  # model order: the keys' order
+    given, _ = jb.compress_model(_stack(nnx.Rngs(0)), x, key=jax.random.key(0), mlps=paths,
+                                 method="prune", reduction=0.3, refine=jb.Refine(steps=5))
+    for a, b in zip(jax.tree_util.tree_leaves(nnx.state(found)), jax.tree_util.tree_leaves(nnx.state(given))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)  # bit-equal here

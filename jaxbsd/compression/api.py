@@ -143,12 +143,14 @@ class BatchCalibration:
 
     ``keep_outputs``: keep the planning capture's outputs of each MLP until :meth:`reference` asks
     for them (the refinement's ``"consistent"`` target; handed over, not kept twice); ``False``
-    where nothing will ask, so the planning outputs die with the planning."""
+    where nothing will ask, so the planning outputs die with the planning. ``recorded``: what
+    :func:`~jaxbsd.compression.specs.discover_mlps` recorded of ``paths`` on this batch (its
+    ``keep``): the planning capture, with no forward pass of its own."""
 
     first_step_reuses_plan = True
 
     def __init__(self, calibration, paths: Sequence[str], key: jax.Array, num_samples: int | None, *,
-                 keep_outputs: bool = True):
+                 keep_outputs: bool = True, recorded: dict | None = None):
         self.calibration = calibration
         self.samples = num_samples
         self.site_keys = {p: jax.random.fold_in(key, i) for i, p in enumerate(paths)}
@@ -156,11 +158,18 @@ class BatchCalibration:
         self._reference = None
         self._outputs: dict[str, jax.Array] = {}
         self.plan_sequence: list[str] = []  # every call's path in the planning capture's forward pass
+        # The discovery's forward pass on this batch (its tokens, order, sequence): the planning capture, once.
+        self._recorded = recorded
 
     def capture(self, model, paths, stage):
         sequence = self.plan_sequence if stage == PLAN else None
-        tokens, order = _on_calibration(functools.partial(capture_calls, sequence=sequence), model, self.calibration,
-                                        paths)
+        recorded, self._recorded = (self._recorded, None) if stage == PLAN else (None, self._recorded)
+        if recorded is not None and set(recorded["tokens"]) == set(paths):  # mlps=None: recorded by the discovery
+            tokens, order = {p: recorded["tokens"][p] for p in paths}, recorded["order"]
+            self.plan_sequence[:] = recorded["sequence"]
+        else:
+            tokens, order = _on_calibration(functools.partial(capture_calls, sequence=sequence), model,
+                                            self.calibration, paths)
         if stage == PLAN:  # checked once, on the original model (later stages see the same batch)
             for path, (X, Y) in tokens.items():
                 _check_finite(f"the inputs of {path!r} in the forward pass", X)
@@ -246,10 +255,10 @@ def _validate(mlps, reduction, ranks, allocation, order, mlp_specs) -> list[str]
     return mlps
 
 
-def _discover(model, calibration) -> tuple[list[str], dict[str, str]]:
+def _discover(model, calibration, keep: dict | None = None) -> tuple[list[str], dict[str, str]]:
     """``mlps=None``: every submodule recognised as an MLP on the calibration, and why each candidate
-    was chosen or not (``ValueError`` if none is)."""
-    mlps, discovered = _on_calibration(discover_mlps, model, calibration)
+    was chosen or not (``ValueError`` if none is); ``keep``: :func:`discover_mlps`'."""
+    mlps, discovered = _on_calibration(functools.partial(discover_mlps, keep=keep), model, calibration)
     if not mlps:
         why = "; ".join(f"{p}: {s}" for p, s in discovered.items()) or "no submodule has 2 or 3 nnx.Linear"
         raise ValueError(f"mlps=None: no submodule of {type(model).__name__} is recognised as an MLP ({why}); "
@@ -377,9 +386,9 @@ def compress_model(
         raise ValueError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
     if not callable(calibration):
         _check_finite("the batch", calibration)
-    discovered = None
-    if mlps is None:
-        mlps, discovered = _discover(model, calibration)
+    discovered, recorded = None, {}
+    if mlps is None:  # the discovery's forward pass records the chosen MLPs: it is the planning capture too
+        mlps, discovered = _discover(model, calibration, keep=recorded)
     mlps = _validate(mlps, reduction, ranks, allocation, execution.order, mlp_specs)
     method = _resolve_method(method, allocation)
     if not _key_is_valid(key):
@@ -394,11 +403,14 @@ def compress_model(
     # The capture runs on one device whatever the mesh (split over devices, programs of other shapes
     # round otherwise, and the decoupling and refinement amplify it: the model would depend on the count).
     consistent = refine is not None and refine.steps > 0 and refine.target == "consistent"
-    source = BatchCalibration(calibration, mlps, key, method.num_samples, keep_outputs=consistent)
+    source = BatchCalibration(calibration, mlps, key, method.num_samples, keep_outputs=consistent,
+                              recorded=recorded or None)
+    del recorded
     after_step = (lambda model, path, step: execution.finetune(model)) if execution.finetune is not None else None
     with listener(execution.progress) as progress:
         outcome = run(model, plan, source, record=_recorder(method, sequential), after_step=after_step,
-                      state=_state(execution, method, key, distill), progress=progress)
+                      state=None if execution.state_dir is None else _state(execution, method, key, distill),
+                      progress=progress)
     before, after = outcome.params_before, outcome.params_after
     if reduction is not None:
         assert after <= (1 - reduction) * before, (after, before, reduction)

@@ -472,13 +472,18 @@ def _candidate(module: nnx.Module) -> bool:
     return len(linears) in (2, 3) and not _foreign_params(module, linears)
 
 
-def discover_mlps(model: nnx.Module, calibration) -> tuple[list[str], dict[str, str]]:
+def discover_mlps(model: nnx.Module, calibration, *, keep: dict | None = None) -> tuple[list[str], dict[str, str]]:
     """Every submodule of ``model`` recognised as an MLP, in model order (``compress_model(mlps=None)``).
 
     Candidates are the submodules that could be MLPs by structure (:func:`_candidate`); one eval-mode
     forward pass on ``calibration`` records what each computes, and a candidate is chosen when it maps
     tokens ``(..., m) -> (..., n)`` and its spec is known or found (:func:`choose_spec`). A chosen
     module inside another chosen one is left to the outer one.
+
+    ``keep``, if given, receives what that forward pass recorded of the chosen modules, what
+    :func:`~jaxbsd.compression.surgery.capture_calls` of them would return: ``keep["tokens"]``
+    (``{path: (X, Y)}``), ``keep["order"]`` (their first calls' order) and ``keep["sequence"]``
+    (every recorded call's path, in order).
 
     Returns:
       ``(paths, status)``: the chosen dotted paths in model order (graph order of
@@ -487,7 +492,8 @@ def discover_mlps(model: nnx.Module, calibration) -> tuple[list[str], dict[str, 
     candidates = [".".join(str(p) for p in path) for path, m in nnx.iter_modules(model) if path and _candidate(m)]
     if not candidates:
         return [], {}
-    tokens, status = capture_tokenwise(model, calibration, candidates)
+    sequence: list[str] = []
+    tokens, status = capture_tokenwise(model, calibration, candidates, sequence=sequence)
     status = {p: "not chosen: " + why for p, why in status.items()}
     chosen = []
     for path in candidates:
@@ -502,4 +508,7 @@ def discover_mlps(model: nnx.Module, calibration) -> tuple[list[str], dict[str, 
         status[path] = ("chosen: " if spec is not None else "not chosen: ") + how
         if spec is not None:
             chosen.append(path)
+    if keep is not None:
+        keep.update(tokens={p: tokens[p] for p in chosen}, sequence=sequence,
+                    order=list(dict.fromkeys(p for p in sequence if p in chosen)))
     return chosen, {p: status[p] for p in candidates}

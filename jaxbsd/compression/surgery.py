@@ -227,11 +227,11 @@ def unfed_by(sequence: Sequence[str], path: str, replaced: Sequence[str]) -> boo
     return all(q in sequence and sequence.index(q) > last for q in replaced)
 
 
-def capture_tokenwise(model: nnx.Module, calibration, paths: Sequence[str]
+def capture_tokenwise(model: nnx.Module, calibration, paths: Sequence[str], *, sequence: list[str] | None = None
                       ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], dict[str, str]]:
     """Like :func:`capture_calls` for candidate paths that may not qualify: one eval-mode forward
     pass with every path recorded, keeping those called with one array and returning an array of
-    the same leading axes and one width throughout.
+    the same leading axes and one width throughout (``sequence``: as :func:`capture_calls`').
 
     Returns:
       ``(tokens, rejected)``: ``tokens[path] = (X (N, m), Y (N, n))`` for the qualifying paths, in
@@ -240,7 +240,9 @@ def capture_tokenwise(model: nnx.Module, calibration, paths: Sequence[str]
     originals = {p: get_submodule(model, p) for p in paths}
     flags = mode_flags(model)
     order: list[str] = []
-    sinks = {p: _Sink(p, order) for p in paths}
+    sinks = {p: _Sink(p, order, sequence) for p in paths}
+    if sequence is not None:
+        sequence.clear()
     try:
         for p in paths:
             set_submodule(model, p, _Recorder(get_submodule(model, p), sinks[p]))
