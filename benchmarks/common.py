@@ -15,6 +15,7 @@ import math
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -207,3 +208,45 @@ def write_rows(out, command: str, quick: bool, rows: list) -> None:
                             "device": jax.devices()[0].platform, "rows": [r.__dict__ for r in rows],
                             "provenance": provenance(command)})
     print(f"wrote {out}")
+
+
+def rss_bytes(field: str = "VmRSS") -> int:
+    """A field of ``/proc/self/status`` (``VmRSS``: resident now; ``VmHWM``: its peak), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+class StageSampler:
+    """The resident set every ``every`` seconds on a thread, each sample labelled with the stage (a
+    compression's ``"planning"``, then ``"step k: path"`` from its progress events); :meth:`peaks` in MB."""
+
+    def __init__(self, every: float = 0.05):
+        self.every, self.stage, self.samples = every, "planning", []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append((self.stage, rss_bytes()))
+            self._stop.wait(self.every)
+
+    def progress(self, event):
+        if event.kind == "start":
+            self.stage = f"step {event.position}: {event.paths[0]}"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def peaks(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for stage, rss in self.samples:
+            out[stage] = max(out.get(stage, 0.0), rss / 1e6)
+        return out

@@ -33,7 +33,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -41,7 +40,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("JAXBSD_DATA", str(HERE.parents[1] / "shared" / "data"))
 
-from benchmarks.common import Row, format_table, write_rows  # noqa: E402  (enables x64 first)
+from benchmarks.common import Row, StageSampler, format_table, rss_bytes, write_rows  # noqa: E402  (enables x64 first)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -51,15 +50,6 @@ MB = 1e6
 TARGET_MB_PER_ITERATION = 5.0
 #: Iterations whose resident sets the slope is fitted to (the last ones: the first iterations compile).
 SLOPE_OVER = 5
-
-
-def rss_bytes(field: str = "VmRSS") -> int:
-    """A field of ``/proc/self/status`` (``VmRSS``: resident now; ``VmHWM``: its peak), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def reset_peak() -> bool:
@@ -150,38 +140,6 @@ def _bert_base(windows: int, layers: int = 12):
 MODELS = {"minilm": _minilm, "bert-base": _bert_base, "bert-base-4": lambda windows: _bert_base(windows, 4)}
 
 
-class _Sampler:
-    """The resident set every ``every`` seconds on a thread, each sample labelled with the stage."""
-
-    def __init__(self, every: float = 0.05):
-        self.every, self.stage, self.samples = every, "planning", []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.samples.append((self.stage, rss_bytes()))
-            self._stop.wait(self.every)
-
-    def progress(self, event):
-        if event.kind == "start":
-            self.stage = f"step {event.position}: {event.paths[0]}"
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def peaks(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for stage, rss in self.samples:
-            out[stage] = max(out.get(stage, 0.0), rss / MB)
-        return out
-
-
 def peak_worker(model: str, windows: int) -> dict:
     """Peak resident memory of one prune of ``model`` (a key of :data:`MODELS`) on ``windows`` windows."""
     from flax import nnx
@@ -199,7 +157,7 @@ def peak_worker(model: str, windows: int) -> dict:
     rss_loaded = rss_bytes()
     peak_reset = reset_peak()
     start = time.perf_counter()
-    with _Sampler() as sampler:
+    with StageSampler() as sampler:
         encoder, report = jb.compress_model(encoder, lambda m: m(ids, mask), key=jax.random.key(0), mlps=None,
                                             method="prune", reduction=0.25,
                                             execution=jb.Execution(progress=sampler.progress))

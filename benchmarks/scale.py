@@ -80,7 +80,7 @@ def worker(spec: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks.memory import _Sampler  # (benchmarks.common turns x64 on: before the line below)
+    from benchmarks.common import StageSampler  # (benchmarks.common turns x64 on: before the line below)
 
     jax.config.update("jax_enable_x64", False)  # what a user's run has
     import jaxbsd as jb
@@ -94,7 +94,7 @@ def worker(spec: dict) -> dict:
     mask = jnp.ones_like(ids)
     built = time.perf_counter()
     first_step = []
-    with _Sampler(every=0.25) as sampler:
+    with StageSampler(every=0.25) as sampler:
         def progress(event):
             sampler.progress(event)
             if event.kind == "start" and not first_step:
