@@ -451,6 +451,7 @@ def test_augmented_bsd_is_within_one_percent_of_pruning_at_the_same_budget():
     assert error(fewer) > 1.05 * error(pruned.module)
 
 
+@pytest.mark.slow  # two solves and their compiles: ~20 s (the driver's bit-identity stays in the default run)
 def test_the_warm_start_alone_is_never_worse_than_the_pruned_mlp_it_starts_from():
     """``jb.BSD(restarts=0, best_iterate=True)``: no random restart, the warm start's own loop, so
     one restart whose selection-token error is at most the start's (the pruned MLP: the iterate 0
