@@ -99,8 +99,9 @@ def test_twelve_same_shape_mlps_compile_each_program_once(compiles):
     assert compiles["jit(refine_loop)"] == 1
     # Every program of the per-MLP work (token draws, kept-unit fits, errors, refinement) compiles at
     # most once per token count and dtype it sees (sampling points, check tokens, probe): never once
-    # per MLP (12). The capture is the exception: one MLP at a time, each step runs a model of its
-    # own structure (the earlier MLPs pruned).
+    # per MLP (12). The capture compiles once: the discovery's forward pass is the plan's capture, and
+    # back to front every step takes its planning tokens (a capture a step would run a model of its
+    # own structure, the later MLPs pruned, and compile 13 times).
     per_mlp = {k: v for k, v in compiles.items() if k != "jit(recording_forward)"}
     assert max(per_mlp.values()) <= 4, sorted(per_mlp.items(), key=lambda kv: -kv[1])[:5]
-    assert compiles["jit(recording_forward)"] == 13  # discovery, the plan's capture, steps 2..12
+    assert compiles["jit(recording_forward)"] == 1
