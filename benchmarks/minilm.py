@@ -65,7 +65,7 @@ from flax import nnx  # noqa: E402
 
 import jaxbsd as jb  # noqa: E402
 from jaxbsd.compression.methods.base import largest_rank  # noqa: E402
-from jaxbsd.compression.methods.bsd import augmented as augmented_bsd  # noqa: E402
+from jaxbsd.compression.methods.bsd import augmented  # noqa: E402  (constant inner basis, patience 5)
 from jaxbsd.compression.sites import make_site  # noqa: E402
 from jaxbsd.compression.specs import MLPSpec  # noqa: E402
 from jaxbsd.compression.surgery import capture_calls  # noqa: E402
@@ -76,12 +76,8 @@ from jaxbsd.models import count_params  # noqa: E402
 SHARES = (0.8, 0.5)
 LAYER = 3
 PATHS = tuple(f"bert.layers.{i}.mlp" for i in range(6))
-#: sweeps without a better held-out iterate before the augmented solve stops
-PATIENCE = 5
 #: interleaved timing rounds of pruning and the augmented builds
 REPEATS = 3
-#: the augmented basis's inner basis: a constant (the activation carries the rest)
-INNER = jb.BSpline(0, 1)
 #: larger inner bases measured beside it at layer 3, at their budget ranks
 COMPARED_INNERS = (jb.BSpline(3, 4), jb.BSpline(1, 2))
 
@@ -91,12 +87,6 @@ def _timed(build):
     built = build()
     jax.block_until_ready(nnx.state(built.module))
     return time.perf_counter() - start, built.report()
-
-
-def augmented(activation: str, inner: jb.Basis = INNER) -> jb.BSD:
-    """The decoupling whose warm start is the pruned MLP exactly, keeping its best iterate, the warm
-    start's loop alone (:func:`jaxbsd.compression.methods.bsd.augmented`)."""
-    return augmented_bsd(activation, inner, patience=PATIENCE)
 
 
 def _site(encoder, tokens, path: str):

@@ -136,6 +136,8 @@ def _recording_forward(model: nnx.Module, calibration, sinks: dict[str, _Sink], 
     batch = None if callable(calibration) else calibration
     for sink in sinks.values():
         sink.tracing = True
+        if sink.sequence is not None:  # the sinks share one list: this pass's calls only
+            sink.sequence.clear()
     try:
         recorded, after = jax.jit(recording_forward)(state, batch)
     except Exception:  # noqa: BLE001 — not traceable: the eager pass below reports real errors
@@ -179,8 +181,6 @@ def capture_calls(model: nnx.Module, calibration, paths: Sequence[str], *, seque
     flags = mode_flags(model)
     order: list[str] = []
     sinks = {p: _Sink(p, order, sequence) for p in paths}
-    if sequence is not None:
-        sequence.clear()
     try:
         for p in paths:
             set_submodule(model, p, _Recorder(originals[p], sinks[p]))
@@ -241,8 +241,6 @@ def capture_tokenwise(model: nnx.Module, calibration, paths: Sequence[str], *, s
     flags = mode_flags(model)
     order: list[str] = []
     sinks = {p: _Sink(p, order, sequence) for p in paths}
-    if sequence is not None:
-        sequence.clear()
     try:
         for p in paths:
             set_submodule(model, p, _Recorder(get_submodule(model, p), sinks[p]))

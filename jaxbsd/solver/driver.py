@@ -331,9 +331,7 @@ def decouple_compiled(keys, problem, config, channel, every, init=None, heldout=
     ``warm_only``: no random restart, the warm start ``init`` alone (``keys``: :func:`restart_keys`
     of 0)."""
     warm = None if init is None else cmtf.warm_state(problem, config, init)
-    if warm_only:
-        return cmtf.select_best(_run_map(keys, problem, config, channel, every, warm, report, heldout, True), config)
-    run = _run_vmap if batch == "vmap" else _run_map
+    run = functools.partial(_run_map, warm_only=True) if warm_only else _run_vmap if batch == "vmap" else _run_map
     return cmtf.select_best(run(keys, problem, config, channel, every, warm, report, heldout), config)
 
 
