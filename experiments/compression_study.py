@@ -30,6 +30,7 @@ from flax import nnx
 import jaxbsd as jb
 from jaxbsd.compression.blockwise import CompressionConfig, block_order, compress
 from jaxbsd.compression.config import DEFAULTS
+from jaxbsd.compression.methods.bsd import augmented
 from jaxbsd.data import load_dataset
 from jaxbsd.models import count_params
 from jaxbsd.evaluation import evaluate
@@ -43,14 +44,17 @@ from trained import checkpoint_key, load_or_train, subset
 from verdicts import mean_std, paired_verdict
 
 #: The methods as built that a setting's ``base`` may name besides B-spline variants ``bsd-…``.
-BASES = ("bsd", "svd", "drone", "bsd-greedy", "prune", "auto", "auto-block")
+BASES = ("bsd", "svd", "drone", "bsd-greedy", "prune", "auto", "auto-block", "auto-aug")
 REFERENCE = "bsd"
 #: The teacher each (model, data set) fine-tunes with, unless the plan says ``teacher=False``.
 TEACHERS = {("deit", "usps"): ("vit", "usps")}
 
 #: B-spline variants are named ``bsd-<option>-<option>…`` (see :func:`bsd_variant`).
 _VARIANT_WORDS = {"greedy": "greedy", "warm": "warm start, held-out selection", "nu": "ν = {}", "s": "S = max(128, {}r)",
-                  "it": "{} sweeps", "lam": "λ = {}"}
+                  "it": "{} sweeps", "lam": "λ = {}", "aug": "augmented: contains the pruned MLP"}
+#: The activation of ``-aug``'s basis: every study model's MLPs (ViT, DeiT, Swin) use exact GELU. Another
+#: activation would still run, warm-started from ``rank − 1`` pruned units (``methods.bsd.warm_init``).
+AUG_ACTIVATION = "gelu"
 
 
 def _options(method: str):
@@ -63,13 +67,15 @@ def _options(method: str):
 def bsd_variant(method: str) -> dict:
     """The ``CompressionConfig`` fields of a B-spline variant that differ from ``"bsd"``.
 
-    ``method`` is ``"bsd"`` followed by any of ``-greedy`` (greedy allocation), ``-warm``
-    (a warm-started restart from the pruned MLP, restart chosen by the output error on held-out
-    calibration tokens), ``-nu<ν>`` (cubic B-splines with ν coefficients), ``-s<k>``
+    ``method`` is ``"bsd"`` (or ``"auto"``, for ``-aug`` alone) followed by any of ``-greedy`` (greedy
+    allocation), ``-warm`` (a warm-started restart from the pruned MLP, restart chosen by the output
+    error on held-out calibration tokens), ``-aug`` (the decoupling that contains the pruned MLP:
+    :func:`jaxbsd.compression.methods.bsd.augmented`'s basis, warm start alone, best iterate and
+    patience), ``-nu<ν>`` (cubic B-splines with ν coefficients), ``-s<k>``
     (``S = max(128, k·r)``), ``-it<n>`` (``n`` sweeps) and ``-lam<λ>`` (the weight λ of the
     outputs in the objective, an integer), e.g. ``"bsd-warm-nu8"``. A dict with the keys
-    ``allocation``, ``warm_start``/``selection``, ``dof``, ``samples_per_rank``, ``max_iter`` and
-    ``lam`` where given.
+    ``allocation``, ``warm_start``/``selection``, ``dof``, ``samples_per_rank``, ``max_iter``,
+    ``lam`` and (``-aug``) ``basis``/``restarts``/``best_iterate``/``patience`` where given.
 
     Raises:
       ValueError: naming ``method`` for an unknown option.
@@ -80,6 +86,11 @@ def bsd_variant(method: str) -> dict:
             fields["allocation"] = "greedy"
         elif word == "warm":
             fields.update(warm_start=True, selection="output")
+        elif word == "aug":
+            recipe = augmented(AUG_ACTIVATION)
+            # The flat form's warm_start is a bool: True (every study MLP has a two-layer spec).
+            fields.update(basis=recipe.config.basis, restarts=recipe.restarts, warm_start=True, selection="output",
+                          best_iterate=recipe.best_iterate, patience=recipe.config.patience)
         elif head in ("nu", "s", "it") and number:
             fields[{"nu": "dof", "s": "samples_per_rank", "it": "max_iter"}[head]] = int(number)
         elif head == "lam" and number:
@@ -100,7 +111,8 @@ def method_name(method: Setting | str) -> str:
                 f"{f', learning rate {r.learning_rate:g}' if r.learning_rate else ''}"
                 f"{', consistent target' if r.target == 'consistent' else ''})")
     fixed = {"svd": "SVD", "drone": "DRONE", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto (B-spline or pruning)",
-             "auto-block": "Auto, judged by the block's output error"}
+             "auto-block": "Auto, judged by the block's output error",
+             "auto-aug": "Auto (B-spline augmented: contains the pruned MLP, or pruning)"}
     if method in fixed:
         return fixed[method]
     words = [_VARIANT_WORDS[head].format(number) if head in _VARIANT_WORDS else word
@@ -116,12 +128,15 @@ def unit_config(setting: Setting, reduction: float, seed: int, plan: dict, args)
     which keeps the tags, hence the saved units, of runs configured before they existed).
     """
     method, refine = setting.base, setting.refine
-    variant = bsd_variant(method) if method.startswith("bsd") else {}
+    variant = bsd_variant(method) if method.startswith("bsd") or method == "auto-aug" else {}
     # "auto" judges its candidates by the model's outputs (the default), "auto-block" by the
     # block's output error on held-out tokens (the rule before; its units' tags are the old ones).
     judge = {"auto-block": "block"}.get(method, "model")
     return CompressionConfig.from_flat(**dict(  # the study's settings are the configuration's flat form
-        method="bsd" if method.startswith("bsd") else "auto" if method.startswith("auto") else method, basis=jb.BSpline(args.degree, variant.get("dof", args.dof)),
+        method="bsd" if method.startswith("bsd") else "auto" if method.startswith("auto") else method,
+        basis=variant.get("basis", jb.BSpline(args.degree, variant.get("dof", args.dof))),
+        restarts=variant.get("restarts", DEFAULTS["restarts"]), best_iterate=variant.get("best_iterate", False),
+        patience=variant.get("patience"),
         reduction=reduction, allocation=variant.get("allocation", "uniform"), lam=variant.get("lam", 0.25),
         max_iter=variant.get("max_iter", plan["max_iter"]), num_samples=args.samples or 128,
         samples_per_rank=0 if args.samples else variant.get("samples_per_rank", 2),

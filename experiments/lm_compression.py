@@ -336,6 +336,13 @@ def solver_config(plan: dict) -> jb.CMTFConfig:
     return DEFAULT_CONFIG.replace(lam=0.25, max_iter=plan["max_iter"])
 
 
+def paper_basis(base: str) -> dict:
+    """The options that keep ``bsd`` and ``auto``'s decoupling in the paper's basis on every MLP
+    (``contain=False``: this study measures the paper's method; ``compress_model``'s own
+    ``"bsd"`` solves a two-layer MLP as the decoupling that contains its pruned form)."""
+    return {"contain": False} if base in ("bsd", "auto") else {}
+
+
 def _method(value: str) -> Setting:
     """argparse type of ``--methods``: the :class:`Setting` a name stands for, its base one of
     :data:`METHODS` (``bsd-ref300``: ``bsd`` refined)."""
@@ -369,7 +376,7 @@ def run_unit(setting: Setting, reduction: float, seed: int, *, ctx: dict, plan: 
               "num_samples": ctx["num_samples"][reduction], "machine": machine()}
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     try:
-        model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=jb.get_method(base, config=solver_config(plan) if base in ("bsd", "auto") else None, num_samples=ctx["num_samples"][reduction]), key=jax.random.key(seed), refine=refine)
+        model, report = jb.compress_model(model, calib, mlps=ctx["mlps"], reduction=reduction, method=jb.get_method(base, config=solver_config(plan) if base in ("bsd", "auto") else None, **paper_basis(base), num_samples=ctx["num_samples"][reduction]), key=jax.random.key(seed), refine=refine)
     except ValueError as err:
         return save_infeasible(err, record, state / "unit.json", tag, name, timer(), log)
     free_bpc = evaluate_lm(model, ctx["test_ids"])
@@ -407,7 +414,7 @@ def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> 
     model = load_lm(ctx["paths"][kind], kind)
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     params_mlp = count_params(get_submodule(model, ctx["fit_mlp"]))
-    _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method=jb.get_method("bsd", config=solver_config(plan), num_samples=samples), key=jax.random.key(seed), refine=None)  # the fit of the decoupling itself
+    _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method=jb.get_method("bsd", config=solver_config(plan), contain=False, num_samples=samples), key=jax.random.key(seed), refine=None)  # the fit of the decoupling itself
     r = report.mlps[0]
     record = {"kind": kind, "rank": rank, "seed": seed, "mlp": ctx["fit_mlp"], "num_samples": samples,
               "params_mlp": params_mlp, "params_decoupled": r.params_after, "error_J": r.error_J, "error_F": r.error_F,

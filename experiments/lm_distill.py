@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                     continue
                 timer = Timer()
                 calib = jnp.asarray(lmc.calibration_windows(data.train, study["calib_windows"], context, seed))
-                model, report = jb.compress_model(load_checkpoint(paths["gated"])[0], calib, mlps=mlps, reduction=rho, method=jb.get_method(base, config=lmc.solver_config(study) if base in ("bsd", "auto") else None, num_samples=num_samples), key=jax.random.key(seed), refine=refine)
+                model, report = jb.compress_model(load_checkpoint(paths["gated"])[0], calib, mlps=mlps, reduction=rho, method=jb.get_method(base, config=lmc.solver_config(study) if base in ("bsd", "auto") else None, **lmc.paper_basis(base), num_samples=num_samples), key=jax.random.key(seed), refine=refine)
                 bpc_refined = evaluate_lm(model, test_ids)
                 seconds_compress = timer()
                 windows = jnp.asarray(lmc.calibration_windows(data.train, plan["distill_windows"], context,

@@ -12,13 +12,14 @@ parameters, ``s`` ∈ {0.5, 0.6, 0.7, 0.8, 0.9}, i.e. a whole-model reduction ``
 of the hidden width 1536 (hours per seed on a 2-core CPU); the axis above keeps every method's ranks
 in the regime where they differ (B-spline ranks 765, 612, 459, 306, 153).
 
-Every method (``prune``, ``svd``, ``drone``, ``bsd``, ``auto``) compresses all six MLPs back to front
+Every method (``prune``, ``svd``, ``drone``, ``bsd``, ``auto``, and the decoupling that contains the pruned
+MLP, ``bsd-aug``, with ``auto-aug``: pruning or it) compresses all six MLPs back to front
 with ``jb.compress_model`` (uniform allocation, the budget rule ``params <= (1 − ρ)·P``), unrefined
 (``refine=None``) and refined (``jb.Refine()``, the default: 300 Adam steps towards the original MLP's
 outputs on the calibration tokens). Back to front, every MLP sees the original model's tokens, so
 **a decoupling is shared between ``bsd`` and ``auto``**: ``auto``'s decoupling candidate is the
 same ``BSD`` at the same rank, and reuses the build of ``bsd`` in the same run kind (in-process
-cache keyed by path, rank, the site's tokens and key). The refined and unrefined runs do *not*
+cache keyed by path, rank, the site's tokens and key); ``auto-aug`` reuses ``bsd-aug``'s the same way. The refined and unrefined runs do *not*
 share a build: a refined run holds out a share of the calibration tokens to select its
 refinement step, so it decouples from the others.
 
@@ -33,7 +34,7 @@ title → section pairs of the evaluation files, embedded by the original and th
 
 Order of the units: seed by seed (a complete first seed early); within a seed the cheap methods
 first (prune, svd, drone at every ``s``), then the decoupling from the heaviest compression (s = 0.9, low
-rank, fast) to the lightest, each share as ``bsd``, ``auto``, ``bsd-ref``, ``auto-ref``. Every unit is
+rank, fast) to the lightest, each share as ``bsd``, ``auto``, ``bsd-aug``, ``auto-aug``, then the same refined. Every unit is
 one resumable piece of work (``<out>/state/minilm/<unit>/unit.json``; an unfinished one resumes after
 its last finished MLP); the results JSON is rewritten after every unit, so a long run can be
 stopped and resumed. Times per method: the compression's wall seconds per unit (an ``auto`` unit that reuses
@@ -42,7 +43,7 @@ resumed after an interruption counts the seconds its finished steps took then (`
 
 Usage::
 
-    python experiments/minilm.py             # full: 5 methods × 5 shares × refine on/off × 3 seeds, less the cut
+    python experiments/minilm.py             # full: 7 methods × 5 shares × refine on/off × 3 seeds, less the cut
     python experiments/minilm.py --quick     # CI: prune and bsd, one share, one seed, small data
     python experiments/minilm.py --methods prune svd --shares 0.8
 
@@ -67,6 +68,7 @@ import jaxbsd as jb
 from jaxbsd.compression.methods import get_method
 from jaxbsd.compression.methods.auto import Auto
 from jaxbsd.compression.methods.base import Method
+from jaxbsd.compression.methods.bsd import augmented
 from jaxbsd.compression.methods.prune import Prune
 from jaxbsd.data import load_docs_corpus, minilm_dir
 from jaxbsd import evaluation
@@ -77,8 +79,11 @@ from checkout import RESULTS, enable_compilation_cache
 from output import Timer, command_line, machine, write_json
 from units import resume_unit, resumed_seconds, save_infeasible, save_unit
 
-METHODS = ("prune", "svd", "drone", "bsd", "auto")
+METHODS = ("prune", "svd", "drone", "bsd", "auto", "bsd-aug", "auto-aug")
 CHEAP = ("prune", "svd", "drone")
+#: The decouplings, built in the order listed within a (share, run kind): ``auto`` reuses ``bsd``'s build,
+#: ``auto-aug`` ``bsd-aug``'s.
+DECOUPLINGS = ("bsd", "auto", "bsd-aug", "auto-aug")
 FULL = dict(shares=(0.5, 0.6, 0.7, 0.8, 0.9), methods=METHODS, seeds=3, windows=32, seq_len=128,
             eval_passages=256, eval_pairs=300, max_iter=300,
             # The cut (said on the results page): the decoupling at the two lightest shares (ranks 612
@@ -95,8 +100,9 @@ class SharedBuilds(Method):
     tokens and the key), so a second run on the same site reuses it: the unrefined and refined runs
     of one (share, seed), and ``auto``'s decoupling candidate, share one decoupling."""
 
-    def __init__(self, inner: Method, cache: dict, clock: dict):
-        self.__dict__.update(inner=inner, cache=cache, clock=clock)
+    def __init__(self, inner: Method, cache: dict, clock: dict, family: str = "bsd"):
+        # family: builds of one family share (bsd and auto's candidate; bsd-aug and auto-aug's).
+        self.__dict__.update(inner=inner, cache=cache, clock=clock, family=family)
         for name in ("name", "needs_spec", "uneven", "judges_by_model", "refines_candidates"):
             self.__dict__[name] = getattr(inner, name)
 
@@ -111,7 +117,7 @@ class SharedBuilds(Method):
 
     def build(self, site, rank, key, **kw):
         digest = hashlib.sha256(np.asarray(site.X).tobytes() + np.asarray(jax.random.key_data(key)).tobytes())
-        k = (site.path, repr(rank), digest.hexdigest())
+        k = (self.__dict__["family"], site.path, repr(rank), digest.hexdigest())
         if k not in self.cache:
             start = time.perf_counter()
             built = self.inner.build(site, rank, key, **kw)
@@ -133,11 +139,19 @@ for _name in [n for n, v in vars(Method).items() if callable(v) and not n.starts
 
 
 def method_object(name: str, cache: dict, clock: dict, max_iter: int):
+    """``bsd``: the paper's basis (cubic, ν = 4), a random restart and the warm start, kept by held-out
+    output error; ``bsd-aug``: :func:`jaxbsd.compression.methods.bsd.augmented` with BERT's GELU (the
+    warm start alone, the best iterate, patience 5); ``auto``/``auto-aug``: pruning or that decoupling."""
     config = dataclasses.replace(jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4)), max_iter=max_iter)
+    if name in ("bsd-aug", "auto-aug"):
+        aug = augmented("gelu")
+        aug = dataclasses.replace(aug, config=dataclasses.replace(aug.config, max_iter=max_iter))
+        inner = SharedBuilds(aug, cache, clock, family="aug")
+        return inner if name == "bsd-aug" else Auto(bsd=inner, prune=Prune(), judge=get_method("auto").judge)
     if name == "bsd":
-        return SharedBuilds(get_method("bsd", config=config), cache, clock)
+        return SharedBuilds(get_method("bsd", config=config, contain=False), cache, clock)
     if name == "auto":
-        auto = get_method("auto", config=config)
+        auto = get_method("auto", config=config, contain=False)
         return Auto(bsd=SharedBuilds(auto.bsd, cache, clock), prune=Prune(), judge=auto.judge)
     return get_method(name)
 
@@ -176,7 +190,8 @@ def plot(records: list[dict], plan: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"prune": "tab:red", "svd": "tab:blue", "drone": "tab:orange", "bsd": "tab:green", "auto": "tab:purple"}
+    colors = {"prune": "tab:red", "svd": "tab:blue", "drone": "tab:orange", "bsd": "tab:green", "auto": "tab:purple",
+              "bsd-aug": "tab:olive", "auto-aug": "tab:brown"}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in zip(axes, ("mean_cosine", "recall@10"), ("mean cosine to the original", "recall@10")):
         for method in plan["methods"]:
@@ -256,7 +271,7 @@ def main(argv=None) -> int:
             # bsd then auto, unrefined then refined: a refined run holds out tokens for its
             # refinement, so it decouples other samples; auto reuses the build of the same run kind.
             for refined in (False, True):
-                units += [(m, s, seed, refined) for m in ("bsd", "auto")
+                units += [(m, s, seed, refined) for m in DECOUPLINGS
                           if m in plan["methods"] and not _cut(plan, m, s, seed)]
 
     records = []
@@ -306,7 +321,8 @@ def main(argv=None) -> int:
                       build_seconds=clock.get("build"), builds_reused=clock.get("reused", 0),
                       eval_seconds=t_eval(), **scores,
                       mlps=[dict(path=r.path, method=r.method, rank=r.rank, output_error=r.output_error,
-                                 seconds=r.seconds, refine=None if r.refine is None else
+                                 seconds=r.seconds, **({"sweep_kept": r.sweep_kept, "stopped": r.stopped}
+                                                       if r.sweep_kept is not None else {}), refine=None if r.refine is None else
                                  {k: r.refine.get(k) for k in ("steps", "steps_kept", "error_before", "error_after",
                                                                 "seconds")})
                             for r in report.mlps],

@@ -294,6 +294,11 @@ def test_samples_grow_with_the_rank_and_old_run_ids_stay_valid():
     {"method": "bsd", "basis": {"kind": "BSpline", "degree": 2, "dof": 8}, "lam": 4.0, "warm_start": True,
      "selection": "output", "refine_steps": 50, "refine_lr": 0.02, "refine_target": "local", "refine_batch": None},
     {"method": "svd", "rank": 3, "distill_steps": 40, "distill_images": 1024, "distill_schedule": "constant"},
+    # the decoupling that contains the pruned MLP: warm start alone (None kept as None), best iterate, patience
+    {"method": "bsd", "basis": {"kind": "Augmented", "inner": {"kind": "BSpline", "degree": 0, "dof": 1},
+                                "activation": "gelu"}, "restarts": 0, "warm_start": None, "selection": "output",
+     "best_iterate": True, "patience": 5},
+    {"method": "auto", "restarts": 0, "best_iterate": True, "patience": 3},
 ])
 def test_the_flat_form_reads_back_to_the_same_identity_and_the_same_objects(flat):
     """``from_dict`` of a saved flat form gives a configuration whose ``to_dict`` is that form again (as
@@ -306,6 +311,11 @@ def test_the_flat_form_reads_back_to_the_same_identity_and_the_same_objects(flat
     assert config.method.name == name
     if name == "bsd":
         assert config.method.config.lam == flat.get("lam", 0.25) and config.method.warm_start == flat.get("warm_start", False)
+    if name in ("bsd", "auto"):
+        bsd = config.method if name == "bsd" else config.method.bsd
+        assert bsd.best_iterate == flat.get("best_iterate", False) and bsd.config.patience == flat.get("patience")
+        # added after runs were saved: in an identity only where set
+        assert ("best_iterate" in config.to_dict()) == ("best_iterate" in flat)
     assert (config.refine is None) == (not flat.get("refine_steps"))
     assert (config.distill is None) == (not flat.get("distill_steps"))
     for key in ("refine_steps", "distill_steps", "distill_images", "lam"):

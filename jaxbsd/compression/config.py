@@ -179,7 +179,10 @@ class CompressionConfig:
         own = isinstance(self.method, BSD)
         return {"method": self.method.name, "basis": solver.basis.to_dict(), "robust": solver.robust,
                 "lam": solver.lam, "max_iter": solver.max_iter, "restarts": bsd.restarts, "tol": solver.tol,
-                "warm_start": bool(bsd.warm_start) if own else False,
+                "patience": solver.patience, "best_iterate": bsd.best_iterate,
+                # None (the warm start where one can be built) is kept as None: False would read back as
+                # no warm start, which restarts=0 refuses.
+                "warm_start": bsd.warm_start if own else False,
                 "selection": bsd.selection if own else "objective",
                 "auto_judge": self.method.judge if isinstance(self.method, Auto) else _BY_NAME["auto"].judge,
                 **{name: getattr(self, name) for name in _RUN_FIELDS},
@@ -224,12 +227,14 @@ class CompressionConfig:
                 raise ValueError(f"{field} must be an int >= 0, got {d[field]!r}")
         name = d["method"]
         basis = Basis.from_dict(d["basis"]) if isinstance(d["basis"], dict) else d["basis"]
-        solver = CMTFConfig(rank=1, basis=basis, lam=d["lam"], robust=d["robust"], max_iter=d["max_iter"], tol=d["tol"])
+        solver = CMTFConfig(rank=1, basis=basis, lam=d["lam"], robust=d["robust"], max_iter=d["max_iter"], tol=d["tol"],
+                            patience=d["patience"])
         if name == "bsd":
-            method = BSD(config=solver, restarts=d["restarts"], warm_start=d["warm_start"], selection=d["selection"])
+            method = BSD(config=solver, restarts=d["restarts"], warm_start=d["warm_start"], selection=d["selection"],
+                         best_iterate=d["best_iterate"])
         elif name == "auto":
-            method = Auto(bsd=BSD(config=solver, restarts=d["restarts"], warm_start=None, selection="output"),
-                          judge=d["auto_judge"])
+            method = Auto(bsd=BSD(config=solver, restarts=d["restarts"], warm_start=None, selection="output",
+                                  best_iterate=d["best_iterate"]), judge=d["auto_judge"])
         else:
             method = name
         refine = (Refine(steps=d["refine_steps"], learning_rate=d["refine_lr"], target=d["refine_target"],
@@ -280,7 +285,7 @@ DEFAULTS = {**CompressionConfig()._flat(), **_refine_fields(Refine()),
 LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
                  "refine_target": "local", "refine_batch": None, "distill_steps": 0,
-                 "distill_schedule": "constant", "distill_warmup": 0}
+                 "distill_schedule": "constant", "distill_warmup": 0, "patience": None, "best_iterate": False}
 #: The distillation's settings, left out of a run's identity without distillation.
 DISTILL_FIELDS = ("distill_lr", "distill_batch", "distill_images", "distill_loss", "distill_temperature",
                    "distill_trainable", "distill_schedule", "distill_warmup")

@@ -154,13 +154,14 @@ class Auto(Method):
                                                    auto=auto, seconds=time.perf_counter() - start)
 
 
-def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto_judge="model", **options):
+def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto_judge="model", contain=True,
+                  **options):
     refuse_options("auto", options, ())
     selection = "output" if selection is None else selection
     if warm_start is False:
         raise ValueError("warm_start=False: method 'auto' always warm-starts its decoupling from the pruned MLP")
     bsd = BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=None,
-              selection=selection)
+              selection=selection, contain=contain)
     return Auto(bsd=bsd, prune=Prune(), judge=auto_judge)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jaxbsd.solver import metrics
-from jaxbsd.solver.bases import Augmented, BSpline
+from jaxbsd.solver.bases import AUGMENT_ACTIVATIONS, Augmented, BSpline
 from jaxbsd.solver.cmtf import CMTFConfig, Status
 from jaxbsd.compression.methods.base import IDENTITY, Built, Method, RestartChoice, refuse_options, register
 from jaxbsd.compression.methods.prune import pruned_mlp
@@ -110,6 +110,13 @@ class BSD(Method):
         sweeps have not improved on it; the report says which sweep was kept (``sweep_kept``) and
         why the solve stopped (``stopped``). Sites are then solved one at a time, never grouped.
         ``False`` (the default): each restart's lowest-objective iterate, as before.
+      contain: ``True``: every MLP that can be written in the augmented basis exactly (a two-layer
+        spec whose activation is a name of :data:`~jaxbsd.solver.bases.AUGMENT_ACTIVATIONS`) is
+        solved as the decoupling that contains its pruned form, :func:`augmented` with its own
+        activation and this ``config``'s other settings (:meth:`for_site`), so it is never worse
+        on the selection tokens than pruning at its rank; every other MLP (gated, a dense
+        Jacobian, a custom activation) as this object says. ``compress_model(method="bsd")`` has
+        it on; ``False`` (the default of the class): every MLP as this object says.
     """
 
     config: CMTFConfig = DEFAULT_CONFIG
@@ -117,6 +124,7 @@ class BSD(Method):
     warm_start: bool | None = None
     selection: str = "output"
     best_iterate: bool = dataclasses.field(default=False, metadata={IDENTITY: "unless-default"})
+    contain: bool = dataclasses.field(default=False, metadata={IDENTITY: "unless-default"})
 
     name = "bsd"
     needs_spec = False
@@ -136,27 +144,39 @@ class BSD(Method):
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if not isinstance(self.best_iterate, bool):
             raise ValueError(f"best_iterate must be True or False, got {self.best_iterate!r}")
+        if not isinstance(self.contain, bool):
+            raise ValueError(f"contain must be True or False, got {self.contain!r}")
+
+    def for_site(self, site: Site) -> "BSD":
+        """The decoupling ``site`` is solved with: with ``contain``, where its MLP is a two-layer
+        MLP of a named activation the augmented basis has, :func:`augmented` with that activation
+        (on this ``config``, ``patience`` 5 unless set); else this object."""
+        spec = site.spec
+        if (not self.contain or spec is None or site.gated or not isinstance(spec.activation, str)
+                or spec.activation not in AUGMENT_ACTIVATIONS):
+            return self
+        return augmented(spec.activation, config=self.config, patience=self.config.patience or PATIENCE)
 
     @property
     def dof(self) -> int:
         return self.config.basis.num_coef
 
     def params(self, site: Site, rank) -> int:
-        return metrics.params_bsd(site.m, site.n, rank, self.dof)
+        return metrics.params_bsd(site.m, site.n, rank, self.for_site(site).dof)
 
     def max_rank(self, site: Site) -> int:
-        return max(1, site.params // (site.m + site.n + self.dof))
+        return max(1, site.params // (site.m + site.n + self.for_site(site).dof))
 
     def check_site(self, site: Site) -> None:
         """The solver needs at least as many samples as the basis has coefficients."""
         super().check_site(site)
-        S = site.X.shape[0]
-        if S < self.dof:
+        S, dof = site.X.shape[0], self.for_site(site).dof
+        if S < dof:
             tokens = site.check_X.shape[0] + (0 if site.fit_X is None else site.fit_X.shape[0])
             # S is all the tokens there are (the calibration is too small), or what num_samples asked for.
             name = "calibration" if S >= tokens else "num_samples"
             raise ValueError(f"{name}: {site.path!r} gets S = {S} sampling points from {tokens} calibration tokens, "
-                             f"but a decoupling needs at least the basis's {self.dof} coefficients; calibrate on "
+                             f"but a decoupling needs at least the basis's {dof} coefficients; calibrate on "
                              f"more tokens, sample more, or use a smaller basis")
 
     def random_restarts(self, init) -> int:
@@ -204,6 +224,9 @@ class BSD(Method):
 
     def build(self, site: Site, rank, key: jax.Array, *,
               judge: Callable[[nnx.Module], float] | None = None, refine=None) -> Built:
+        solved = self.for_site(site)
+        if solved is not self:
+            return solved.build(site, rank, key, judge=judge, refine=refine)
         start = time.perf_counter()
         jac, kind, config, init, skipped = self.prepare(site, int(rank))
         # shard=None: one MLP's solve on one device, whatever the count. Spreading its samples or
@@ -229,7 +252,8 @@ class BSD(Method):
         starts and the objective's selection inside it; the held-out selection and the module per
         block after it, as :meth:`build` does. Sites whose problems differ in structure (a warm
         start for some only, say) are solved in one program per structure."""
-        if self.best_iterate:  # the grouped program has no held-out tokens: one site at a time
+        # The grouped program has no held-out tokens: a best-iterate solve (contain's too) runs one site at a time.
+        if self.best_iterate or any(self.for_site(site) is not self for site in sites):
             return [self.build(site, rank, key) for site, rank, key in zip(sites, ranks, keys)]
         start = time.perf_counter()
         preps, problems, inits = self.group_inputs(sites, ranks)
@@ -253,15 +277,19 @@ class BSD(Method):
         return builds
 
 
-def augmented(activation: str, inner=BSpline(0, 1), *, patience: int = 5) -> BSD:
+#: Sweeps without a better iterate after which :func:`augmented` stops.
+PATIENCE = 5
+
+
+def augmented(activation: str, inner=BSpline(0, 1), *, patience: int = PATIENCE, config: CMTFConfig = DEFAULT_CONFIG) -> BSD:
     """The decoupling that contains the pruned MLP it starts from: the basis
     ``Augmented(inner, activation)`` (``activation``: the MLP's own, by name), the warm start
     alone (``restarts=0``), the iterate of lowest error on the selection tokens kept
     (``best_iterate``, the warm start's sweep 0 included), stopped after ``patience`` sweeps without
-    a better one; the other settings :data:`DEFAULT_CONFIG`'s. The constant inner basis (the
+    a better one; the other settings ``config``'s (:data:`DEFAULT_CONFIG`). The constant inner basis (the
     default) costs one coefficient a unit more than pruning's bias, so at a budget it keeps
     pruning's units (``benchmarks/minilm.py`` measures the larger ones beside it)."""
-    config = dataclasses.replace(DEFAULT_CONFIG, basis=Augmented(inner, activation), patience=patience)
+    config = dataclasses.replace(config, basis=Augmented(inner, activation), patience=patience)
     return BSD(config=config, restarts=0, best_iterate=True)
 
 
@@ -305,11 +333,12 @@ def _choose_restart(res, site: Site, selection: str, *, warm: bool, errors=None)
         selection_tokens=kind)
 
 
-def _from_options(config=None, restarts=1, warm_start=None, selection=None, best_iterate=False, **options):
+def _from_options(config=None, restarts=1, warm_start=None, selection=None, best_iterate=False, contain=True,
+                  **options):
     refuse_options("bsd", options, ())
     selection = "output" if selection is None else selection
     return BSD(config=DEFAULT_CONFIG if config is None else config, restarts=restarts, warm_start=warm_start,
-               selection=selection, best_iterate=best_iterate)
+               selection=selection, best_iterate=best_iterate, contain=contain)
 
 
 register("bsd", _from_options)
