@@ -283,15 +283,20 @@ def test_an_infeasible_explicit_rank_names_ranks_and_leaves_the_model(kind, meth
 @pytest.mark.parametrize("tokens, num_samples, name", [((1, 3), None, "calibration"), ((16, 8), 3, "num_samples")],
                          ids=["3-tokens", "num_samples=3"])
 def test_fewer_samples_than_the_basis_dof_names_the_argument(tokens, num_samples, name, method):
-    """A decoupling needs ``S ≥ ν`` sampling points (ν = 4 here): 3 calibration tokens, or
-    ``num_samples=3``, must be refused naming that argument, the model untouched. (``svd``,
-    ``drone`` and ``prune`` compress the same 3 tokens.)"""
+    """A decoupling needs ``S ≥ ν`` sampling points (ν = 4 here: the paper's basis, ``contain=False``): 3
+    calibration tokens, or ``num_samples=3``, must be refused naming that argument, the model untouched.
+    (``svd``, ``drone`` and ``prune`` compress the same 3 tokens; the decoupling that contains pruning has
+    2 coefficients a unit, and is refused at 1.)"""
     model = Net("two-layer")
     x = jax.random.normal(jax.random.key(1), (*tokens, D_IN), jnp.float32)
     with pytest.raises(ValueError) as err:
-        jb.compress_model(model, x, mlps=["ffn"], reduction=0.2, method=jb.get_method(method, num_samples=num_samples, **method_options(method)), key=jax.random.key(0))
+        jb.compress_model(model, x, mlps=["ffn"], reduction=0.2, method=jb.get_method(method, num_samples=num_samples, contain=False, **method_options(method)), key=jax.random.key(0))
     assert_untouched(model, Net("two-layer"))
     assert str(err.value).startswith(name), str(err.value)
+    with pytest.raises(ValueError, match="2 coefficients") as err:  # the default: Augmented(BSpline(0, 1), σ)
+        jb.compress_model(model, x, mlps=["ffn"], reduction=0.2, key=jax.random.key(0),
+                          method=jb.get_method(method, num_samples=1, **method_options(method)))
+    assert_untouched(model, Net("two-layer"))
 
 
 # ------------------------------------------------------------------------ quality that can fail

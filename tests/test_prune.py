@@ -333,7 +333,7 @@ def test_prune_with_fewer_tokens_than_coefficients_refits_towards_the_original_w
     np.testing.assert_allclose(np.asarray(new.fc2.bias[...]), Y.mean(0) - hidden[:, kept].mean(0) @ W,
                                rtol=2e-4, atol=2e-5)
     with pytest.raises(ValueError, match="calibration"):
-        jb.compress_model(Net(nnx.Rngs(0)), x, mlps=PATHS, ranks={p: k + 1 for p in PATHS}, method=jb.get_method("bsd", warm_start=True), mlp_specs=SPEC, key=jax.random.key(0))
+        jb.compress_model(Net(nnx.Rngs(0)), x, mlps=PATHS, ranks={p: k + 1 for p in PATHS}, method=jb.get_method("bsd", warm_start=True, contain=False), mlp_specs=SPEC, key=jax.random.key(0))
 
 
 # ----------------------------------------------------------------------------- compress (jaxbsd models)

@@ -23,7 +23,8 @@ def row_name(row: dict) -> str:
 
 
 DISPLAY = {"bsd-warm": "B-spline (warm start)", "bsd": "B-spline", "prune": "Pruning", "auto": "Auto",
-           "svd": "SVD", "drone": "DRONE"}
+           "svd": "SVD", "drone": "DRONE", "bsd-aug": "B-spline (contains pruning)",
+           "auto-aug": "Auto (contains pruning)"}
 
 
 def display(method: str) -> str:
@@ -32,7 +33,8 @@ def display(method: str) -> str:
 
 
 PROSE_NAMES = {"bsd-warm": "the warm-started B-spline decoupling", "bsd": "the B-spline decoupling (old defaults)",
-               "prune": "pruning", "auto": "`auto`", "svd": "SVD", "drone": "DRONE"}
+               "prune": "pruning", "auto": "`auto`", "svd": "SVD", "drone": "DRONE",
+               "bsd-aug": "the decoupling that contains pruning", "auto-aug": "`auto` (containing pruning)"}
 
 
 def prose_name(method: str) -> str:

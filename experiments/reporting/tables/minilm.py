@@ -26,7 +26,8 @@ def _alone_seconds(run: dict, runs: list[dict]) -> float:
     builds of ``bsd`` (same share, seed and refinement) gets their seconds added."""
     if not run.get("builds_reused") or run.get("build_seconds"):
         return run["seconds"]
-    donor = [r for r in runs if r["base"] == "bsd" and r["share"] == run["share"] and r["seed"] == run["seed"]
+    family = "bsd-aug" if run["base"] == "auto-aug" else "bsd"  # whose builds it reused
+    donor = [r for r in runs if r["base"] == family and r["share"] == run["share"] and r["seed"] == run["seed"]
              and r["refined"] == run["refined"]]
     return run["seconds"] + (donor[0].get("build_seconds") or 0.0 if donor else 0.0)
 
@@ -96,7 +97,8 @@ class MiniLM(Study):
                 and r.get("status", "ok") == "ok"}
 
     #: The methods as this study's prose names them (its ``bsd`` is ``compress_model``'s, warm-started).
-    NAMES = {"prune": "pruning", "svd": "SVD", "drone": "DRONE", "bsd": "B-splines", "auto": "`auto`"}
+    NAMES = {"prune": "pruning", "svd": "SVD", "drone": "DRONE", "bsd": "B-splines", "auto": "`auto`",
+             "bsd-aug": "B-splines containing pruning", "auto-aug": "`auto` containing pruning"}
 
     def tied(self, share: float, key: str | None = None, refined: bool = True, within: float = 5e-4) -> str:
         """The methods whose mean of ``key`` at ``share`` is within ``within`` of the highest, over
