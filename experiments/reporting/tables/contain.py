@@ -154,3 +154,64 @@ def contain_p(study: str, at: float, refined: bool = False) -> str:
     """The paired difference and p of the new decoupling against pruning in one cell, as prose."""
     c = next(c for c in cells() if c["study"] == study and c["at"] == at and c["refined"] == refined)
     return f"{c['vs_prune'].d}, {pv(c['vs_prune'].p)}"
+
+
+#: The single methods ``auto`` is held against on the vision pairs (the studies' names, unrefined).
+SINGLE = ("prune", "bsd-aug", "bsd", "bsd-warm", "svd", "drone")
+
+
+@helper
+def contain_auto_rule() -> str:
+    """Issue 58's rule for ``auto`` (containing pruning), as prose: on the vision pairs its mean
+    against the best single method measured in the same cell (the largest shortfall, and where), on
+    MiniLM against the decoupling that contains pruning (the lowest difference)."""
+    vision, minilm = [], []
+    for label, file, key, digits, axis, _, suffix in STUDIES:
+        payload = committed.load(file)
+        if payload is None:
+            continue
+        for at in sorted({_axis(r) for r in payload["runs"] if r["method"] == AUTO}):
+            for tail in ("", suffix):
+                auto = _runs(payload, AUTO + tail, at)
+                if not auto:
+                    continue
+                mean = float(np.mean([r[key] for r in auto.values()]))
+                where = f"{label} at {axis} = {at:g}{' refined' if tail else ''}"
+                if key == "accuracy":
+                    singles = {m + tail: float(np.mean([r[key] for r in runs.values()])) for m in SINGLE
+                               if (runs := _runs(payload, m + tail, at))}
+                    best = max(singles, key=singles.get)
+                    vision.append((mean - singles[best], where, best))
+                else:
+                    new = _runs(payload, NEW + tail, at)
+                    if new:
+                        minilm.append((mean - float(np.mean([r[key] for r in new.values()])), where))
+    parts = []
+    if vision:
+        gap, where, best = min(vision)
+        parts.append(f"on the vision pairs its largest shortfall to the best single method of a cell is "
+                     f"{num(-gap, 3) if gap < 0 else num(0, 3)} points ({where}, against `{best}`) over {len(vision)} cells")
+    if minilm:
+        low, where = min(minilm)
+        parts.append(f"on MiniLM its lowest mean cosine against the decoupling that contains pruning is "
+                     f"{'+' if low >= 0 else '−'}{abs(low):.5f} ({where}) over {len(minilm)} cells")
+    return "; ".join(parts) or "not measured yet"
+
+
+@helper
+def contain_sweeps() -> str:
+    """Where the sweeps improved on the pruned MLP (a kept sweep above 0), per study, as prose."""
+    by: dict[str, list] = {}
+    for c in cells():
+        if c["sweeps"] is not None:
+            by.setdefault(c["study"], []).append(c)
+    parts = []
+    for study, cs in by.items():
+        moved = [c for c in cs if c["sweeps"][1] > 0]
+        if not moved:
+            parts.append(f"{study}: sweep 0 in every MLP of every cell")
+        else:
+            at = sorted({c["at"] for c in moved})
+            parts.append(f"{study}: a later sweep kept at {cs[0]['axis']} = {', '.join(f'{a:g}' for a in at)} "
+                         f"(up to sweep {max(c['sweeps'][1] for c in moved)}), sweep 0 elsewhere")
+    return "; ".join(parts) or "no cell committed yet"
