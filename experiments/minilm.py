@@ -44,7 +44,7 @@ resumed after an interruption counts the seconds its finished steps took then (`
 Usage::
 
     python experiments/minilm.py             # full: 7 methods × 5 shares × refine on/off × 3 seeds, less the cut
-    python experiments/minilm.py --quick     # CI: prune and bsd, one share, one seed, small data
+    python experiments/minilm.py --quick     # CI: prune, bsd and bsd-aug, one share, one seed, small data
     python experiments/minilm.py --methods prune svd --shares 0.8
 
 Writes ``<out>/minilm.json`` and ``minilm.png`` (``minilm_quick.*`` in quick mode).
@@ -90,7 +90,7 @@ FULL = dict(shares=(0.5, 0.6, 0.7, 0.8, 0.9), methods=METHODS, seeds=3, windows=
             # and 765) costs 9-12 min per build of the six MLPs on this CPU, so those cells of ``bsd``
             # and ``auto`` (whose candidate is that build) run for the first seed only.
             slow_cells=dict(methods=("bsd", "auto"), shares=(0.5, 0.6), seeds=1))
-QUICK = dict(shares=(0.9,), methods=("prune", "bsd"), seeds=1, windows=4, seq_len=32, eval_passages=16,
+QUICK = dict(shares=(0.9,), methods=("prune", "bsd", "bsd-aug"), seeds=1, windows=4, seq_len=32, eval_passages=16,
              eval_pairs=16, max_iter=5, slow_cells=None)
 PATHS = [f"bert.layers.{i}.mlp" for i in range(6)]
 

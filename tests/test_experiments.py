@@ -331,6 +331,31 @@ def test_bsd_variants_set_only_their_own_fields(method, fields):
     assert changed == {{"dof": "basis"}.get(k, k) for k in fields}
 
 
+def test_the_variant_that_contains_pruning_is_the_recipe():
+    """``bsd-aug``: the study's unit builds ``methods.bsd.augmented("gelu")`` (the flat form's warm start
+    is True, not None: every study MLP has a two-layer spec), at the study's λ and sweeps; ``auto-aug``:
+    ``auto`` with that decoupling as its candidate. Their identities round-trip through the flat form."""
+    import argparse
+    import dataclasses
+
+    import compression_study as study
+    from refinement import Setting
+
+    from jaxbsd.compression.config import CompressionConfig
+    from jaxbsd.compression.methods.bsd import augmented
+
+    args = argparse.Namespace(degree=3, dof=4, samples=None)
+    plan = {"max_iter": 300, "epochs": 0, "val_fraction": 0.0}
+    recipe = dataclasses.replace(augmented("gelu"), warm_start=True)
+    config = study.unit_config(Setting("bsd-aug"), 0.2, 1, plan, args)
+    assert config.method == recipe and study.method_name("bsd-aug").startswith("B-spline (augmented")
+    auto = study.unit_config(Setting("auto-aug"), 0.2, 1, plan, args).method
+    assert auto.name == "auto" and auto.judge == "model"
+    assert dataclasses.replace(auto.bsd, warm_start=True) == recipe
+    for c in (config, study.unit_config(Setting.parse("auto-aug-ref300"), 0.2, 1, plan, args)):
+        assert CompressionConfig.from_dict(c.to_dict()).to_dict() == c.to_dict()
+
+
 def test_the_variant_grammar_keeps_the_tags_of_committed_units():
     """A unit resumes only while its tag (its configuration) is unchanged: the committed
     training-free B-spline units must still match what ``unit_config`` builds for them."""

@@ -41,8 +41,10 @@ def which_method_short() -> str:
          + (f"{minilm.mean('bsd-aug-ref', 0.5):.3f} ({minilm.vs('bsd-aug-ref', 'prune-ref', 0.5, digits=4).verdict}), "
             if minilm.seeds('bsd-aug-ref', 0.5) else "")
          + f"before {minilm.mean('bsd-ref', 0.5):.3f}", _minilm_cost(0.5)],
-        ["a ViT, light (ρ ≤ 0.2)", "`prune`",
-         f"{min(light):.2f}–{max(light):.2f} points above B-splines (DeiT/USPS, unrefined)", "one refit an MLP"],
+        ["a ViT, light (ρ ≤ 0.2)", "`prune`, or `bsd`: it contains pruning",
+         f"{min(light):.2f}–{max(light):.2f} points above the old B-splines; containing pruning "
+         + ", ".join(f"{tf_deit.vs('bsd-aug', 'prune', r).d} ({tf_deit.vs('bsd-aug', 'prune', r).verdict})"
+                     for r in (0.1, 0.2)) + " (DeiT/USPS, unrefined)", "one refit an MLP"],
         ["a ViT, ρ = 0.5", "`auto`",
          f"DeiT/USPS refined: {rf_deit.mean('auto-ref300', 0.5):.2f} %, pruning {rf_deit.mean('prune-ref300', 0.5):.2f} % "
          f"({rf_deit.vs('auto-ref300', 'prune-ref300', 0.5).verdict}; original {rf_deit['accuracy_original']:.2f} %)",
