@@ -167,7 +167,7 @@ def test_warm_start_passes_the_pruned_mlp_as_init(monkeypatch):
     K1, b1, K2, b2 = (np.asarray(a) for a in (ffn.up.kernel[...], ffn.up.bias[...], ffn.down.kernel[...],
                                               ffn.down.bias[...]))
     # refine=None: refinement would set its held-out tokens apart before the build, off the check tokens
-    _, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: r for p in PATHS}, mlp_specs=SPEC, key=jax.random.key(0), method=jb.get_method("bsd", config=CONFIG, restarts=2, warm_start=True), refine=None)
+    _, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: r for p in PATHS}, mlp_specs=SPEC, key=jax.random.key(0), method=jb.get_method("bsd", contain=False, config=CONFIG, restarts=2, warm_start=True), refine=None)
     init = seen[-1]
     assert isinstance(init, jb.Decoupled) and init.rank == r
     hidden = NP_ACT["gelu"](X0 @ K1 + b1)
@@ -195,7 +195,7 @@ def test_without_a_warm_start_compress_model_is_what_it_was(monkeypatch):
 
     monkeypatch.setattr(bsd_module, "decouple", spy)
     model = Net(nnx.Rngs(0))
-    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs=SPEC, key=jax.random.key(0), method=jb.get_method("bsd", config=CONFIG, restarts=3, warm_start=False, selection="objective"), refine=None)  # the replacement as the solver built it
+    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs=SPEC, key=jax.random.key(0), method=jb.get_method("bsd", contain=False, config=CONFIG, restarts=3, warm_start=False, selection="objective"), refine=None)  # the replacement as the solver built it
     assert all(kw.get("init") is None for _, kw in seen) and len(seen) == 2
     for (args, kwargs), rep in zip(seen, report.mlps):
         res = real(*args, **{**kwargs, "init": None})
@@ -231,7 +231,7 @@ def test_by_default_bsd_warm_starts_every_prunable_mlp_and_says_why_not_elsewher
     monkeypatch.setattr(bsd_module, "decouple", spy)
     model = Net(nnx.Rngs(0))
     model.layers[0] = Opaque()
-    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs={"layers.1": SPEC}, key=jax.random.key(0), method=jb.get_method("bsd", config=CONFIG, restarts=2))
+    _, report = jb.compress_model(model, calib(), mlps=PATHS, ranks={p: 3 for p in PATHS}, mlp_specs={"layers.1": SPEC}, key=jax.random.key(0), method=jb.get_method("bsd", contain=False, config=CONFIG, restarts=2))
     by_path = {r.path: r for r in report.mlps}
     assert [r.path for r in report.mlps] == ["layers.1", "layers.0"] and all(r.selection == "output" for r in report.mlps)
     assert isinstance(seen[0], jb.Decoupled) and seen[0].rank == 3 and by_path["layers.1"].warm_start_skipped is None
@@ -297,7 +297,7 @@ def test_auto_keeps_the_pruned_mlp_when_only_k_units_are_alive():
         ffn.up.bias[...] = ffn.up.bias[...].at[3:].set(0.0)
     x = calib()
     ref = np.asarray(model(x))
-    model, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: 3 for p in PATHS}, method=jb.get_method("auto", config=CONFIG, restarts=2), mlp_specs=SPEC, key=jax.random.key(0))
+    model, report = jb.compress_model(model, x, mlps=PATHS, ranks={p: 3 for p in PATHS}, method=jb.get_method("auto", contain=False, config=CONFIG, restarts=2), mlp_specs=SPEC, key=jax.random.key(0))
     assert report.method == "auto"
     for rep in report.mlps:
         assert rep.method == "prune" and rep.auto["kept"] == "prune"
@@ -315,7 +315,7 @@ def test_auto_judged_by_the_model_records_the_end_to_end_error_of_what_it_kept()
     model = Net(nnx.Rngs(0))
     x = calib()
     ref = np.asarray(model(x))
-    model, report = jb.compress_model(model, x, mlps=PATHS, reduction=0.3, method=jb.get_method("auto", config=CONFIG), mlp_specs=SPEC, key=jax.random.key(0))
+    model, report = jb.compress_model(model, x, mlps=PATHS, reduction=0.3, method=jb.get_method("auto", contain=False, config=CONFIG), mlp_specs=SPEC, key=jax.random.key(0))
     for rep in report.mlps:
         errs = rep.auto["bsd"]["model_output_error"], rep.auto["prune"]["model_output_error"]
         assert rep.auto["judge"] == "model" and "model output error" in rep.auto["reason"]
@@ -388,7 +388,7 @@ def test_auto_meets_the_budget_with_both_candidates_in_one_share():
     model = Net(nnx.Rngs(0))
     P = count_params(model)
     reduction = 0.4
-    model, report = jb.compress_model(model, calib(), mlps=PATHS, reduction=reduction, method=jb.get_method("auto", config=CONFIG), mlp_specs=SPEC, key=jax.random.key(0))
+    model, report = jb.compress_model(model, calib(), mlps=PATHS, reduction=reduction, method=jb.get_method("auto", contain=False, config=CONFIG), mlp_specs=SPEC, key=jax.random.key(0))
     assert report.params_after == count_params(model) <= (1 - reduction) * P
     budget = math.floor((1 - reduction) * P) - (P - 2 * count_params(FFN(6, 16, nnx.Rngs(0))))
     costs = [max(r.auto["bsd"]["params"], r.auto["prune"]["params"]) for r in report.mlps]

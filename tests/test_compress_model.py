@@ -148,7 +148,9 @@ def test_explicit_ranks(method):
     for path, r in ranks.items():
         new = get_submodule(model, path)
         if method == "bsd":
-            assert new.W0[...].shape == (r, 8) and new.num_params() == jb.solver.metrics.params_bsd(8, 8, r, 4)
+            # the name contains pruning: a constant plus the MLP's activation, 2 coefficients a unit
+            assert isinstance(new.basis, jb.Augmented) and new.basis.inner == jb.BSpline(0, 1)
+            assert new.W0[...].shape == (r, 8) and new.num_params() == jb.solver.metrics.params_bsd(8, 8, r, 2)
         else:
             assert new.rank == r
     assert report.target_reduction is None and report.allocation == "explicit"
@@ -347,7 +349,7 @@ def test_structured_and_dense_jacobians_agree_with_the_jacfwd_oracle(monkeypatch
     # ... and the whole decoupling comes out the same both ways
     reports = []
     for spec in (SPEC, None):
-        m, report = jb.compress_model(Net(), calibration(), mlps=[PATHS[0]], ranks={PATHS[0]: RANK}, method=jb.get_method("bsd", config=FAST, warm_start=False), mlp_specs=spec, key=jax.random.key(2), refine=None)  # the claim is the decoupling's; refinement is tests/test_refine.py's
+        m, report = jb.compress_model(Net(), calibration(), mlps=[PATHS[0]], ranks={PATHS[0]: RANK}, method=jb.get_method("bsd", config=FAST, warm_start=False, contain=False), mlp_specs=spec, key=jax.random.key(2), refine=None)  # the claim is the decoupling's; refinement is tests/test_refine.py's
         reports.append((get_submodule(m, PATHS[0]), report.mlps[0]))
     (a, ra), (b, rb) = reports
     assert (ra.jacobian, rb.jacobian) == ("structured", "dense")

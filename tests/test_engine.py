@@ -378,7 +378,7 @@ def test_a_planted_decoupling_is_found():
     hidden = 4
     x = calibration("many")
     config = jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 8), max_iter=50)
-    model, report = jb.compress_model(TanhNet(hidden), x, mlps=["ffn"], ranks={"ffn": hidden}, method=jb.get_method("bsd", config=config), key=jax.random.key(0))
+    model, report = jb.compress_model(TanhNet(hidden), x, mlps=["ffn"], ranks={"ffn": hidden}, method=jb.get_method("bsd", config=config, contain=False), key=jax.random.key(0))
     (mlp,) = report.mlps
     assert mlp.spec.startswith("found: tanh: first -> second") and mlp.rank == hidden
     assert isinstance(model.ffn, DecoupledMLP)
@@ -452,12 +452,13 @@ def _without_times(value):
 
 
 @pytest.mark.parametrize("name, obj", [
-    pytest.param("bsd", jb.BSD(config=FAST, restarts=2), marks=SLOW),
-    pytest.param("auto", jb.Auto(bsd=jb.BSD(config=FAST, restarts=2)), marks=SLOW),
+    pytest.param("bsd", jb.BSD(config=FAST, restarts=2, contain=True), marks=SLOW),
+    pytest.param("auto", jb.Auto(bsd=jb.BSD(config=FAST, restarts=2, contain=True)), marks=SLOW),
 ], ids=["BSD", "Auto"])
 def test_a_method_object_gives_what_its_string_shortcut_gives(name, obj):
-    """``method=jb.BSD(config=…, restarts=2)`` is ``method="bsd", config=…, restarts=2`` (and the
-    same for ``Auto``, whose decoupling candidate is such a BSD): same report, same weights."""
+    """``method=jb.BSD(config=…, restarts=2, contain=True)`` is ``method="bsd", config=…, restarts=2`` (the
+    name contains pruning; the same for ``Auto``, whose decoupling candidate is such a BSD): same report,
+    same weights."""
     x = calibration("many")
     rank = outcome("two-layer", "many", "bsd", 0.35)[2].mlps[0].rank  # the matrix's rank at ρ = 0.35
     runs = []

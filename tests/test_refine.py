@@ -66,7 +66,9 @@ def test_refining_never_raises_the_heldout_error_and_keeps_structure_and_budget(
     monkeypatch.setattr(jb.compression.engine, "site_refiner", spy)
     plain, plain_report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, refine=None, **kw)
     refined, report = jb.compress_model(Net(d, h, 2, nnx.Rngs(0)), x, refine=jb.Refine(steps=40), **kw)
-    assert report.params_after == plain_report.params_after <= (1 - 0.4) * report.params_before
+    assert max(report.params_after, plain_report.params_after) <= (1 - 0.4) * report.params_before
+    if method != "auto":  # auto may keep the other candidate once both are refined (another count)
+        assert report.params_after == plain_report.params_after
     for r, p in zip(report.mlps, plain_report.mlps):
         assert r.refine is not None and p.refine is None
         # (error_after <= error_before holds by construction; the held-out errors themselves are
@@ -441,7 +443,7 @@ def test_auto_judges_its_candidates_once_refined():
     is the one the report gives (a judge of the unrefined candidates would give another)."""
     d, h = 12, 32
     x = _calibration(d, seed=8)
-    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method=jb.get_method("auto", config=FAST), key=jax.random.key(1), refine=jb.Refine(steps=40))
+    model, report = jb.compress_model(Net(d, h, 1, nnx.Rngs(0)), x, mlps=["ffns.0"], reduction=0.4, method=jb.get_method("auto", config=FAST, contain=False), key=jax.random.key(1), refine=jb.Refine(steps=40))
     auto = report.mlps[0].auto
     kept, other = auto["kept"], {"bsd": "prune", "prune": "bsd"}[auto["kept"]]
     assert auto[kept]["refine"]["steps_kept"] > 0 and auto[other]["refine"]["steps"] == 40
