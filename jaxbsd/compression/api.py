@@ -362,7 +362,10 @@ def compress_model(
         the output error falls fastest per parameter, among a few candidate ranks).
       method: a name of :data:`METHODS` (with its defaults) or a method object carrying its options:
         :class:`~jaxbsd.compression.methods.BSD` (solver ``config``, ``restarts``, ``warm_start``,
-        ``selection``), ``Prune``, ``SVD``, ``DRONE``, ``Auto``; every one takes ``num_samples``.
+        ``selection``, ``contain``), ``Prune``, ``SVD``, ``DRONE``, ``Auto``; every one takes ``num_samples``.
+        The name ``"bsd"`` (and ``"auto"``'s candidate) contains pruning: each two-layer MLP of a named
+        activation is solved as :func:`~jaxbsd.compression.methods.bsd.augmented` with its activation
+        (``BSD(contain=True)``); ``jb.get_method("bsd", contain=False)`` is the paper's basis everywhere.
       refine: the label-free refinement stage (:class:`Refine`, on by default; None or ``False``: the
         replacements as built; ``True``: ``Refine()``).
       distill: the label-free distillation of the whole model after the last replacement
