@@ -299,6 +299,7 @@ def test_samples_grow_with_the_rank_and_old_run_ids_stay_valid():
                                 "activation": "gelu"}, "restarts": 0, "warm_start": None, "selection": "output",
      "best_iterate": True, "patience": 5},
     {"method": "auto", "restarts": 0, "best_iterate": True, "patience": 3},
+    {"method": "bsd", "warm_start": None, "selection": "output", "contain": True},  # compress_model's "bsd"
 ])
 def test_the_flat_form_reads_back_to_the_same_identity_and_the_same_objects(flat):
     """``from_dict`` of a saved flat form gives a configuration whose ``to_dict`` is that form again (as
@@ -314,6 +315,7 @@ def test_the_flat_form_reads_back_to_the_same_identity_and_the_same_objects(flat
     if name in ("bsd", "auto"):
         bsd = config.method if name == "bsd" else config.method.bsd
         assert bsd.best_iterate == flat.get("best_iterate", False) and bsd.config.patience == flat.get("patience")
+        assert bsd.contain == flat.get("contain", False)
         # added after runs were saved: in an identity only where set
         assert ("best_iterate" in config.to_dict()) == ("best_iterate" in flat)
     assert (config.refine is None) == (not flat.get("refine_steps"))

@@ -179,7 +179,7 @@ class CompressionConfig:
         own = isinstance(self.method, BSD)
         return {"method": self.method.name, "basis": solver.basis.to_dict(), "robust": solver.robust,
                 "lam": solver.lam, "max_iter": solver.max_iter, "restarts": bsd.restarts, "tol": solver.tol,
-                "patience": solver.patience, "best_iterate": bsd.best_iterate,
+                "patience": solver.patience, "best_iterate": bsd.best_iterate, "contain": bsd.contain,
                 # None (the warm start where one can be built) is kept as None: False would read back as
                 # no warm start, which restarts=0 refuses.
                 "warm_start": bsd.warm_start if own else False,
@@ -231,10 +231,10 @@ class CompressionConfig:
                             patience=d["patience"])
         if name == "bsd":
             method = BSD(config=solver, restarts=d["restarts"], warm_start=d["warm_start"], selection=d["selection"],
-                         best_iterate=d["best_iterate"])
+                         best_iterate=d["best_iterate"], contain=d["contain"])
         elif name == "auto":
             method = Auto(bsd=BSD(config=solver, restarts=d["restarts"], warm_start=None, selection="output",
-                                  best_iterate=d["best_iterate"]), judge=d["auto_judge"])
+                                  best_iterate=d["best_iterate"], contain=d["contain"]), judge=d["auto_judge"])
         else:
             method = name
         refine = (Refine(steps=d["refine_steps"], learning_rate=d["refine_lr"], target=d["refine_target"],
@@ -285,7 +285,8 @@ DEFAULTS = {**CompressionConfig()._flat(), **_refine_fields(Refine()),
 LATER_FIELDS = {"samples_per_rank": 0, "capture": "current", "warm_start": False, "selection": "objective",
                  "auto_judge": "block", "judge_images": 256, "refine_steps": 0, "refine_lr": 1e-3,
                  "refine_target": "local", "refine_batch": None, "distill_steps": 0,
-                 "distill_schedule": "constant", "distill_warmup": 0, "patience": None, "best_iterate": False}
+                 "distill_schedule": "constant", "distill_warmup": 0, "patience": None, "best_iterate": False,
+                 "contain": False}
 #: The distillation's settings, left out of a run's identity without distillation.
 DISTILL_FIELDS = ("distill_lr", "distill_batch", "distill_images", "distill_loss", "distill_temperature",
                    "distill_trainable", "distill_schedule", "distill_warmup")
