@@ -52,8 +52,11 @@ def probe(dtype=jnp.float64):
 def run(method="bsd", *, hidden=(32, 32, 32), dtype=jnp.float64, refine=True, seed=0, **kwargs):
     """``(model, report)`` of a small compression of :class:`Net` (``seed``: the compression's key)."""
     model = Net(hidden, dtype)
-    # contain=False: the grouped program is the paper-basis decoupling's (a contained one is solved per site)
-    options = dict(config=FAST, restarts=2, contain=False) if method in ("bsd", "auto") else {}
+    # contain=False: the grouped program is the paper-basis decoupling's (a contained one is solved per site);
+    # "bsd-contain": compress_model's own "bsd", which contains pruning.
+    contain = method == "bsd-contain"
+    method = "bsd" if contain else method
+    options = dict(config=FAST, restarts=2, contain=contain) if method in ("bsd", "auto") else {}
     if method == "auto":
         options["auto_judge"] = "block"
     paths = [f"blocks.{i}" for i in range(len(hidden))]

@@ -28,5 +28,5 @@ mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("blocks",))
 method = os.environ.get("METHOD", "bsd")
 model, report = toy.run(method, mesh=mesh, state_dir=os.environ.get("STATE_DIR") or None)
 np.savez(sys.argv[1], outputs=toy.outputs(model), devices=len(jax.devices()), processes=jax.process_count(),
-         group_devices=report.mlps[0].group["devices"])
+         group_devices=(report.mlps[0].group or {}).get("devices", 0))
 print("done", jax.process_index(), report.mlps[0].group, flush=True)

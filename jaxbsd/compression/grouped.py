@@ -158,7 +158,7 @@ def fuses(method, refined: bool, devices: Devices, platform: str | None = None, 
     program for the solve and the refinement (:func:`_bsd_refined_group`) rather than the group's
     solve program then its refinement program.
 
-    Only ``method="bsd"`` refined has the fused program. With a mesh, or on an accelerator, it is
+    Only ``method="bsd"`` refined has the fused program, and not a best-iterate or containing one. With a mesh, or on an accelerator, it is
     used: one compile and one sharded or batched program for the group. On the CPU without a mesh
     (``platform``: the backend the group runs on; None: ``jax.default_backend()``) there is no
     device parallelism for it to gain, the blocks running one after the other either way
@@ -166,7 +166,9 @@ def fuses(method, refined: bool, devices: Devices, platform: str | None = None, 
     than the two it joins (``benchmarks/grouped.py``'s ``fused`` mode against ``grouped``): the
     group then runs the solve's program and the refinement's, each compiled once for the group.
     ``force`` (default :data:`FUSE`): True or False decides regardless of the devices."""
-    if type(method) is not BSD or not refined:
+    # A best-iterate solve (the decoupling that contains pruning's too: ``contain``) runs one site at a time
+    # with its held-out tokens (``BSD.build_group``); the fused program has neither.
+    if type(method) is not BSD or not refined or method.best_iterate or method.contain:
         return False
     force = FUSE if force is None else force
     if force is not None:
