@@ -24,8 +24,8 @@ def _minilm_cost(share: float) -> str:
     rows = [r["details"] for r in d["rows"] if r["details"].get("share") == share and r["details"].get("x_prune_min")]
     old = next(r for r in rows if r["method"] == "bsd")
     new = next((r for r in rows if r["method"] == "bsd-aug" and r.get("budget_rank")), None)
-    return (f"{old['prune']['seconds_min']:.1f} s an MLP; containing it {new['x_prune_min']:.1f}×, "
-            f"before {old['x_prune_min']:.0f}×" if new else
+    return (f"{old['prune']['seconds_min']:.1f} s an MLP; `bsd` {new['x_prune_min']:.1f}×, "
+            f"old {old['x_prune_min']:.0f}×" if new else
             f"{old['prune']['seconds_min']:.1f} s an MLP; a decoupling {old['x_prune_min']:.0f}×")
 
 
@@ -36,15 +36,17 @@ def which_method_short() -> str:
     light = [tf_deit.vs("prune", "bsd", r).diff for r in (0.1, 0.2)]
     gated = [v.diff for m in ("prune", "drone") for v in lm.gaps("bsd", m, "training-free")]
     rows = [
-        ["a pretrained encoder (MiniLM)", "`prune` (`compress-hf`'s), or `bsd`: it contains pruning",
-         f"half the MLPs removed, refined: cosine {minilm.mean('prune-ref', 0.5):.3f}, B-splines containing pruning "
+        ["a pretrained encoder (MiniLM)", "`prune` or `bsd`",
+         f"s = 0.5 refined: cosine {minilm.mean('prune-ref', 0.5):.3f}; `bsd` "
          + (f"{minilm.mean('bsd-aug-ref', 0.5):.3f} ({minilm.vs('bsd-aug-ref', 'prune-ref', 0.5, digits=4).verdict}), "
             if minilm.seeds('bsd-aug-ref', 0.5) else "")
-         + f"before {minilm.mean('bsd-ref', 0.5):.3f}", _minilm_cost(0.5)],
-        ["a ViT, light (ρ ≤ 0.2)", "`prune`, or `bsd`: it contains pruning",
-         f"{min(light):.2f}–{max(light):.2f} points above the old B-splines; containing pruning "
-         + ", ".join(f"{tf_deit.vs('bsd-aug', 'prune', r).d} ({tf_deit.vs('bsd-aug', 'prune', r).verdict})"
-                     for r in (0.1, 0.2)) + " (DeiT/USPS, unrefined)", "one refit an MLP"],
+         + f"old `bsd` {minilm.mean('bsd-ref', 0.5):.3f}", _minilm_cost(0.5)],
+        ["a ViT, light (ρ ≤ 0.2)", "`prune` or `bsd`",
+         f"DeiT/USPS unrefined, `bsd` − pruning: "
+         + ", ".join(tf_deit.vs('bsd-aug', 'prune', r).d for r in (0.1, 0.2))
+         + f" ({' / '.join(sorted({tf_deit.vs('bsd-aug', 'prune', r).verdict for r in (0.1, 0.2)}))}); "
+         f"old `bsd` {min(light):.2f}–{max(light):.2f} below",
+         "one refit an MLP"],
         ["a ViT, ρ = 0.5", "`auto`",
          f"DeiT/USPS refined: {rf_deit.mean('auto-ref300', 0.5):.2f} %, pruning {rf_deit.mean('prune-ref300', 0.5):.2f} % "
          f"({rf_deit.vs('auto-ref300', 'prune-ref300', 0.5).verdict}; original {rf_deit['accuracy_original']:.2f} %)",
