@@ -7,33 +7,29 @@ paired t-test over the seeds both methods have (p < 0.05), never typed by hand."
 
 from __future__ import annotations
 
-import numpy as np
 
-from .. import committed
 from ..formats import md, num, pv
-from ..registry import helper, table
-from ..stats import Paired
+from ..registry import helper, result, table
 
-#: (label, file, metric, digits, the axis's name, today's decoupling unrefined and refined, the refined suffix)
-STUDIES = (("ViT/Fashion-MNIST", "training_free_vit_fashion-mnist.json", "accuracy", 2, "ρ", "bsd-warm", "-ref300"),
-           ("DeiT/USPS", "training_free_deit_usps.json", "accuracy", 2, "ρ", "bsd-warm", "-ref300"),
-           ("all-MiniLM-L6-v2", "minilm.json", "mean_cosine", 4, "s", "bsd", "-ref"))
+#: (label, the figure source of its study, digits, the axis's name, today's decoupling, the refined suffix)
+STUDIES = (("ViT/Fashion-MNIST", "tf_vit", 2, "ρ", "bsd-warm", "-ref300"),
+           ("DeiT/USPS", "tf_deit", 2, "ρ", "bsd-warm", "-ref300"),
+           ("all-MiniLM-L6-v2", "minilm", 4, "s", "bsd", "-ref"))
 NEW, PRUNE, AUTO = "bsd-aug", "prune", "auto-aug"
 
 
-def _axis(run: dict) -> float:
-    return run["share"] if "share" in run else run["reduction"]
+def _studies():
+    """``(label, study, digits, axis, old, suffix)`` of each committed study (its registered kind:
+    ``Study`` by ρ, ``MiniLM`` by share; their ``key`` is the figure compared)."""
+    for label, name, digits, axis, old, suffix in STUDIES:
+        study = result(name)
+        if study is not None:
+            yield label, study, digits, axis, old, suffix
 
 
-def _runs(payload: dict, method: str, at: float) -> dict:
-    return {r["seed"]: r for r in payload["runs"] if r["method"] == method and _axis(r) == at
-            and r.get("status", "ok") == "ok"}
-
-
-def _paired(payload, a, b, at, key, digits) -> Paired | None:
-    ra, rb = _runs(payload, a, at), _runs(payload, b, at)
-    common = sorted(set(ra) & set(rb))
-    return Paired([ra[s][key] for s in common], [rb[s][key] for s in common], digits=digits) if common else None
+def _axes(study, method: str) -> list[float]:
+    """The ρ (or shares) at which ``method`` has runs."""
+    return sorted({r.get("share", r.get("reduction")) for r in study["runs"] if r["method"] == method})
 
 
 def _errors(run: dict) -> dict:
@@ -47,43 +43,37 @@ def _sweeps(run: dict) -> list:
     return [m.get("sweep_kept") for m in run.get("mlps", run.get("steps", []))]
 
 
-def _word(p: Paired | None) -> str:
-    if p is None:
-        return "—"
+def _word(p) -> str:
     return {"holds": "**above**", "does not hold": "**below**"}.get(p.verdict, "within noise")
 
 
 def cells() -> list[dict]:
     """Every measured cell (study, axis value, refined): the means, the paired differences and
-    verdicts, the largest per-MLP output-error ratio of ``bsd-aug`` to pruning (same seed, same
-    MLP) and the sweeps kept."""
+    verdicts (against pruning; the decoupling of before against the new one and against pruning;
+    ``auto`` against the new one), the largest per-MLP output-error ratio of ``bsd-aug`` to pruning
+    (same seed, same MLP) and the sweeps kept."""
     out = []
-    for label, file, key, digits, axis, old, suffix in STUDIES:
-        payload = committed.load(file)
-        if payload is None:
-            continue
-        values = sorted({_axis(r) for r in payload["runs"] if r["method"] == NEW})
-        for at in values:
+    for label, study, digits, axis, old, suffix in _studies():
+        for at in _axes(study, NEW):
             for refined in (False, True):
                 tail = suffix if refined else ""
-                new, prune = _runs(payload, NEW + tail, at), _runs(payload, PRUNE + tail, at)
+                new, prune = study._runs(NEW + tail, at), study._runs(PRUNE + tail, at)
                 if not new or not prune:
                     continue
                 ratios = [e / _errors(prune[s])[k] for s in set(new) & set(prune)
                           for k, e in _errors(new[s]).items() if _errors(prune[s]).get(k)]
                 sweeps = [x for r in new.values() for x in _sweeps(r) if x is not None]
-                old_name = old + tail if _runs(payload, old + tail, at) else None
+                before = old + tail if study.seeds(old + tail, at) else None
+                has_auto = bool(study.seeds(AUTO + tail, at))
                 out.append(dict(
-                    study=label, axis=axis, at=at, refined=refined, key=key, digits=digits, seeds=len(new),
-                    new=float(np.mean([r[key] for r in new.values()])),
-                    prune=float(np.mean([r[key] for r in prune.values()])),
-                    vs_prune=_paired(payload, NEW + tail, PRUNE + tail, at, key, digits),
-                    old=old_name, old_mean=(float(np.mean([r[key] for r in _runs(payload, old_name, at).values()]))
-                                            if old_name else None),
-                    vs_old=_paired(payload, NEW + tail, old_name, at, key, digits) if old_name else None,
-                    auto=(float(np.mean([r[key] for r in _runs(payload, AUTO + tail, at).values()]))
-                          if _runs(payload, AUTO + tail, at) else None),
-                    auto_vs_new=_paired(payload, AUTO + tail, NEW + tail, at, key, digits),
+                    study=label, axis=axis, at=at, refined=refined, digits=digits, seeds=len(new),
+                    new=study.mean(NEW + tail, at), prune=study.mean(PRUNE + tail, at),
+                    vs_prune=study.vs(NEW + tail, PRUNE + tail, at, digits=digits),
+                    old=before, old_mean=study.mean(before, at) if before else None,
+                    vs_old=study.vs(NEW + tail, before, at, digits=digits) if before else None,
+                    old_vs_prune=study.vs(before, PRUNE + tail, at, digits=digits) if before else None,
+                    auto=study.mean(AUTO + tail, at) if has_auto else None,
+                    auto_vs_new=study.vs(AUTO + tail, NEW + tail, at, digits=digits) if has_auto else None,
                     worst_ratio=max(ratios) if ratios else None,
                     sweeps=(min(sweeps), max(sweeps)) if sweeps else None))
     return out
@@ -129,7 +119,7 @@ def contain_summary() -> str:
         return f"{c['study']} at {c['axis']} = {c['at']:g}{' refined' if c['refined'] else ''}"
     below = [where(c) for c in cs if c["vs_prune"].verdict == "does not hold"]
     above = [where(c) for c in cs if c["vs_prune"].verdict == "holds"]
-    old_below = [c for c in cs if c["old"] and _paired_old_prune(c) == "does not hold"]
+    old_below = [c for c in cs if c["old"] and c["old_vs_prune"].verdict == "does not hold"]
     ratios = [c["worst_ratio"] for c in cs if c["worst_ratio"] is not None]
     parts = [f"over {len(cs)} cells, the decoupling that contains pruning is significantly below pruning in "
              + (f"{len(below)}: {'; '.join(below)}" if below else "none"),
@@ -138,15 +128,6 @@ def contain_summary() -> str:
              f"the decoupling of before was significantly below pruning in {len(old_below)} of the cells where it "
              "was measured"]
     return "; ".join(p for p in parts if p)
-
-
-def _paired_old_prune(c: dict) -> str | None:
-    for label, file, key, digits, _, _, suffix in STUDIES:
-        if label == c["study"]:
-            payload = committed.load(file)
-            p = _paired(payload, c["old"], PRUNE + (suffix if c["refined"] else ""), c["at"], key, digits)
-            return p.verdict if p else None
-    return None
 
 
 @helper
@@ -166,26 +147,19 @@ def contain_auto_rule() -> str:
     against the best single method measured in the same cell (the largest shortfall, and where), on
     MiniLM against the decoupling that contains pruning (the lowest difference)."""
     vision, minilm = [], []
-    for label, file, key, digits, axis, _, suffix in STUDIES:
-        payload = committed.load(file)
-        if payload is None:
-            continue
-        for at in sorted({_axis(r) for r in payload["runs"] if r["method"] == AUTO}):
+    for label, study, _, axis, _, suffix in _studies():
+        for at in _axes(study, AUTO):
             for tail in ("", suffix):
-                auto = _runs(payload, AUTO + tail, at)
-                if not auto:
+                if not study.seeds(AUTO + tail, at):
                     continue
-                mean = float(np.mean([r[key] for r in auto.values()]))
+                mean = study.mean(AUTO + tail, at)
                 where = f"{label} at {axis} = {at:g}{' refined' if tail else ''}"
-                if key == "accuracy":
-                    singles = {m + tail: float(np.mean([r[key] for r in runs.values()])) for m in SINGLE
-                               if (runs := _runs(payload, m + tail, at))}
+                if study.key == "accuracy":
+                    singles = {m + tail: study.mean(m + tail, at) for m in SINGLE if study.seeds(m + tail, at)}
                     best = max(singles, key=singles.get)
                     vision.append((mean - singles[best], where, best))
-                else:
-                    new = _runs(payload, NEW + tail, at)
-                    if new:
-                        minilm.append((mean - float(np.mean([r[key] for r in new.values()])), where))
+                elif study.seeds(NEW + tail, at):
+                    minilm.append((mean - study.mean(NEW + tail, at), where))
     parts = []
     if vision:
         gap, where, best = min(vision)

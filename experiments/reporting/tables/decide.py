@@ -8,13 +8,7 @@ from __future__ import annotations
 
 from .. import committed
 from ..formats import md
-from ..registry import FOLDERS, KINDS, SOURCES, table
-
-
-def _result(name: str):
-    """The committed result a figure names ``name`` (``"tf_deit"``), as its registered kind."""
-    folder = committed.BENCHMARKS if FOLDERS[name] == "benchmarks" else committed.RESULTS
-    return KINDS[name](committed.read_json(folder / SOURCES[name]))
+from ..registry import result, table
 
 
 def _minilm_cost(share: float) -> str:
@@ -32,7 +26,7 @@ def _minilm_cost(share: float) -> str:
 @table("headline-which-method")
 def which_method_short() -> str:
     """Situation → method and flag → what the committed results say → what it costs."""
-    tf_deit, rf_deit, minilm, lm, dst_vit = (_result(n) for n in ("tf_deit", "rf_deit", "minilm", "lm", "dst_vit"))
+    tf_deit, rf_deit, minilm, lm, dst_vit = (result(n) for n in ("tf_deit", "rf_deit", "minilm", "lm", "dst_vit"))
     light = [tf_deit.vs("prune", "bsd", r).diff for r in (0.1, 0.2)]
     gated = [v.diff for m in ("prune", "drone") for v in lm.gaps("bsd", m, "training-free")]
     rows = [
@@ -42,7 +36,7 @@ def which_method_short() -> str:
             if minilm.seeds('bsd-aug-ref', 0.5) else "")
          + f"old `bsd` {minilm.mean('bsd-ref', 0.5):.3f}", _minilm_cost(0.5)],
         ["a ViT, light (ρ ≤ 0.2)", "`prune` or `bsd`",
-         f"DeiT/USPS unrefined, `bsd` − pruning: "
+         "DeiT/USPS unrefined, `bsd` − pruning: "
          + ", ".join(tf_deit.vs('bsd-aug', 'prune', r).d for r in (0.1, 0.2))
          + f" ({' / '.join(sorted({tf_deit.vs('bsd-aug', 'prune', r).verdict for r in (0.1, 0.2)}))}); "
          f"old `bsd` {min(light):.2f}–{max(light):.2f} below",
