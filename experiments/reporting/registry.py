@@ -60,15 +60,6 @@ def source(name: str, file: str, kind: type, folder: str = "results") -> None:
     SOURCES[name], KINDS[name], FOLDERS[name] = file, kind, folder
 
 
-def result(name: str):
-    """The committed result a figure names ``name`` (``"tf_deit"``), wrapped in its registered kind;
-    None where the file is not committed."""
-    from . import committed
-
-    path = (committed.BENCHMARKS if FOLDERS[name] == "benchmarks" else committed.RESULTS) / SOURCES[name]
-    return KINDS[name](committed.read_json(path)) if path.exists() else None
-
-
 def helper(fn: Callable) -> Callable:
     """Make ``fn`` callable by its name in a figure's expression."""
     _claim(HELPERS, fn.__name__, "figure helper")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 
 from ..formats import md, num, pv
-from ..registry import helper, result, table
+from ..registry import helper, table
+from . import result
 
 #: (label, the figure source of its study, digits, the axis's name, today's decoupling, the refined suffix)
 STUDIES = (("ViT/Fashion-MNIST", "tf_vit", 2, "ρ", "bsd-warm", "-ref300"),

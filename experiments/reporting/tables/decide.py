@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .. import committed
 from ..formats import md
-from ..registry import result, table
+from ..registry import table
+from . import result
 
 
 def _minilm_cost(share: float) -> str:
