@@ -68,7 +68,7 @@ import jaxbsd as jb
 from jaxbsd.compression.methods import get_method
 from jaxbsd.compression.methods.auto import Auto
 from jaxbsd.compression.methods.base import Method
-from jaxbsd.compression.methods.bsd import augmented
+from jaxbsd.compression.methods.bsd import DEFAULT_CONFIG, augmented
 from jaxbsd.compression.methods.prune import Prune
 from jaxbsd.data import load_docs_corpus, minilm_dir
 from jaxbsd import evaluation
@@ -144,9 +144,8 @@ def method_object(name: str, cache: dict, clock: dict, max_iter: int):
     warm start alone, the best iterate, patience 5); ``auto``/``auto-aug``: pruning or that decoupling."""
     config = dataclasses.replace(jb.CMTFConfig(rank=1, basis=jb.BSpline(3, 4)), max_iter=max_iter)
     if name in ("bsd-aug", "auto-aug"):
-        aug = augmented("gelu")
-        aug = dataclasses.replace(aug, config=dataclasses.replace(aug.config, max_iter=max_iter))
-        inner = SharedBuilds(aug, cache, clock, family="aug")
+        inner = SharedBuilds(augmented("gelu", config=DEFAULT_CONFIG.replace(max_iter=max_iter)), cache, clock,
+                             family="aug")
         return inner if name == "bsd-aug" else Auto(bsd=inner, prune=Prune(), judge=get_method("auto").judge)
     if name == "bsd":
         return SharedBuilds(get_method("bsd", config=config, contain=False), cache, clock)
