@@ -11,6 +11,10 @@ from flax import nnx
 
 import jaxbsd as jb
 from jaxbsd.compression.methods.bsd import augmented
+from jaxbsd.compression.methods.warm_start import mlp_from_decoupled
+from jaxbsd.models.compressed import PrunedMLP
+from jaxbsd.solver.bases import Augmented, BSpline, Polynomial
+from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.compression.sites import make_site
 from jaxbsd.models.layers import MLP
 
@@ -29,8 +33,12 @@ def test_the_default_bsd_solves_a_two_layer_mlp_in_the_augmented_basis_of_its_ac
     assert default.contain and not jb.BSD().contain  # the name contains pruning, the class keeps the paper's
     solved = default.for_site(site)
     assert solved == augmented(activation)
-    # its parameter count: r (m + n + 2), one coefficient a unit more than pruning's bias
-    assert default.params(site, 5) == 5 * (6 + 6 + 2) == jb.Prune().params(site, 5) - 6 + 5
+    # an MLP of r units: pruning's count r (m + n + 1) + n at every rank, below the output width too
+    for rank in (1, 5, 6, 16):
+        assert default.params(site, rank) == rank * (6 + 6 + 1) + 6 == jb.Prune().params(site, rank)
+    assert default.max_rank(site) == jb.Prune().max_rank(site)
+    with pytest.raises(ValueError, match="exceeds the 16 hidden units"):
+        default.check_rank(site, 17)
     assert jb.get_method("bsd", contain=False).for_site(site) == jb.get_method("bsd", contain=False)
     assert jb.get_method("auto").bsd.contain and not jb.get_method("auto", contain=False).bsd.contain
 
@@ -96,6 +104,52 @@ def test_the_default_bsd_is_never_worse_than_pruning_at_the_same_budget(reductio
     assert rb.params_after <= rb.params_before * (1 - reduction) + 1e-9
     for a, b in zip(rb.mlps, rp.mlps):
         assert a.path == b.path and a.method == "bsd" and a.sweep_kept is not None
+        assert a.rank == b.rank and a.params_after == b.params_after  # pruning's units and parameters, exactly
         assert a.output_error <= 1.01 * b.output_error, (a.path, a.output_error, b.output_error)
     error = lambda m: float(jnp.linalg.norm(m(fresh) - y) / jnp.linalg.norm(y))  # noqa: E731
     assert error(bsd) <= 1.01 * error(pruned)
+
+
+@pytest.mark.parametrize("inner", [BSpline(0, 1), Polynomial(0)])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "silu", "tanh"])
+def test_a_decoupling_in_a_constant_augmented_basis_is_the_mlp_it_is_written_as(inner, activation):
+    """``mlp_from_decoupled`` against the decoupled model's own evaluation (the basis's
+    ``evaluate``, another code path), at any iterate: random scales, shifts, constants and weights."""
+    r, m, n = 7, 5, 9  # fewer units than outputs
+    keys = jax.random.split(jax.random.key(2), 6)
+    basis = Augmented(inner, activation)
+    inner_knots = jnp.broadcast_to(inner.fit(jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float64)), (r, inner.num_knots))
+    state = jnp.stack([jax.random.uniform(keys[0], (r,), jnp.float64, 0.2, 3.0),
+                       jax.random.normal(keys[1], (r,), jnp.float64)], axis=1)
+    model = Decoupled(W0=jax.random.normal(keys[2], (r, m), jnp.float64),
+                      W1=jax.random.normal(keys[3], (n, r), jnp.float64),
+                      coef=jax.random.normal(keys[4], (r, 2), jnp.float64),
+                      knots=jnp.concatenate([inner_knots, state], axis=1), basis=basis)
+    bias = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float64)
+    mlp = mlp_from_decoupled(model, bias)
+    assert isinstance(mlp, PrunedMLP) and mlp.hidden == r and mlp.activation == activation
+    x = 4.0 * jax.random.normal(keys[5], (50, m), jnp.float64)  # well outside the inner knots' range
+    np.testing.assert_allclose(mlp(x), model(x) + bias[None, :], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="model must be in an Augmented basis"):
+        mlp_from_decoupled(Decoupled(model.W0, model.W1, jnp.zeros((r, 5)), jnp.zeros((r, 3)), Augmented()), bias)
+
+
+@pytest.mark.parametrize("rank", [3, 8, 12])  # below, at and above the output width (8)
+def test_the_default_bsd_is_a_pruned_mlp_of_the_same_units_and_starts_from_pruning_exactly(rank):
+    """At an explicit rank, below the output width too: the module is an MLP of ``rank`` units with
+    pruning's parameters; kept at sweep 0 it is pruning's module (the same outputs, bit for bit);
+    with the sweeps (``patience`` off) its held-out error is the lowest iterate's, at most pruning's."""
+    width, hidden = 8, 32
+    x = jax.random.normal(jax.random.key(3), (96, 6, width), jnp.float64)
+    ranks = {"mlps.0": rank, "mlps.1": rank}
+    runs = {method: jb.compress_model(_Stack(width, hidden, 2, 0), x, mlps=None, ranks=ranks, method=method,
+                                      key=jax.random.key(0), refine=None) for method in ("bsd", "prune")}
+    (bsd, rb), (pruned, rp) = runs["bsd"], runs["prune"]
+    probe = jax.random.normal(jax.random.key(5), (40, width), jnp.float64)
+    for i, (a, b) in enumerate(zip(rb.mlps, rp.mlps)):
+        assert a.params_after == b.params_after == rank * (2 * width + 1) + width
+        module = bsd.mlps[i]
+        assert isinstance(module, PrunedMLP) and module.hidden == rank
+        if a.sweep_kept == 0:
+            np.testing.assert_array_equal(module(probe), pruned.mlps[i](probe))
+        assert a.output_error <= 1.01 * b.output_error

@@ -326,6 +326,14 @@ class Augmented(Basis):
     def num_knots(self) -> int:
         return self.inner.num_knots + 2
 
+    @property
+    def is_mlp(self) -> bool:
+        """Whether ``inner`` spans the constants only (``BSpline(0, 1)``, ``Polynomial(0)``): then
+        ``g(u) = c + a σ(s u + t)`` is an MLP's hidden unit up to its output weight and bias, and a
+        decoupling in this basis is an MLP with ``r`` units of ``activation``."""
+        inner = self.inner
+        return (isinstance(inner, BSpline) and inner.dof == 1) or (isinstance(inner, Polynomial) and inner.degree == 0)
+
     def to_dict(self) -> dict:
         return {"kind": "Augmented", "inner": self.inner.to_dict(), "activation": self.activation}
 

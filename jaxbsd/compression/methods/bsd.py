@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -21,19 +22,31 @@ from jaxbsd.solver import metrics
 from jaxbsd.solver.bases import AUGMENT_ACTIVATIONS, Augmented, BSpline
 from jaxbsd.solver.cmtf import CMTFConfig, Status
 from jaxbsd.compression.methods.base import IDENTITY, Built, Method, RestartChoice, refuse_options, register
-from jaxbsd.compression.methods.prune import pruned_mlp
+from jaxbsd.compression.methods.prune import mlp_errors, pruned_mlp
 from jaxbsd.compression.sites import Site, output_error, param_dtype, selection_tokens, site_jacobian
 from jaxbsd.compression.devices import Devices, decouple_group
 from jaxbsd.compression.progress import bars_wanted
 from jaxbsd.solver.driver import check_init, decouple, problem
+from jaxbsd.models.compressed import pruned_mlp_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.compression.methods.warm_start import (SELECTIONS, bias_residual, bias_tolerance, choose_restart,
-                                                   decoupled_from_pruned, restart_output_errors)
+                                                   decoupled_from_pruned, mlp_from_decoupled, restart_output_errors)
 
-__all__ = ["BSD", "DEFAULT_CONFIG", "augmented", "exact_bias", "warm_init"]
+__all__ = ["BSD", "DEFAULT_CONFIG", "augmented", "exact_bias", "mlp_form", "warm_init"]
 
 #: The solver template when none is given (the CLI's defaults: cubic splines, ν = 4, 300 sweeps).
 DEFAULT_CONFIG = CMTFConfig(rank=1, basis=BSpline(3, 4), max_iter=300, tol=1e-8)
+
+
+def mlp_form(site: Site, basis) -> bool:
+    """Whether a decoupling of ``site`` in ``basis`` is an MLP of the site's own kind: ``basis`` is
+    :class:`~jaxbsd.solver.bases.Augmented` with a constant inner basis
+    (:attr:`~jaxbsd.solver.bases.Augmented.is_mlp`) and the activation of the site's two-layer MLP
+    (by name). Such a decoupling is solved around the pruned MLP's output bias and built as a
+    :class:`~jaxbsd.models.compressed.PrunedMLP` of ``rank`` units: pruning's parameters, exactly
+    (:meth:`BSD.build`)."""
+    return (isinstance(basis, Augmented) and basis.is_mlp and site.spec is not None and not site.gated
+            and basis.activation == site.spec.activation)
 
 
 def exact_bias(site: Site, rank: int, basis) -> bool:
@@ -162,10 +175,21 @@ class BSD(Method):
         return self.config.basis.num_coef
 
     def params(self, site: Site, rank) -> int:
-        return metrics.params_bsd(site.m, site.n, rank, self.for_site(site).dof)
+        solved = self.for_site(site)
+        if mlp_form(site, solved.config.basis):
+            return pruned_mlp_params(site.m, rank, site.n)
+        return metrics.params_bsd(site.m, site.n, rank, solved.dof)
 
     def max_rank(self, site: Site) -> int:
+        if mlp_form(site, self.for_site(site).config.basis):
+            return max(1, min(site.hidden, (site.params - site.n) // (site.m + site.n + 1)))
         return max(1, site.params // (site.m + site.n + self.for_site(site).dof))
+
+    def check_rank(self, site: Site, rank: int) -> int:
+        if mlp_form(site, self.for_site(site).config.basis) and rank > site.hidden:
+            raise ValueError(f"ranks[{site.path!r}] = {rank} exceeds the {site.hidden} hidden units: the "
+                             f"decoupling that contains pruning is an MLP of at most as many units")
+        return int(rank)
 
     def check_site(self, site: Site) -> None:
         """The solver needs at least as many samples as the basis has coefficients."""
@@ -227,6 +251,8 @@ class BSD(Method):
         solved = self.for_site(site)
         if solved is not self:
             return solved.build(site, rank, key, judge=judge, refine=refine)
+        if mlp_form(site, self.config.basis):
+            return self.build_mlp(site, int(rank), key)
         start = time.perf_counter()
         jac, kind, config, init, skipped = self.prepare(site, int(rank))
         # shard=None: one MLP's solve on one device, whatever the count. Spreading its samples or
@@ -236,6 +262,56 @@ class BSD(Method):
         res = decouple(jac, site.F, site.X, config, key=key, restarts=self.random_restarts(init), init=init,
                        shard=None, progress=bars_wanted(), heldout=heldout)  # the bar of Execution(progress=True)
         return self.finish(site, res, init is not None, kind, skipped, start)
+
+    def build_mlp(self, site: Site, rank: int, key: jax.Array) -> Built:
+        """The decoupling of ``site`` in an MLP-form basis (:func:`mlp_form`), as an MLP of ``rank`` units.
+
+        The warm start is the MLP pruned to ``rank`` units without its output bias ``b2``
+        (:func:`~jaxbsd.compression.methods.warm_start.decoupled_from_pruned`, exact at every rank);
+        the solver fits the outputs less ``b2`` (and the held-out tokens' outputs less ``b2`` for
+        the best iterate), and the iterate kept is written back as an MLP with ``b2`` added
+        (:func:`~jaxbsd.compression.methods.warm_start.mlp_from_decoupled`): ``rank (m + n + 1) + n``
+        parameters, pruning's count at every rank. Where the kept iterate is the warm start's
+        sweep 0, the module is that pruned MLP itself. Without a warm start (``warm_start=False``,
+        or ``None`` where the MLP cannot be pruned unregularized), random restarts and no ``b2``.
+        """
+        start = time.perf_counter()
+        jac, kind = site_jacobian(site)
+        config = dataclasses.replace(self.config, rank=rank)
+        pruned, skipped = None, None
+        if self.warm_start is not False:
+            try:
+                pruned = pruned_mlp(site, rank, regularize=False, purpose=" for a warm start")[0]
+            except ValueError as err:
+                if self.warm_start:
+                    raise
+                skipped = str(err)
+        dtype = site.F.dtype
+        bias = jnp.zeros((site.n,), dtype) if pruned is None else jnp.asarray(pruned.fc2.bias[...], dtype)
+        init = None if pruned is None else decoupled_from_pruned(pruned, site.X, config.basis, output_bias=False)
+        X_sel, Y_sel, _ = selection_tokens(site)
+        centred = Y_sel - bias[None, :].astype(Y_sel.dtype)
+        res = decouple(jac, site.F - bias[None, :], site.X, config, key=key, restarts=self.random_restarts(init),
+                       init=init, shard=None, progress=bars_wanted(),
+                       heldout=(X_sel, centred) if self.best_iterate else None)
+        # The restarts' errors against the outputs themselves (the solve's were against Y − b2).
+        errors = restart_output_errors(res, X_sel, centred) * float(jnp.sum(centred**2) / jnp.sum(Y_sel**2))
+        choice = _choose_restart(res, site, self.selection, warm=init is not None, errors=errors)
+        pick = lambda a: a[choice.restart]  # noqa: E731
+        tracked = res.restarts.kept_sweep is not None
+        if choice.restart_warm and tracked and int(pick(res.restarts.kept_sweep)) == 0:
+            module = pruned  # the start kept: the pruned MLP, not its round trip through the decoupled form
+        else:
+            module = mlp_from_decoupled(res.restart_model(choice.restart), bias,
+                                        dtype=param_dtype(site.module, site.X.dtype))
+        error_J, error_F = mlp_errors(site, module, jac)
+        status = int(pick(res.restarts.status))
+        return Built(module, error_J=error_J, error_F=error_F, jacobian=kind,
+                     output_error=float(output_error(module, site.check_X, site.check_Y)),
+                     seconds=time.perf_counter() - start, notes=sampling_notes(site, rank), choice=choice,
+                     status=status, iterations=int(pick(res.restarts.iterations)),
+                     sweep_kept=int(pick(res.restarts.kept_sweep)) if tracked else None,
+                     stopped=Status(status).name.lower() if tracked else None, warm_start_skipped=skipped)
 
     def group_inputs(self, sites, ranks) -> tuple[list, list, list]:
         """``(preps, problems, inits)`` of several sites: :meth:`prepare` of each, its validated
@@ -286,9 +362,12 @@ def augmented(activation: str, inner=BSpline(0, 1), *, patience: int = PATIENCE,
     ``Augmented(inner, activation)`` (``activation``: the MLP's own, by name), the warm start
     alone (``restarts=0``), the iterate of lowest error on the selection tokens kept
     (``best_iterate``, the warm start's sweep 0 included), stopped after ``patience`` sweeps without
-    a better one; the other settings ``config``'s (:data:`DEFAULT_CONFIG`). The constant inner basis (the
-    default) costs one coefficient a unit more than pruning's bias, so at a budget it keeps
-    pruning's units (``benchmarks/minilm.py`` measures the larger ones beside it)."""
+    a better one; the other settings ``config``'s (:data:`DEFAULT_CONFIG`). With the constant inner
+    basis (the default) the decoupling is an MLP of the site's kind (:func:`mlp_form`): solved
+    around the pruned MLP's output bias, built as a :class:`~jaxbsd.models.compressed.PrunedMLP`,
+    with pruning's parameters and units at every rank; a larger inner basis gives a
+    :class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` with ``ν + 1`` coefficients a unit
+    (``benchmarks/minilm.py`` measures those beside it)."""
     config = dataclasses.replace(config, basis=Augmented(inner, activation), patience=patience)
     return BSD(config=config, restarts=0, best_iterate=True)
 

@@ -27,7 +27,7 @@ from jaxbsd.compression.sites import (
     site_jacobian,
 )
 
-__all__ = ["Prune", "fit_tokens", "pruned_mlp", "TOKENS_PER_COEF", "RIDGE"]
+__all__ = ["Prune", "fit_tokens", "mlp_errors", "pruned_mlp", "TOKENS_PER_COEF", "RIDGE"]
 
 #: The refit uses held-out calibration tokens (outside the check set) only when they number at
 #: least this many per coefficient of an output (``k + 1``); fewer would make a worse refit than
@@ -102,14 +102,21 @@ class Prune(Method):
         start = time.perf_counter()
         module, kept, notes = pruned_mlp(site, int(rank))
         jac, kind = site_jacobian(site)
-        if site.gated:
-            error_J = gated_error_J(jac, module.kernels(), site.X, site.spec)
-        else:
-            error_J = mlp_error_J(jac, module.fc1.kernel[...], module.fc1.bias[...], module.fc2.kernel[...],
-                                  site.X, site.spec.h_prime)
-        return Built(module, error_J=error_J, error_F=float(metrics.error_F(site.F, apply_module(module, site.X))),
-                     jacobian=kind, output_error=float(output_error(module, site.check_X, site.check_Y)),
+        error_J, error_F = mlp_errors(site, module, jac)
+        return Built(module, error_J=error_J, error_F=error_F, jacobian=kind,
+                     output_error=float(output_error(module, site.check_X, site.check_Y)),
                      seconds=time.perf_counter() - start, notes=notes, pruning=kept)
+
+
+def mlp_errors(site: Site, module: nnx.Module, jac) -> tuple[float, float]:
+    """``(Error(𝒥), Error(F))`` on the site's samples of a narrower MLP of its own kind (a
+    :class:`~jaxbsd.models.compressed.PrunedMLP`, or a pruned gated MLP), ``jac`` the site's Jacobian."""
+    if site.gated:
+        error_J = gated_error_J(jac, module.kernels(), site.X, site.spec)
+    else:
+        error_J = mlp_error_J(jac, module.fc1.kernel[...], module.fc1.bias[...], module.fc2.kernel[...],
+                              site.X, site.spec.h_prime)
+    return error_J, float(metrics.error_F(site.F, apply_module(module, site.X)))
 
 
 def _from_options(**options) -> Prune:

@@ -34,7 +34,8 @@ from jaxbsd.solver.cmtf import DecouplingResult
 from jaxbsd.solver.decoupled import Decoupled
 from jaxbsd.models.layers import ACTIVATIONS
 
-__all__ = ["SELECTIONS", "bias_residual", "bias_tolerance", "decoupled_from_pruned", "restart_output_errors", "choose_restart"]
+__all__ = ["SELECTIONS", "bias_residual", "bias_tolerance", "decoupled_from_pruned", "mlp_from_decoupled",
+           "restart_output_errors", "choose_restart"]
 
 #: How a restart is chosen: ``"objective"`` (the solver's training objective
 #: ``‖𝒥−𝒥̂‖² + λ‖F−F̂‖²`` on the samples, as :func:`jaxbsd.decouple` does) or ``"output"``
@@ -104,7 +105,8 @@ def _fit_units(basis: Basis, U: np.ndarray, targets: np.ndarray, shifts: np.ndar
     return np.stack([f[0] for f in fits]).reshape(rank, basis.num_knots), np.stack([f[1] for f in fits])
 
 
-def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int | None = None) -> Decoupled:
+def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int | None = None,
+                          output_bias: bool = True) -> Decoupled:
     """The decoupled model of a pruned MLP, to warm-start the solver (``jb.decouple(init=...)``).
 
     For a :class:`~jaxbsd.models.compressed.PrunedMLP` ``y = h(x K1 + b1) K2 + b2`` with ``k`` units:
@@ -128,6 +130,9 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
       X: ``(S, m)`` sampling points (the solver's; the knots are placed on their activations).
       basis: the solver's basis (``config.basis``).
       rank: ``k`` or ``k + 1`` (None: ``k``).
+      output_bias: ``False``: ``b2`` left out (taken as 0), so the model is ``pruned(x) − b2`` (its
+        caller carries ``b2``: :func:`mlp_from_decoupled`); at rank ``k`` that is exact in every
+        basis with constants, whatever the span of ``K2``'s rows.
 
     Returns:
       A :class:`~jaxbsd.Decoupled` of rank ``rank`` in ``X``'s dtype, with ``W0 (rank, m)``,
@@ -146,7 +151,7 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
     K1 = np.asarray(pruned.fc1.kernel[...], np.float64)
     b1 = np.asarray(pruned.fc1.bias[...], np.float64)
     K2 = np.asarray(pruned.fc2.kernel[...], np.float64)
-    b2 = np.asarray(pruned.fc2.bias[...], np.float64)
+    b2 = np.asarray(pruned.fc2.bias[...], np.float64) * float(output_bias)
     m, k = K1.shape
     if getattr(X, "ndim", None) != 2 or X.shape[1] != m:
         raise ValueError(f"X must have shape (S, {m}), got {getattr(X, 'shape', type(X).__name__)}")
@@ -184,6 +189,45 @@ def decoupled_from_pruned(pruned: Any, X: jax.Array, basis: Basis, *, rank: int 
     dtype = jnp.asarray(X).dtype
     cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
     return Decoupled(W0=cast(W0), W1=cast(W1), coef=cast(coef), knots=cast(knots), basis=basis)
+
+
+def mlp_from_decoupled(model: Decoupled, output_bias: jax.Array, dtype: Any = None) -> Any:
+    """The MLP that ``x ↦ model(x) + output_bias`` is, for a decoupling in an
+    :class:`~jaxbsd.solver.bases.Augmented` basis whose inner basis spans the constants only
+    (:attr:`~jaxbsd.solver.bases.Augmented.is_mlp`): ``g_i(u) = c_i + a_i σ(s_i u + t_i)``, so
+
+    * ``fc1``: kernel column ``i`` is ``s_i W0[i]``, bias ``t_i``;
+    * ``fc2``: kernel row ``i`` is ``a_i W1[:, i]``, bias ``output_bias + W1 c``.
+
+    The inverse of :func:`decoupled_from_pruned` (with ``output_bias=False`` and ``b2`` given
+    back here), for any iterate of the solver, not only its start.
+
+    Args:
+      model: ``W0 (r, m)``, ``W1 (n, r)``, ``coef (r, 2)``, ``knots (r, K + 2)``.
+      output_bias: ``(n,)``.
+      dtype: the module's parameter dtype (None: ``model``'s).
+
+    Returns:
+      A :class:`~jaxbsd.models.compressed.PrunedMLP` of ``r`` units with the basis's activation.
+
+    Raises:
+      ValueError: naming ``model`` if its basis is not such an augmented basis.
+    """
+    from jaxbsd.models.compressed import PrunedMLP
+
+    basis = model.basis
+    if not (isinstance(basis, Augmented) and basis.is_mlp):
+        raise ValueError(f"model must be in an Augmented basis whose inner basis spans the constants only, got {basis!r}")
+    inner_knots, scale, shift = basis._split(model.knots)
+    # The inner function's value, the same at every input: taken at 0.
+    constant = jax.vmap(lambda k, c: basis.inner.evaluate(jnp.zeros((1,), model.W0.dtype), k, c)[0])(
+        inner_knots, model.coef[:, :-1])
+    dtype = model.W0.dtype if dtype is None else dtype
+    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    K1 = (model.W0 * scale[:, None]).T
+    K2 = (model.W1 * model.coef[None, :, -1]).T
+    b2 = jnp.asarray(output_bias, model.W1.dtype) + model.W1 @ constant
+    return PrunedMLP(cast(K1), cast(shift), cast(K2), cast(b2), basis.activation)
 
 
 def restart_output_errors(result: DecouplingResult, X: jax.Array, Y: jax.Array) -> np.ndarray:
