@@ -153,3 +153,17 @@ def test_the_default_bsd_is_a_pruned_mlp_of_the_same_units_and_starts_from_pruni
         if a.sweep_kept == 0:
             np.testing.assert_array_equal(module(probe), pruned.mlps[i](probe))
         assert a.output_error <= 1.01 * b.output_error
+
+
+def test_a_grouped_run_builds_an_mlp_form_decoupling_as_an_mlp_too():
+    """``Execution(group=True)``: a ``jb.BSD`` in the constant augmented basis without the best
+    iterate (the grouped program's path otherwise) is built per MLP as an MLP, with pruning's count."""
+    width, hidden, rank = 8, 32, 5
+    x = jax.random.normal(jax.random.key(3), (96, 6, width), jnp.float64)
+    config = jb.CMTFConfig(rank=1, basis=Augmented(BSpline(0, 1), "gelu"), max_iter=3, tol=0.0)
+    method = jb.BSD(config=config, restarts=0)
+    model, report = jb.compress_model(_Stack(width, hidden, 2, 0), x, mlps=None, method=method,
+                                      ranks={"mlps.0": rank, "mlps.1": rank}, key=jax.random.key(0), refine=None,
+                                      execution=jb.Execution(order="independent", group=True))
+    assert all(isinstance(m, PrunedMLP) and m.hidden == rank for m in model.mlps)
+    assert [r.params_after for r in report.mlps] == [rank * (2 * width + 1) + width] * 2

@@ -55,6 +55,7 @@ from jaxbsd.compression.methods import Built
 from jaxbsd.compression.sites import Site, param_dtype, same_site, selection_tokens
 from jaxbsd.compression.surgery import output_judge
 from jaxbsd.solver.driver import restart_batching
+from jaxbsd.solver.bases import Augmented
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
 from jaxbsd.compression.methods.warm_start import relative_output_error
 
@@ -167,8 +168,11 @@ def fuses(method, refined: bool, devices: Devices, platform: str | None = None, 
     group then runs the solve's program and the refinement's, each compiled once for the group.
     ``force`` (default :data:`FUSE`): True or False decides regardless of the devices."""
     # A best-iterate solve (the decoupling that contains pruning's too: ``contain``) runs one site at a time
-    # with its held-out tokens (``BSD.build_group``); the fused program has neither.
-    if type(method) is not BSD or not refined or method.best_iterate or method.contain:
+    # with its held-out tokens (``BSD.build_group``), and one in an MLP-form basis becomes an MLP there
+    # (``BSD.build_mlp``); the fused program does neither.
+    basis = getattr(getattr(method, "config", None), "basis", None)
+    if (type(method) is not BSD or not refined or method.best_iterate or method.contain
+            or (isinstance(basis, Augmented) and basis.is_mlp)):
         return False
     force = FUSE if force is None else force
     if force is not None:

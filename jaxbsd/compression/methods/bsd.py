@@ -328,8 +328,10 @@ class BSD(Method):
         starts and the objective's selection inside it; the held-out selection and the module per
         block after it, as :meth:`build` does. Sites whose problems differ in structure (a warm
         start for some only, say) are solved in one program per structure."""
-        # The grouped program has no held-out tokens: a best-iterate solve (contain's too) runs one site at a time.
-        if self.best_iterate or any(self.for_site(site) is not self for site in sites):
+        # The grouped program has no held-out tokens (a best-iterate solve, contain's too, runs one site at a
+        # time) and builds decoupled modules (an MLP-form solve is built as an MLP by build_mlp).
+        if self.best_iterate or any(self.for_site(site) is not self or mlp_form(site, self.config.basis)
+                                    for site in sites):
             return [self.build(site, rank, key) for site, rank, key in zip(sites, ranks, keys)]
         start = time.perf_counter()
         preps, problems, inits = self.group_inputs(sites, ranks)
