@@ -244,6 +244,28 @@ def fit_summary(fits: list[dict]) -> tuple[list[dict], str]:
     return rows, verdict + "; ".join(parts) + " (mean over seeds, one MLP of the same shape, same solver)"
 
 
+def contain_summary(fits: list[dict], contained: list[dict]) -> list[dict]:
+    """Rows per rank of the plain twin's MLP: each fit method's output error (mean ± std over
+    seeds), parameters and (``contain``) the sweeps kept; with the paired ratio of the contained
+    decoupling's output error to pruning's (per seed, the largest)."""
+    rows = []
+    for rank in sorted({f["rank"] for f in contained}):
+        runs = {m: {f["seed"]: f for f in [*fits, *contained] if f["kind"] == "plain" and f["rank"] == rank
+                    and f.get("method", "bsd") == m} for m in FIT_METHODS}
+        row = {"rank": rank, "params_mlp": next(iter(runs["prune"].values()))["params_mlp"]}
+        for method, by_seed in runs.items():
+            if by_seed:
+                row[method] = {"params": next(iter(by_seed.values()))["params_decoupled"],
+                               "seeds": len(by_seed), **dict(zip(("output_error_mean", "output_error_std"),
+                                                               mean_std([f["output_error"] for f in by_seed.values()])))}
+        seeds = set(runs["contain"]) & set(runs["prune"])
+        row["worst_ratio"] = max((runs["contain"][s]["output_error"] / runs["prune"][s]["output_error"] for s in seeds),
+                                 default=None)
+        row["sweeps_kept"] = sorted({runs["contain"][s].get("sweep_kept") for s in runs["contain"]} - {None})
+        rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------------- models
 
 
@@ -401,25 +423,40 @@ def run_unit(setting: Setting, reduction: float, seed: int, *, ctx: dict, plan: 
     return record
 
 
-def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log) -> dict:
-    """Decouple one MLP (``ctx["fit_mlp"]``) of the ``kind`` LM at ``rank``; its errors."""
-    name = f"fit-{kind}-r{rank}-seed{seed}"
+#: The fit section's methods: the paper's decoupling (``bsd``), and on the plain twin, where a pruned MLP
+#: can be written as a decoupling, ``compress_model``'s ``"bsd"`` (``contain``: it contains pruning) and ``prune``.
+FIT_METHODS = {"bsd": "the paper's decoupling", "contain": "the decoupling that contains pruning", "prune": "pruning"}
+
+
+def fit_method(method: str, plan: dict, samples: int):
+    """The method object of a fit unit (:data:`FIT_METHODS`)."""
+    if method == "prune":
+        return jb.get_method("prune")
+    return jb.get_method("bsd", config=solver_config(plan), contain=method == "contain", num_samples=samples)
+
+
+def fit_unit(kind: str, rank: int, seed: int, *, ctx: dict, plan: dict, log, method: str = "bsd") -> dict:
+    """Compress one MLP (``ctx["fit_mlp"]``) of the ``kind`` LM at ``rank`` with ``method`` (a key of
+    :data:`FIT_METHODS`; the same ``rank``: the same parameters for ``contain`` and ``prune``); its errors."""
+    name = f"fit-{kind}-r{rank}-seed{seed}" + ("" if method == "bsd" else f"-{method}")
     state = ctx["protocol_dir"] / name
     samples = min(max(128, 2 * rank), plan["calib_windows"] * ctx["context"])
-    tag = json.dumps({"kind": kind, "rank": rank, "seed": seed, "max_iter": plan["max_iter"], "num_samples": samples},
-                     sort_keys=True)
+    identity = {"kind": kind, "rank": rank, "seed": seed, "max_iter": plan["max_iter"], "num_samples": samples}
+    tag = json.dumps(identity if method == "bsd" else {**identity, "method": method}, sort_keys=True)
     if (done := resume_unit(state, tag, name, log)) is not None:
         return done
     timer = Timer()
     model = load_lm(ctx["paths"][kind], kind)
     calib = jnp.asarray(calibration_windows(ctx["data"].train, plan["calib_windows"], ctx["context"], seed))
     params_mlp = count_params(get_submodule(model, ctx["fit_mlp"]))
-    _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank}, method=jb.get_method("bsd", config=solver_config(plan), contain=False, num_samples=samples), key=jax.random.key(seed), refine=None)  # the fit of the decoupling itself
+    _, report = jb.compress_model(model, calib, mlps=[ctx["fit_mlp"]], ranks={ctx["fit_mlp"]: rank},
+                                  method=fit_method(method, plan, samples), key=jax.random.key(seed),
+                                  refine=None)  # the fit of the replacement itself
     r = report.mlps[0]
     record = {"kind": kind, "rank": rank, "seed": seed, "mlp": ctx["fit_mlp"], "num_samples": samples,
               "params_mlp": params_mlp, "params_decoupled": r.params_after, "error_J": r.error_J, "error_F": r.error_F,
               "output_error": r.output_error, "jacobian": r.jacobian, "spec": r.spec, "seconds": timer(),
-              "machine": machine()}
+              "machine": machine(), **({} if method == "bsd" else {"method": method, "sweep_kept": r.sweep_kept})}
     save_unit(state / "unit.json", tag, record)
     log(f"  {name}: Error(J) {r.error_J:.4g}, Error(F) {r.error_F:.4g}, output error {r.output_error:.4g} "
         f"({r.jacobian} Jacobian), {timer():.0f} s")
@@ -544,6 +581,10 @@ def main(argv=None) -> int:
     fits = [fit_unit(kind, rank, seed, ctx=ctx, plan=plan, log=log)
             for kind in ("gated", "plain") for rank in plan["fit"]["ranks"] for seed in range(plan["fit"]["seeds"])]
     fit_rows, finding = fit_summary(fits)
+    # Where containment applies (the plain twin's two-layer GELU MLP): compress_model's "bsd" and pruning.
+    contained = [fit_unit("plain", rank, seed, ctx=ctx, plan=plan, log=log, method=method)
+                 for method in ("contain", "prune") for rank in plan["fit"]["ranks"]
+                 for seed in range(plan["fit"]["seeds"])]
     table = format_table(rows, bpc_original, params_original)
     print(table)
     print(finding)
@@ -573,14 +614,15 @@ def main(argv=None) -> int:
         "rows": rows, "verdicts": verdicts, "table": table,
         "fit": {"mlp": ctx["fit_mlp"], "ranks": list(plan["fit"]["ranks"]), "seeds": plan["fit"]["seeds"],
                 "rows": fit_rows, "finding": finding, "runs": fits,
+                "contain": {"rows": contain_summary(fits, contained), "runs": contained},
                 "what": ("one MLP decoupled at fixed ranks (same solver, S = max(128, 2r) tokens from the same "
                          "calibration windows) in the gated LM and in a plain-GELU-MLP LM of the same shape trained "
                          "with the same recipe; errors from the compress report: Error(J), Error(F) on the S "
                          "samples, output error on the calibration tokens")},
-        "machines": sorted({u["machine"] for u in [*units, *fits] if u.get("machine")}),
+        "machines": sorted({u["machine"] for u in [*units, *fits, *contained] if u.get("machine")}),
         "runs": runs, "units": units, "wall_seconds": timer(),
         # each unit's own time once (a fine-tuned run's seconds include its training-free part)
-        "run_seconds_total": sum(u.get("seconds") or 0 for u in [*units, *fits]),
+        "run_seconds_total": sum(u.get("seconds") or 0 for u in [*units, *fits, *contained]),
     }
     write_json(args.out / f"{prefix}.json", payload)
     write_csv(rows, args.out / f"{prefix}.csv")

@@ -190,3 +190,19 @@ def contain_sweeps() -> str:
             parts.append(f"{study}: a later sweep kept at {cs[0]['axis']} = {', '.join(f'{a:g}' for a in at)} "
                          f"(up to sweep {max(c['sweeps'][1] for c in moved)}), sweep 0 elsewhere")
     return "; ".join(parts) or "no cell committed yet"
+
+
+@helper
+def contain_plain_twin() -> str:
+    """Where containment applies in the language model: its plain-GELU twin's MLP, the contained
+    decoupling's output error against pruning's and the paper decoupling's at each rank, as prose."""
+    lm = result("lm")
+    rows = (lm.json.get("fit", {}).get("contain") or {}).get("rows") if lm is not None else None
+    if not rows:
+        return "not measured yet"
+    parts = [f"rank {r['rank']}: {r['contain']['output_error_mean']:.4f} against pruning's "
+             f"{r['prune']['output_error_mean']:.4f} (worst seed {r['worst_ratio']:.4f}×) and the paper's decoupling's "
+             f"{r['bsd']['output_error_mean']:.4f}" for r in rows if "contain" in r and "prune" in r and "bsd" in r]
+    sweeps = sorted({k for r in rows for k in r["sweeps_kept"]})
+    return (f"{'; '.join(parts)} (output error, mean over {rows[0]['contain']['seeds']} seeds; sweeps kept: "
+            f"{', '.join(map(str, sweeps)) or '—'})")

@@ -83,6 +83,19 @@ def lm_compression_table() -> str:
                   pm(r["error_F_mean"], r["error_F_std"], 4), pm(r["output_error_mean"], r["output_error_std"], 4),
                   f"{r['params_mlp']:,} → {r['params_decoupled']:,}"] for r in fit["rows"]]), "",
             f"Finding: {fit['finding']}."]
+    if fit.get("contain"):
+        out += ["", f"**Where containment applies: the plain twin's MLP ({fit['mlp']}) at the same ranks**, pruned, as "
+                "`compress_model`'s `\"bsd\"` (the decoupling that contains pruning: an MLP of the rank's units, "
+                "pruning's parameters) and as the paper's decoupling; the output error on held-out tokens, mean ± std "
+                f"over {fit['seeds']} seeds; the worst ratio of the contained decoupling's error to pruning's (same "
+                "seed) and the sweeps it kept (0: the pruned MLP).", "",
+                md(["rank", "pruning (params)", "contains pruning (params)", "paper's decoupling (params)",
+                    "worst ratio", "sweeps kept"],
+                   [[str(r["rank"]),
+                     *(f"{pm(r[m]['output_error_mean'], r[m]['output_error_std'], 4)} ({r[m]['params']:,})"
+                       if m in r else "—" for m in ("prune", "contain", "bsd")),
+                     "—" if r["worst_ratio"] is None else f"{r['worst_ratio']:.4f}",
+                     ", ".join(str(k) for k in r["sweeps_kept"]) or "—"] for r in fit["contain"]["rows"]])]
     return "\n".join(out).rstrip()
 
 
