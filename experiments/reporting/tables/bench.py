@@ -247,9 +247,10 @@ def minilm_benchmark_table() -> str:
             "Pruning and the augmented builds are timed interleaved, 3 rounds after a warm-up (medians; × pruning "
             "of the minima in brackets), today's decoupling once after a warm-up build. "
             "Bound = the GEMM work of the sweeps run through the structured Jacobian at this run's GEMM rate; "
-            "sweeps = run / kept (0: the warm start, i.e. the pruned MLP: of r units, the constants carrying "
-            "the output bias, at r ≥ 384, the MLP's output width; of r − 1 and a constant unit below); output "
-            "error on the check tokens, held out from every choice.")
+            "sweeps = run / kept (0: the warm start, i.e. the pruned MLP: with the constant inner basis the "
+            "r-unit pruned MLP itself, its output bias its own at every rank; with a larger inner basis, of r units "
+            "whose constants carry the output bias at r ≥ 384, the MLP's output width, of r − 1 and a constant unit "
+            "below); output error on the check tokens, held out from every choice.")
     every = [r["details"] for r in d["rows"] if r["name"].startswith("every MLP")]
     out = [head, "", md(["MLP share removed", "method", "rank", "parameters", "seconds", "× pruning (minima)", "matmul bound",
                          "× bound", "sweeps run / kept", "output error", "vs pruning"], rows)]
@@ -258,7 +259,7 @@ def minilm_benchmark_table() -> str:
     if augmented and kept == [0]:
         out += ["", "Every augmented row keeps sweep 0: no sweep improves on the warm start on the "
                 "held-out tokens, so each augmented decoupling is the pruned MLP written as a decoupling (with the "
-                "constant inner basis at r ≥ 384, the r-unit pruned MLP itself), its sweeps discarded."]
+                "constant inner basis, the r-unit pruned MLP itself at every rank), its sweeps discarded."]
     if every:
         erows = [[x["path"], f"r = {x['rank']} ({x['params']:,})", f"k = {x['prune']['units']} ({x['prune']['params']:,})",
                   f"{x['output_error']:.4f}", f"{x['prune']['output_error']:.4f}", f"{x['error_vs_prune']:+.2%}",

@@ -206,3 +206,27 @@ def contain_plain_twin() -> str:
     sweeps = sorted({k for r in rows for k in r["sweeps_kept"]})
     return (f"{'; '.join(parts)} (output error, mean over {rows[0]['contain']['seeds']} seeds; sweeps kept: "
             f"{', '.join(map(str, sweeps)) or '—'})")
+
+
+@helper
+def contain_worst() -> str:
+    """The largest per-MLP error ratio to pruning over every cell, unrefined and refined, and where
+    the ratios above 1 are (the cells and the sweeps they kept), as prose."""
+    cs = [c for c in cells() if c["worst_ratio"] is not None]
+    if not cs:
+        return "no cell committed yet"
+    parts = []
+    for refined in (False, True):
+        sel = [c for c in cs if c["refined"] == refined]
+        if not sel:
+            continue
+        worst = max(sel, key=lambda c: c["worst_ratio"])
+        above = [c for c in sel if round(c["worst_ratio"], 4) > 1]  # above 1 as the table prints it (float32 rounding)
+        if not above:
+            where = " (no MLP above pruning's to four digits)"
+        else:
+            swept = all(c["sweeps"] and c["sweeps"][1] > 0 for c in above)
+            where = (f" ({worst['study']} at {worst['axis']} = {worst['at']:g}); above 1 in {len(above)} of {len(sel)} "
+                     f"cells{', each one where a later sweep was kept' if swept else ''}")
+        parts.append(f"{'refined' if refined else 'unrefined'} {worst['worst_ratio']:.4f}×{where}")
+    return "; ".join(parts)

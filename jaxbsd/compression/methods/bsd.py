@@ -4,7 +4,9 @@ The solver fits the Jacobians and outputs of the MLP at the site's ``S`` samples
 (:func:`jaxbsd.decouple`, restarts batched in one program); the restart kept is chosen by the
 solver's objective or by the output error on held-out calibration tokens; optionally one restart
 starts from the pruned MLP written as a decoupling (:func:`warm_init`). The result is a
-:class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` with ``r (m + n + ν)`` parameters.
+:class:`~jaxbsd.models.decoupled_mlp.DecoupledMLP` with ``r (m + n + ν)`` parameters; in a basis of the
+MLP's own activation beside a constant (:func:`mlp_form`, ``compress_model``'s ``"bsd"`` on a two-layer
+MLP) it is an MLP, a :class:`~jaxbsd.models.compressed.PrunedMLP` with pruning's ``r (m + n + 1) + n``.
 """
 
 from __future__ import annotations
