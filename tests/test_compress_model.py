@@ -16,6 +16,7 @@ from jaxbsd.compression.sites import make_site, site_jacobian
 from jaxbsd.compression.surgery import capture_calls, get_submodule, set_submodule
 from jaxbsd.models import count_params
 from jaxbsd.models.decoupled_mlp import DecoupledMLP
+from jaxbsd.models.compressed import PrunedMLP, pruned_mlp_params
 
 #: Tests and parametrized cases run in the slow step only (tests/conftest.py marks them): this file's
 #: costliest programs, moved to keep the default run's time; cheaper cases of the same claims stay.
@@ -122,7 +123,7 @@ def test_reduction_meets_the_budget_and_the_model_still_runs(compressed):
     assert count_params(model) <= 0.7 * P
     assert report.params_before == P and report.params_after == count_params(model)
     assert report.reduction >= 0.3 and report.target_reduction == 0.3
-    expected = DecoupledMLP if method == "bsd" else LowRankMLP
+    expected = PrunedMLP if method == "bsd" else LowRankMLP  # bsd contains pruning: an MLP of its units
     for path in PATHS:
         assert isinstance(get_submodule(model, path), expected)
     assert isinstance(model.encoder.layers[1].ffn, FeedForward)  # not listed, not touched
@@ -148,9 +149,8 @@ def test_explicit_ranks(method):
     for path, r in ranks.items():
         new = get_submodule(model, path)
         if method == "bsd":
-            # the name contains pruning: a constant plus the MLP's activation, 2 coefficients a unit
-            assert isinstance(new.basis, jb.Augmented) and new.basis.inner == jb.BSpline(0, 1)
-            assert new.W0[...].shape == (r, 8) and new.num_params() == jb.solver.metrics.params_bsd(8, 8, r, 2)
+            # the name contains pruning: a constant plus the MLP's activation, an MLP of r units, pruning's count
+            assert isinstance(new, PrunedMLP) and new.hidden == r and count_params(new) == pruned_mlp_params(8, r, 8)
         else:
             assert new.rank == r
     assert report.target_reduction is None and report.allocation == "explicit"

@@ -37,8 +37,6 @@ def test_the_default_bsd_solves_a_two_layer_mlp_in_the_augmented_basis_of_its_ac
     for rank in (1, 5, 6, 16):
         assert default.params(site, rank) == rank * (6 + 6 + 1) + 6 == jb.Prune().params(site, rank)
     assert default.max_rank(site) == jb.Prune().max_rank(site)
-    with pytest.raises(ValueError, match="exceeds the 16 hidden units"):
-        default.check_rank(site, 17)
     assert jb.get_method("bsd", contain=False).for_site(site) == jb.get_method("bsd", contain=False)
     assert jb.get_method("auto").bsd.contain and not jb.get_method("auto", contain=False).bsd.contain
 
@@ -167,3 +165,20 @@ def test_a_grouped_run_builds_an_mlp_form_decoupling_as_an_mlp_too():
                                       execution=jb.Execution(order="independent", group=True))
     assert all(isinstance(m, PrunedMLP) and m.hidden == rank for m in model.mlps)
     assert [r.params_after for r in report.mlps] == [rank * (2 * width + 1) + width] * 2
+
+
+def test_a_rank_above_the_hidden_width_skips_the_warm_start_and_says_why():
+    """``ranks`` above the hidden width: no pruned start (the MLP has fewer units), a random restart
+    of the MLP form instead, its reason in the report; with ``warm_start=True`` an error naming ``ranks``."""
+    width, hidden = 8, 32
+    x = jax.random.normal(jax.random.key(3), (96, 6, width), jnp.float64)
+    model, report = jb.compress_model(_Stack(width, hidden, 2, 0), x, mlps=["mlps.0"], ranks={"mlps.0": hidden + 2},
+                                      method="bsd", key=jax.random.key(0), refine=None)
+    (mlp,) = report.mlps
+    assert isinstance(model.mlps[0], PrunedMLP) and model.mlps[0].hidden == hidden + 2
+    assert "a warm start prunes to 34 hidden units, but there are 32" in mlp.warm_start_skipped
+    assert not mlp.restart_warm and np.isfinite(mlp.output_error)
+    config = jb.CMTFConfig(rank=1, basis=Augmented(BSpline(0, 1), "gelu"), max_iter=3)
+    with pytest.raises(ValueError, match=r"ranks\['mlps.0'\] = 34: a warm start prunes"):
+        jb.compress_model(_Stack(width, hidden, 2, 0), x, mlps=["mlps.0"], ranks={"mlps.0": hidden + 2}, refine=None,
+                          method=jb.BSD(config=config, warm_start=True), key=jax.random.key(0))

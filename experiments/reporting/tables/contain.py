@@ -200,12 +200,17 @@ def contain_plain_twin() -> str:
     rows = (lm.json.get("fit", {}).get("contain") or {}).get("rows") if lm is not None else None
     if not rows:
         return "not measured yet"
-    parts = [f"rank {r['rank']}: {r['contain']['output_error_mean']:.4f} against pruning's "
-             f"{r['prune']['output_error_mean']:.4f} (worst seed {r['worst_ratio']:.4f}×) and the paper's decoupling's "
-             f"{r['bsd']['output_error_mean']:.4f}" for r in rows if "contain" in r and "prune" in r and "bsd" in r]
+    parts = [f"rank {r['rank']} ({r['contain']['params']:,} parameters, pruning's): {r['contain']['output_error_mean']:.4f} "
+             f"against pruning's {r['prune']['output_error_mean']:.4f} (worst seed {r['worst_ratio']:.4f}×) and the "
+             f"paper's decoupling's {r['bsd']['output_error_mean']:.4f} ({r['bsd']['params']:,} parameters)"
+             for r in rows if "contain" in r and "prune" in r and "bsd" in r]
     sweeps = sorted({k for r in rows for k in r["sweeps_kept"]})
+    paper = [str(r["rank"]) for r in rows if "bsd" in r and "contain" in r
+             and r["bsd"]["output_error_mean"] < r["contain"]["output_error_mean"]]
+    verdict = (f"; the paper's decoupling has the lowest error at rank {' and '.join(paper)} (with as many parameters, to 2 %), the one that contains "
+               "pruning elsewhere" if paper else "; the one that contains pruning has the lowest error at every rank")
     return (f"{'; '.join(parts)} (output error, mean over {rows[0]['contain']['seeds']} seeds; sweeps kept: "
-            f"{', '.join(map(str, sweeps)) or '—'})")
+            f"{', '.join(map(str, sweeps)) or '—'}){verdict}")
 
 
 @helper

@@ -187,12 +187,6 @@ class BSD(Method):
             return max(1, min(site.hidden, (site.params - site.n) // (site.m + site.n + 1)))
         return max(1, site.params // (site.m + site.n + self.for_site(site).dof))
 
-    def check_rank(self, site: Site, rank: int) -> int:
-        if mlp_form(site, self.for_site(site).config.basis) and rank > site.hidden:
-            raise ValueError(f"ranks[{site.path!r}] = {rank} exceeds the {site.hidden} hidden units: the "
-                             f"decoupling that contains pruning is an MLP of at most as many units")
-        return int(rank)
-
     def check_site(self, site: Site) -> None:
         """The solver needs at least as many samples as the basis has coefficients."""
         super().check_site(site)
@@ -275,7 +269,8 @@ class BSD(Method):
         (:func:`~jaxbsd.compression.methods.warm_start.mlp_from_decoupled`): ``rank (m + n + 1) + n``
         parameters, pruning's count at every rank. Where the kept iterate is the warm start's
         sweep 0, the module is that pruned MLP itself. Without a warm start (``warm_start=False``,
-        or ``None`` where the MLP cannot be pruned unregularized), random restarts and no ``b2``.
+        or ``None`` where the MLP cannot be pruned unregularized or ``rank`` exceeds its hidden width),
+        random restarts and no ``b2``.
         """
         start = time.perf_counter()
         jac, kind = site_jacobian(site)
@@ -283,6 +278,9 @@ class BSD(Method):
         pruned, skipped = None, None
         if self.warm_start is not False:
             try:
+                if rank > site.hidden:
+                    raise ValueError(f"ranks[{site.path!r}] = {rank}: a warm start prunes to {rank} hidden units, "
+                                     f"but there are {site.hidden}")
                 pruned = pruned_mlp(site, rank, regularize=False, purpose=" for a warm start")[0]
             except ValueError as err:
                 if self.warm_start:
