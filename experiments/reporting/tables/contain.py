@@ -207,8 +207,10 @@ def contain_plain_twin() -> str:
     sweeps = sorted({k for r in rows for k in r["sweeps_kept"]})
     paper = [str(r["rank"]) for r in rows if "bsd" in r and "contain" in r
              and r["bsd"]["output_error_mean"] < r["contain"]["output_error_mean"]]
-    verdict = (f"; the paper's decoupling has the lowest error at rank {' and '.join(paper)} (with as many parameters, to 2 %), the one that contains "
-               "pruning elsewhere" if paper else "; the one that contains pruning has the lowest error at every rank")
+    gap = max((abs(r["bsd"]["params"] / r["contain"]["params"] - 1) for r in rows if str(r["rank"]) in paper), default=0)
+    verdict = (f"; the paper's decoupling has the lowest error at rank {' and '.join(paper)} (its parameters within "
+               f"{100 * gap:.1f} % of pruning's), the one that contains pruning elsewhere" if paper else
+               "; the one that contains pruning has the lowest error at every rank")
     return (f"{'; '.join(parts)} (output error, mean over {rows[0]['contain']['seeds']} seeds; sweeps kept: "
             f"{', '.join(map(str, sweeps)) or '—'}){verdict}")
 
