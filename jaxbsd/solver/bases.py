@@ -337,7 +337,8 @@ class Augmented(Basis):
     def to_dict(self) -> dict:
         return {"kind": "Augmented", "inner": self.inner.to_dict(), "activation": self.activation}
 
-    def _split(self, knots):
+    def split_state(self, knots):
+        """``(inner knots (..., K), scale (...), shift (...))``: the parts of an internal function's state."""
         K = self.inner.num_knots
         return knots[..., :K], knots[..., K], knots[..., K + 1]
 
@@ -350,12 +351,12 @@ class Augmented(Basis):
         return jnp.concatenate([self.inner.fit(u), knots[self.inner.num_knots:]])
 
     def rescaled_state(self, knots, alpha):
-        inner, scale, shift = self._split(knots)
+        inner, scale, shift = self.split_state(knots)
         return jnp.concatenate([inner, jnp.stack([scale * alpha, shift])])
 
     @_jit_method
     def design(self, u, knots):
-        inner, scale, shift = self._split(knots)
+        inner, scale, shift = self.split_state(knots)
         B, dB = self.inner.design(u, inner)
         z = scale * u + shift
         value = _activation(self.activation, z, 0)[..., None]
@@ -364,13 +365,13 @@ class Augmented(Basis):
 
     @_jit_evaluate
     def evaluate(self, u, knots, coef, derivative=0):
-        inner, scale, shift = self._split(knots)
+        inner, scale, shift = self.split_state(knots)
         spline = self.inner.evaluate(u, inner, coef[:-1], derivative)
         return spline + coef[-1] * scale**derivative * _activation(self.activation, scale * u + shift, derivative)
 
     def rescale_input(self, knots, coef, alpha):
         # σ(s (α v) + t): the scale takes α, the inner basis rescales as it does alone.
-        inner, scale, shift = self._split(knots)
+        inner, scale, shift = self.split_state(knots)
         inner_knots, inner_coef = self.inner.rescale_input(inner, coef[:-1], alpha)
         knots = jnp.concatenate([inner_knots, jnp.stack([scale * alpha, shift]).astype(inner_knots.dtype)])
         return knots, jnp.concatenate([inner_coef, coef[-1:]])

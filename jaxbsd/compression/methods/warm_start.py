@@ -218,7 +218,7 @@ def mlp_from_decoupled(model: Decoupled, output_bias: jax.Array, dtype: Any = No
     basis = model.basis
     if not (isinstance(basis, Augmented) and basis.is_mlp):
         raise ValueError(f"model must be in an Augmented basis whose inner basis spans the constants only, got {basis!r}")
-    inner_knots, scale, shift = basis._split(model.knots)
+    inner_knots, scale, shift = basis.split_state(model.knots)
     # The inner function's value, the same at every input: taken at 0.
     constant = jax.vmap(lambda k, c: basis.inner.evaluate(jnp.zeros((1,), model.W0.dtype), k, c)[0])(
         inner_knots, model.coef[:, :-1])
