@@ -226,6 +226,10 @@ def test_quick_study_end_to_end_and_resume(tmp_path, monkeypatch):
     kinds = {r["kind"] for r in result["fit"]["rows"]}
     assert kinds == {"gated", "plain"} and "rank 4" in result["fit"]["finding"]
     assert all(f["jacobian"] == "structured" for f in result["fit"]["runs"])
+    # where containment applies (the plain twin): compress_model's bsd at pruning's parameters, never above its error
+    contain = result["fit"]["contain"]["rows"]
+    assert contain and all(r["contain"]["params"] == r["prune"]["params"] for r in contain)
+    assert all(r["worst_ratio"] <= 1.01 for r in contain)
     png = out / "lm_compression_quick.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "lm_compression_quick.csv").read_text().count("\n") == len(result["rows"]) + 1
@@ -235,6 +239,6 @@ def test_quick_study_end_to_end_and_resume(tmp_path, monkeypatch):
     assert "Finding:" in table and "| training-free |" in table
     # a second run keeps every unit and writes the same numbers
     again = _run_quick(out, tmp_path)
-    units = len(result["units"]) + len(result["fit"]["runs"])
+    units = len(result["units"]) + len(result["fit"]["runs"]) + len(result["fit"]["contain"]["runs"])
     assert again.stderr.count("finished before, kept") == units
     assert json.loads(path.read_text())["runs"] == result["runs"]
