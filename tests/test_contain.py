@@ -132,7 +132,7 @@ def test_a_decoupling_in_a_constant_augmented_basis_is_the_mlp_it_is_written_as(
         mlp_from_decoupled(Decoupled(model.W0, model.W1, jnp.zeros((r, 5)), jnp.zeros((r, 3)), Augmented()), bias)
 
 
-@pytest.mark.parametrize("rank", [3, 8, 12])  # below, at and above the output width (8)
+@pytest.mark.parametrize("rank", [3, 8, 12, 24])  # below, at and above the output width (8); 24: sweep 0 kept
 def test_the_default_bsd_is_a_pruned_mlp_of_the_same_units_and_starts_from_pruning_exactly(rank):
     """At an explicit rank, below the output width too: the module is an MLP of ``rank`` units with
     pruning's parameters; kept at sweep 0 it is pruning's module (the same outputs, bit for bit);
@@ -148,8 +148,13 @@ def test_the_default_bsd_is_a_pruned_mlp_of_the_same_units_and_starts_from_pruni
         assert a.params_after == b.params_after == rank * (2 * width + 1) + width
         module = bsd.mlps[i]
         assert isinstance(module, PrunedMLP) and module.hidden == rank
-        if a.sweep_kept == 0:
+        if a.sweep_kept == 0:  # pruning's module itself: its kernels, not a round trip through the decoupled form
+            for ours, theirs in ((module.fc1, pruned.mlps[i].fc1), (module.fc2, pruned.mlps[i].fc2)):
+                np.testing.assert_array_equal(ours.kernel[...], theirs.kernel[...])
+                np.testing.assert_array_equal(ours.bias[...], theirs.bias[...])
             np.testing.assert_array_equal(module(probe), pruned.mlps[i](probe))
+    if rank == 24:
+        assert {a.sweep_kept for a in rb.mlps} == {0}  # the branch above is exercised
         assert a.output_error <= 1.01 * b.output_error
 
 
@@ -182,3 +187,13 @@ def test_a_rank_above_the_hidden_width_skips_the_warm_start_and_says_why():
     with pytest.raises(ValueError, match=r"ranks\['mlps.0'\] = 34: a warm start prunes"):
         jb.compress_model(_Stack(width, hidden, 2, 0), x, mlps=["mlps.0"], ranks={"mlps.0": hidden + 2}, refine=None,
                           method=jb.BSD(config=config, warm_start=True), key=jax.random.key(0))
+
+
+def test_an_mlp_form_decoupling_is_never_fused():
+    """The group's fused program builds decoupled modules: refused for an MLP-form basis even when forced."""
+    from jaxbsd.compression import grouped
+    from jaxbsd.compression.devices import Devices
+
+    config = jb.CMTFConfig(rank=1, basis=Augmented(BSpline(0, 1), "gelu"), max_iter=3)
+    assert not grouped.fuses(jb.BSD(config=config), True, Devices(), force=True)
+    assert grouped.fuses(jb.BSD(), True, Devices(), force=True)
