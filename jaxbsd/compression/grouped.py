@@ -170,9 +170,9 @@ def fuses(method, refined: bool, devices: Devices, platform: str | None = None, 
     # A best-iterate solve (the decoupling that contains pruning's too: ``contain``) runs one site at a time
     # with its held-out tokens (``BSD.build_group``), and one in an MLP-form basis becomes an MLP there
     # (``BSD.build_mlp``); the fused program does neither.
-    basis = getattr(getattr(method, "config", None), "basis", None)
-    if (type(method) is not BSD or not refined or method.best_iterate or method.contain
-            or (isinstance(basis, Augmented) and basis.is_mlp)):
+    if type(method) is not BSD or not refined or method.best_iterate or method.contain:
+        return False
+    if isinstance(method.config.basis, Augmented) and method.config.basis.is_mlp:
         return False
     force = FUSE if force is None else force
     if force is not None:

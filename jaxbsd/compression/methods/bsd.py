@@ -294,8 +294,11 @@ class BSD(Method):
         res = decouple(jac, site.F - bias[None, :], site.X, config, key=key, restarts=self.random_restarts(init),
                        init=init, shard=None, progress=bars_wanted(),
                        heldout=(X_sel, centred) if self.best_iterate else None)
-        # The restarts' errors against the outputs themselves (the solve's were against Y − b2).
-        errors = restart_output_errors(res, X_sel, centred) * float(jnp.sum(centred**2) / jnp.sum(Y_sel**2))
+        # The restarts' errors on the selection tokens: the best-iterate solve measured them already (against
+        # Y − b2); rescaled to the outputs themselves.
+        measured = res.restarts.heldout_error
+        errors = (restart_output_errors(res, X_sel, centred) if measured is None else np.asarray(measured, np.float64))
+        errors = errors * float(jnp.sum(centred**2) / jnp.sum(Y_sel**2))
         choice = _choose_restart(res, site, self.selection, warm=init is not None, errors=errors)
         pick = lambda a: a[choice.restart]  # noqa: E731
         tracked = res.restarts.kept_sweep is not None
