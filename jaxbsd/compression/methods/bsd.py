@@ -47,7 +47,12 @@ def mlp_form(site: Site, basis) -> bool:
     (by name). Such a decoupling is solved around the pruned MLP's output bias and built as a
     :class:`~jaxbsd.models.compressed.PrunedMLP` of ``rank`` units: pruning's parameters, exactly
     (:meth:`BSD.build`)."""
-    return (isinstance(basis, Augmented) and basis.is_mlp and site.spec is not None and not site.gated
+    return _own_activation(site, basis) and basis.is_mlp
+
+
+def _own_activation(site: Site, basis) -> bool:
+    """``basis`` is augmented with the activation of the site's two-layer MLP (by name)."""
+    return (isinstance(basis, Augmented) and site.spec is not None and not site.gated
             and basis.activation == site.spec.activation)
 
 
@@ -57,8 +62,7 @@ def exact_bias(site: Site, rank: int, basis) -> bool:
     activation (by name), and ``n ≤ rank ≤ H`` (at least the output width, so that ``b2`` is in the
     span of the kept units' output columns generically; at most the hidden width). Whether it is
     in that span is then checked on the pruned MLP (:func:`warm_init`)."""
-    return (isinstance(basis, Augmented) and site.spec is not None and not site.gated
-            and basis.activation == site.spec.activation and site.n <= rank <= site.hidden)
+    return _own_activation(site, basis) and site.n <= rank <= site.hidden
 
 
 def warm_init(site: Site, rank: int, config: CMTFConfig):
