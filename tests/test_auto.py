@@ -451,6 +451,33 @@ def test_the_cli_and_compress_accept_auto():
     assert compress.CompressionConfig.from_dict({"method": "auto"}).method.judge == "block"  # saved before it existed
 
 
+@pytest.mark.parametrize("entry", ["get_method", "Auto", "CompressionConfig", "from_flat", "compress_model"])
+def test_auto_is_deprecated_at_every_entry_and_the_warning_names_the_callers_line(entry):
+    """Issue 58: ``bsd`` contains pruning, so ``auto`` warns (a FutureWarning, shown to users by
+    default) wherever one is made, attributed to the line that asked for it, not to jaxbsd's
+    internals; ``bsd`` and ``prune`` do not warn. The deprecated method still runs as before."""
+    calls = {
+        "get_method": lambda: jb.get_method("auto"),
+        "Auto": lambda: jb.Auto(judge="block"),
+        "CompressionConfig": lambda: compress.CompressionConfig(method="auto"),
+        "from_flat": lambda: compress.CompressionConfig.from_flat(method="auto", auto_judge="block"),
+        "compress_model": lambda: jb.compress_model(Net(nnx.Rngs(0)), calib(), mlps=PATHS, reduction=0.3,
+                                                    method="auto", mlp_specs=SPEC, refine=None,
+                                                    key=jax.random.key(0)),
+    }
+    with pytest.warns(FutureWarning, match=r"method 'auto' is deprecated.*method='bsd'") as record:
+        out = calls[entry]()
+    ours = [w for w in record if issubclass(w.category, FutureWarning) and "'auto' is deprecated" in str(w.message)]
+    assert ours and all(w.filename == __file__ for w in ours), [(w.filename, w.lineno) for w in ours]
+    if entry == "compress_model":
+        _, report = out
+        assert all(r.auto is not None and r.method in ("bsd", "prune") for r in report.mlps)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        jb.get_method("bsd"), jb.get_method("prune"), compress.CompressionConfig(method="bsd")
+
+
 @pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU
 def test_compress_with_auto_meets_the_budget_records_the_choice_and_resumes(tmp_path):
     from jaxbsd.data import Dataset

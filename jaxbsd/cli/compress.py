@@ -272,9 +272,8 @@ def add_compress_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--order", default="back-to-front", choices=("back-to-front", "front-to-back", "bf", "fb"),
                    help="the order of the blocks (the paper's BF and FB)")
     p.add_argument("--method", default="bsd", choices=("bsd", "svd", "drone", "prune", "auto"),  # jaxbsd.compression.blockwise.METHODS
-                   help="bsd (decoupling), svd/drone (low rank), prune (hidden units) or auto (per block the better "
-                        "of a decoupling warm-started from the pruned MLP and the pruned MLP, judged by the model's "
-                        "outputs on held-out images); "
+                   help="bsd (decoupling), svd/drone (low rank), prune (hidden units) or auto (deprecated: per "
+                        "block the better of a decoupling warm-started from the pruned MLP and the pruned MLP); "
                         "baselines need --rank or --reduction")
     p.add_argument("--basis", default="bspline", choices=BASES, help="basis of the internal functions")
     p.add_argument("--degree", type=nonnegative_int, default=3, help="degree of the basis")

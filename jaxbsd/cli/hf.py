@@ -8,7 +8,7 @@ draws the kind's calibration (:mod:`jaxbsd.cli.hf_tasks`: windows of text tokens
 compresses every MLP (``compress_model(mlps=None)``) with ``--method``, and writes the compressed
 model: a standard Hugging Face directory (``--out/model``, :func:`jaxbsd.models.save_pretrained`,
 the input directory's other files copied through) where the result is still of its family
-(uniformly pruned MLPs), else the factored checkpoint of ``jb.save_compressed`` (``--out/compressed``,
+(MLPs of one width: ``prune``, and ``bsd`` on plain MLPs, whose decoupling is an MLP), else the factored checkpoint of ``jb.save_compressed`` (``--out/compressed``,
 reloaded with ``jb.load_compressed`` into ``from_pretrained(MODEL_DIR)``). The fidelity report
 (``--out/fidelity.json``) compares the compressed model with the original, label-free (encoders:
 embedding agreement and retrieval; causal LMs: bits per token and next-token agreement; image
@@ -180,8 +180,9 @@ def add_compress_hf_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face model directory (config.json, "
                    f"model.safetensors) of a model_type jaxbsd reads: {', '.join(supported_model_types())}")
     p.add_argument("--method", default="prune", choices=METHODS,
-                   help="prune (default: the result is still of its family, written in Hugging Face layout), bsd, "
-                        "auto, svd or drone (written with save_compressed)")
+                   help="prune (default: the result is still of its family, written in Hugging Face layout), bsd "
+                        "(the decoupling that contains pruning: on plain MLPs an MLP again, written as prune's; gated "
+                        "MLPs in the paper's basis), svd or drone (written with save_compressed); auto is deprecated")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--reduction", type=open_fraction, default=None,
                         help="remove this share of the whole model's parameters (only the MLPs shrink: 0.2 of "

@@ -18,6 +18,7 @@ from jaxbsd.solver.cmtf import CMTFConfig
 from jaxbsd.compression.distill import Distill
 from jaxbsd.compression.budget import ALLOCATIONS
 from jaxbsd.compression.methods import BSD, Auto, Method, get_method, method_names
+from jaxbsd.compression.methods.auto import DEFAULT_JUDGE
 from jaxbsd.compression.refine import Refine
 
 __all__ = ["CompressionConfig", "PAPER_BSD", "METHODS", "ORDERS", "CAPTURES", "LATER_FIELDS", "DISTILL_FIELDS"]
@@ -33,8 +34,10 @@ CAPTURES = ("current", "original")
 #: lowest training objective. (``compress_model``'s ``"bsd"`` warm-starts and selects by output error.)
 PAPER_BSD = BSD(config=CMTFConfig(rank=1, basis=BSpline(3, 4), lam=0.25, robust=True, max_iter=300, tol=1e-8),
                 restarts=1, warm_start=False, selection="objective")
-#: What a method name means in a block run (``CompressionConfig(method="bsd")``): the paper's settings.
-_BY_NAME = {"bsd": PAPER_BSD, "auto": Auto(bsd=dataclasses.replace(PAPER_BSD, warm_start=None, selection="output"))}
+#: What a method name means in a block run (``CompressionConfig(method="bsd")``): the paper's settings
+#: (built on use: ``auto`` is deprecated and warns when one is made).
+_BY_NAME = {"bsd": lambda: PAPER_BSD,
+            "auto": lambda: Auto(bsd=dataclasses.replace(PAPER_BSD, warm_start=None, selection="output"))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +112,8 @@ class CompressionConfig:
         if isinstance(self.method, str):
             if self.method not in METHODS:
                 raise ValueError(f"method must be one of {METHODS} or a method object, got {self.method!r}")
-            object.__setattr__(self, "method", _BY_NAME.get(self.method) or get_method(self.method))
+            object.__setattr__(self, "method", _BY_NAME[self.method]() if self.method in _BY_NAME
+                               else get_method(self.method))
         elif not isinstance(self.method, Method):
             raise ValueError(f"method must be one of {METHODS} or a method object (jb.BSD(...), jb.Prune(), ...), "
                              f"got {type(self.method).__name__}")
@@ -184,7 +188,7 @@ class CompressionConfig:
                 # no warm start, which restarts=0 refuses.
                 "warm_start": bsd.warm_start if own else False,
                 "selection": bsd.selection if own else "objective",
-                "auto_judge": self.method.judge if isinstance(self.method, Auto) else _BY_NAME["auto"].judge,
+                "auto_judge": self.method.judge if isinstance(self.method, Auto) else DEFAULT_JUDGE,
                 **{name: getattr(self, name) for name in _RUN_FIELDS},
                 **_refine_fields(self.refine), **_distill_fields(self.distill, self.distill_images)}
 

@@ -174,6 +174,35 @@ def contain_auto_rule() -> str:
 
 
 @helper
+def contain_auto_adds() -> str:
+    """What ``auto`` (containing pruning) adds to the decoupling that contains pruning, its own
+    candidate, as prose: in how many cells its figure equals the decoupling's on every seed, where it differs (the
+    paired difference and verdict), and what it costs on MiniLM (its mean wall time over the
+    decoupling's, unrefined and refined, from the study's runs)."""
+    cs = [c for c in cells() if c["auto_vs_new"] is not None]
+    if not cs:
+        return "not measured yet"
+    same = [c for c in cs if c["auto_vs_new"].pv == "identical on every seed"]
+    differ = [f"{c['study']} at {c['axis']} = {c['at']:g}{' refined' if c['refined'] else ''} "
+              f"({c['auto_vs_new'].d}, {_word(c['auto_vs_new'])})" for c in cs if c not in same]
+    out = f"in {len(same)} of {len(cs)} cells its figure equals `bsd`'s on every seed"
+    if differ:
+        out += f"; it differs in {len(differ)}: {'; '.join(differ)}"
+    lm = result("minilm")
+    if lm is not None:
+        costs = []
+        for tail in ("", "-ref"):
+            t = {m: [r["seconds"] for r in lm["runs"] if r["method"] == m + tail and r.get("seconds")]
+                 for m in (AUTO, NEW)}
+            if t[AUTO] and t[NEW]:
+                ratio = (sum(t[AUTO]) / len(t[AUTO])) / (sum(t[NEW]) / len(t[NEW]))
+                costs.append(f"{ratio:.2f}× {'refined' if tail else 'unrefined'}")
+        if costs:
+            out += f"; on all-MiniLM-L6-v2 it takes {' and '.join(costs)} the decoupling's wall time (mean over its runs)"
+    return out
+
+
+@helper
 def contain_sweeps() -> str:
     """Where the sweeps improved on the pruned MLP (a kept sweep above 0), per study, as prose."""
     by: dict[str, list] = {}

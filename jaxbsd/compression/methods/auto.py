@@ -5,12 +5,22 @@ and the pruned units), and the one judged better is kept: by the whole model's o
 the candidate in place (``judge="model"``, the engine supplies the judge) or by the MLP's own
 output error on its check tokens, held out from both fits (``judge="block"``). Ties go to
 pruning (no solver needed), and so does a decoupling whose error is not finite.
+
+**Deprecated** (issue 58): ``bsd`` contains pruning now (its sweep 0 is the pruned MLP and it keeps the
+iterate with the lowest held-out error), so ``auto``'s fallback is inside ``bsd``; measured, ``auto``
+scored as ``bsd`` in every cell but one, within noise there, for a second build and a judge
+(``docs/which-method.md``). Constructing an :class:`Auto` (``method="auto"``, ``jb.Auto(...)``,
+``CompressionConfig(method="auto")``, ``--method auto``) warns with :data:`DEPRECATION`, a
+``FutureWarning``; it behaves as before, so committed studies reproduce. It goes in jaxbsd 0.2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -23,17 +33,25 @@ from jaxbsd.compression.methods.prune import Prune
 from jaxbsd.compression.sites import Site
 from jaxbsd.models import count_params
 
-__all__ = ["Auto", "JUDGES"]
+__all__ = ["Auto", "JUDGES", "DEFAULT_JUDGE", "DEPRECATION"]
 
 #: How the two candidates are compared: ``"model"``, the whole model's outputs with each
 #: candidate in place; ``"block"``, the MLP's own output error on its check tokens.
 JUDGES = ("model", "block")
+DEFAULT_JUDGE = "model"
+
+#: What constructing an :class:`Auto` warns (a ``FutureWarning``: shown to users by default).
+DEPRECATION = ("method 'auto' is deprecated and goes in jaxbsd 0.2: method 'bsd' contains pruning (it starts from "
+               "the pruned MLP and keeps the sweep with the lowest held-out error, sweep 0 included), so auto's "
+               "fallback to pruning is inside it; measured, auto scored as bsd at a second build's cost "
+               "(docs/which-method.md). Use method='bsd' (or 'prune')")
 
 
 @dataclasses.dataclass(frozen=True)
 class Auto(Method):
     """The better of ``bsd`` (a decoupling, warm-started from the pruned MLP wherever that is
-    possible) and ``prune`` at one parameter share per MLP.
+    possible) and ``prune`` at one parameter share per MLP. **Deprecated**: use ``BSD`` (which
+    contains pruning); constructing one warns with :data:`DEPRECATION`.
 
     Attributes:
       bsd: the decoupling candidate (its ``warm_start`` None: warm-started wherever the MLP can
@@ -45,7 +63,7 @@ class Auto(Method):
 
     bsd: BSD = BSD()
     prune: Prune = Prune()
-    judge: str = "model"
+    judge: str = DEFAULT_JUDGE
 
     name = "auto"
     refines_candidates = True
@@ -53,6 +71,7 @@ class Auto(Method):
 
     def __post_init__(self):
         super().__post_init__()
+        warnings.warn(DEPRECATION, FutureWarning, stacklevel=_outside_package())
         if self.judge not in JUDGES:
             raise ValueError(f"auto_judge must be one of {JUDGES}, got {self.judge!r}")
 
@@ -154,7 +173,7 @@ class Auto(Method):
                                                    auto=auto, seconds=time.perf_counter() - start)
 
 
-def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto_judge="model", contain=True,
+def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto_judge=DEFAULT_JUDGE, contain=True,
                   **options):
     refuse_options("auto", options, ())
     selection = "output" if selection is None else selection
@@ -166,6 +185,17 @@ def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto
 
 
 register("auto", _from_options)
+
+
+def _outside_package() -> int:
+    """The ``stacklevel`` of the first frame outside jaxbsd (the user's line that asked for ``auto``,
+    through ``get_method``, ``CompressionConfig`` or ``compress_model``), seen from :meth:`Auto.__post_init__`."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    frame, level = sys._getframe(3), 3  # 1: __post_init__, 2: the dataclass's generated __init__
+    while frame is not None and (frame.f_code.co_filename.startswith(package + os.sep)
+                                 or frame.f_code.co_name == "__init__" and frame.f_code.co_filename.startswith("<")):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _refined(built: Built, refined: tuple) -> Built:
