@@ -10,6 +10,7 @@ evaluated with scipy splines, and two planted modules: one whose hidden units ar
 
 import dataclasses
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -476,6 +477,16 @@ def test_auto_is_deprecated_at_every_entry_and_the_warning_names_the_callers_lin
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         jb.get_method("bsd"), jb.get_method("prune"), compress.CompressionConfig(method="bsd")
+
+
+def test_importing_jaxbsd_warns_about_nothing():
+    """The deprecation fires where an ``auto`` is asked for, never at import (no module-level ``Auto``)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", "import jaxbsd, jaxbsd.cli"],
+                          capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.slow  # two compress() runs with checkpointed state: minutes on the shared CPU

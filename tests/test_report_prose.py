@@ -522,3 +522,60 @@ def test_the_best_minilm_run_is_the_highest_cosine_of_every_committed_file(tmp_p
     assert MiniLMDistillation(payload(0.95)).best("prune", 0.8).mean("prune", 0.8) == pytest.approx(0.95)
     assert MiniLMDistillation(payload(0.9, variants=["emb"])).recipe().endswith("files, towards the sentence embedding alone")
     assert MiniLMDistillation(payload(0.9, variants=["emb+layers"])).recipe().endswith("calibration files")
+
+
+def _contain_runs(axis: str, at: float, key: str, values: dict, errors: dict, sweeps: dict, seconds: dict) -> list:
+    """Runs of a study: ``values[method]`` per seed; ``errors[method]`` per seed, per MLP path (with the
+    sweep kept from ``sweeps[method]``); ``seconds[method]`` per run."""
+    runs = []
+    for method, per_seed in values.items():
+        for seed, v in enumerate(per_seed):
+            run = {"method": method, axis: at, "seed": seed, key: v, "status": "ok",
+                   "seconds": seconds.get(method, 1.0)}
+            if method in errors:
+                run["mlps"] = [{"path": p, "output_error": e, "sweep_kept": sweeps.get(method, 0)}
+                               for p, e in errors[method][seed].items()]
+            runs.append(run)
+    return runs
+
+
+def test_the_containment_prose_counts_cells_ratios_and_what_auto_adds(monkeypatch):
+    """Issue 58's prose (``reporting.tables.contain``) on planted studies: the worst per-MLP ratio is
+    the largest over seeds and MLPs, a cell is above pruning only where the paired test says so,
+    ``auto`` counts as adding nothing only where it equals the decoupling on every seed, and its cost
+    is the ratio of the mean wall times, unrefined and refined."""
+    from reporting.stats import Study
+    from reporting.tables import contain
+    from reporting.tables.minilm import MiniLM
+
+    even = [{"b0": 0.10, "b1": 0.20}] * 3
+    worse = [{"b0": 0.10, "b1": 0.20}, {"b0": 0.10, "b1": 0.204}, {"b0": 0.099, "b1": 0.20}]  # 1.02× on seed 1's b1
+    vit = _contain_runs("reduction", 0.5, "accuracy", {
+        "prune": (84.0, 84.5, 84.2), "bsd-aug": (85.0, 85.6, 85.1), "auto-aug": (85.0, 85.6, 85.1),
+        "bsd-warm": (84.1, 84.4, 84.3),
+        "prune-ref300": (86.0, 86.2, 86.1), "bsd-aug-ref300": (86.0, 86.2, 86.1),
+        "auto-aug-ref300": (86.1, 86.2, 86.3)},
+        {"prune": even, "bsd-aug": worse, "prune-ref300": even, "bsd-aug-ref300": even},
+        {"bsd-aug": 7}, {})
+    minilm = _contain_runs("share", 0.5, "mean_cosine", {
+        m: (0.90, 0.91, 0.92) for m in ("prune", "bsd-aug", "auto-aug", "prune-ref", "bsd-aug-ref", "auto-aug-ref")},
+        {"prune": even, "bsd-aug": even}, {},
+        {"bsd-aug": 10.0, "auto-aug": 13.0, "bsd-aug-ref": 20.0, "auto-aug-ref": 34.0})
+    studies = {"tf_vit": Study({"runs": vit}), "tf_deit": None,
+               "minilm": MiniLM({"runs": minilm, "plan": {"methods": ["prune", "bsd-aug", "auto-aug"]}})}
+    monkeypatch.setattr(contain, "result", lambda name: studies.get(name))
+
+    cells = {(c["study"], c["refined"]): c for c in contain.cells()}
+    assert len(cells) == 4
+    assert cells["ViT/Fashion-MNIST", False]["worst_ratio"] == pytest.approx(1.02)
+    assert cells["ViT/Fashion-MNIST", False]["sweeps"] == (7, 7)
+    assert cells["ViT/Fashion-MNIST", True]["worst_ratio"] == pytest.approx(1.0)
+    assert contain.contain_summary().startswith(
+        "over 4 cells, the decoupling that contains pruning is significantly below pruning in none; significantly "
+        "above it in 1: ViT/Fashion-MNIST at ρ = 0.5; its worst per-MLP output error is 1.0200× pruning's")
+    assert contain.contain_worst().startswith("unrefined 1.0200× (ViT/Fashion-MNIST at ρ = 0.5); above 1 in 1 of 2 "
+                                              "cells, each one where a later sweep was kept; refined 1.0000× (no MLP")
+    assert contain.contain_auto_adds() == (
+        "in 3 of 4 cells its figure equals `bsd`'s on every seed; it differs in 1: ViT/Fashion-MNIST at ρ = 0.5 "
+        "refined (+0.10, within noise); on all-MiniLM-L6-v2 it takes 1.30× unrefined and 1.70× refined the "
+        "decoupling's wall time (mean over its runs)")
