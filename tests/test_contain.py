@@ -10,12 +10,12 @@ import pytest
 from flax import nnx
 
 import jaxbsd as jb
-from jaxbsd.compression.methods.bsd import augmented
+from jaxbsd.compression.methods.bsd import augmented, exact_bias, mlp_form
 from jaxbsd.compression.methods.warm_start import mlp_from_decoupled
 from jaxbsd.models.compressed import PrunedMLP
 from jaxbsd.solver.bases import Augmented, BSpline, Polynomial
 from jaxbsd.solver.decoupled import Decoupled
-from jaxbsd.compression.sites import make_site
+from jaxbsd.compression.sites import make_site, selection_tokens
 from jaxbsd.models.layers import MLP
 
 
@@ -197,3 +197,36 @@ def test_an_mlp_form_decoupling_is_never_fused():
     config = jb.CMTFConfig(rank=1, basis=Augmented(BSpline(0, 1), "gelu"), max_iter=3)
     assert not grouped.fuses(jb.BSD(config=config), True, Devices(), force=True)
     assert grouped.fuses(jb.BSD(), True, Devices(), force=True)
+
+
+def test_the_mlp_form_and_the_exact_bias_need_the_sites_own_activation():
+    """Only the site's own activation (by name) makes a constant-augmented basis an MLP of the site,
+    and a larger augmented basis carry the output bias exactly (``n ≤ rank ≤ H``)."""
+    mlp = MLP(6, 16, activation="gelu", rngs=nnx.Rngs(0, params=0))
+    site = _site(jb.MLPSpec("fc1", "fc2", "gelu"), jax.tree.map(
+        lambda a: a.astype(jnp.float64) if hasattr(a, "astype") else a, mlp))
+    assert mlp_form(site, Augmented(BSpline(0, 1), "gelu"))
+    assert not mlp_form(site, Augmented(BSpline(0, 1), "relu"))  # another activation: not this MLP's units
+    assert not mlp_form(site, Augmented(BSpline(3, 4), "gelu"))  # splines beside it: not an MLP
+    assert not mlp_form(site, BSpline(0, 1))
+    assert [exact_bias(site, r, Augmented(BSpline(3, 4), "gelu")) for r in (5, 6, 16, 17)] == [False, True, True, False]
+    assert not exact_bias(site, 8, Augmented(BSpline(3, 4), "silu"))
+
+
+@pytest.mark.parametrize("rank", [3, 12])  # below and above the output width (8): b2 subtracted either way
+def test_the_held_out_error_reported_is_the_kept_modules_on_the_selection_tokens(rank):
+    """The best-iterate solve measures its iterates against the outputs less ``b2``; the report's
+    ``output_error_heldout`` is the kept MLP's relative error against the outputs themselves, on the
+    selection tokens (numpy oracle on the module that was built)."""
+    width, hidden = 8, 32
+    stack = _Stack(width, hidden, 1, 0)
+    mlp = stack.mlps[0]
+    X = jax.random.normal(jax.random.key(3), (600, width), jnp.float64)
+    site = make_site("mlps.0", mlp, jb.MLPSpec("fc1", "fc2", "gelu"), X, mlp(X), 64, jax.random.key(1))
+    built = jb.get_method("bsd").for_site(site).build(site, rank, jax.random.key(0))
+    X_sel, Y_sel, _ = selection_tokens(site)
+    Y_hat = np.asarray(built.module(X_sel), np.float64)
+    Y_sel = np.asarray(Y_sel, np.float64)
+    oracle = np.sum((Y_hat - Y_sel) ** 2) / np.sum(Y_sel ** 2)
+    assert abs(float(np.linalg.norm(np.asarray(built.module.fc2.bias[...])))) > 0  # a b2 to subtract
+    assert built.report()["output_error_heldout"] == pytest.approx(oracle, rel=1e-6)
