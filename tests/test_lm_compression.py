@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxbsd as jb
+
 from jaxbsd.models import GatedMLP, LMConfig
 from jaxbsd.models.layers import ACTIVATIONS, MLP
 
@@ -155,6 +157,31 @@ def test_fit_summary_finding_states_the_ratio_of_gated_to_plain_errors():
     assert "harder to decouple at every rank" in finding and "5x" in finding  # 0.5 / 0.1
     _, reverse = lc.fit_summary([dict(f, kind={"gated": "plain", "plain": "gated"}[f["kind"]]) for f in fits])
     assert "not uniformly harder" in reverse and "0.2x" in reverse
+
+
+def test_contain_summary_pairs_the_contained_decoupling_with_pruning_per_seed():
+    """The plain twin's rows: each fit method's mean error and parameters, the worst (largest) per-seed
+    ratio of the contained decoupling to pruning, the sweeps kept; the gated fits and other ranks apart."""
+    def fit(kind, rank, seed, e, params, method=None, sweep=None):
+        f = {"kind": kind, "rank": rank, "seed": seed, "params_mlp": 100, "params_decoupled": params, "output_error": e}
+        return f if method is None else {**f, "method": method, "sweep_kept": sweep}
+
+    fits = [fit("plain", 8, 0, 0.30, 90), fit("plain", 8, 1, 0.50, 90), fit("gated", 8, 0, 9.0, 90)]
+    contained = [fit("plain", 8, 0, 0.20, 80, "contain", 0), fit("plain", 8, 1, 0.33, 80, "contain", 4),
+                 fit("plain", 8, 0, 0.20, 80, "prune"), fit("plain", 8, 1, 0.30, 80, "prune"),
+                 fit("plain", 4, 0, 0.5, 40, "contain", 0), fit("plain", 4, 0, 0.5, 40, "prune")]
+    rows = {r["rank"]: r for r in lc.contain_summary(fits, contained)}
+    assert sorted(rows) == [4, 8]
+    row = rows[8]
+    assert row["worst_ratio"] == pytest.approx(1.1)  # seed 1: 0.33 / 0.30 (seed 0: 1.0)
+    assert row["sweeps_kept"] == [0, 4] and row["params_mlp"] == 100
+    assert row["contain"]["params"] == row["prune"]["params"] == 80 and row["bsd"]["params"] == 90
+    assert row["bsd"]["output_error_mean"] == pytest.approx(0.40) and row["bsd"]["seeds"] == 2  # plain only
+    assert row["prune"]["output_error_mean"] == pytest.approx(0.25)
+    assert "bsd" not in rows[4] and rows[4]["worst_ratio"] == pytest.approx(1.0)
+    plan = {"max_iter": 5}
+    assert lc.fit_method("contain", plan, 64).contain and not lc.fit_method("bsd", plan, 64).contain
+    assert lc.fit_method("prune", plan, 64) == jb.get_method("prune")
 
 
 # --------------------------------------------------------------------------- the plain-MLP twin
