@@ -11,6 +11,9 @@ evaluated with scipy splines, and two planted modules: one whose hidden units ar
 import dataclasses
 import math
 import pathlib
+import subprocess
+import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -473,7 +476,6 @@ def test_auto_is_deprecated_at_every_entry_and_the_warning_names_the_callers_lin
     if entry == "compress_model":
         _, report = out
         assert all(r.auto is not None and r.method in ("bsd", "prune") for r in report.mlps)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         jb.get_method("bsd"), jb.get_method("prune"), compress.CompressionConfig(method="bsd")
@@ -481,9 +483,6 @@ def test_auto_is_deprecated_at_every_entry_and_the_warning_names_the_callers_lin
 
 def test_importing_jaxbsd_warns_about_nothing():
     """The deprecation fires where an ``auto`` is asked for, never at import (no module-level ``Auto``)."""
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", "import jaxbsd, jaxbsd.cli"],
                           capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-2000:]

@@ -8,8 +8,9 @@ draws the kind's calibration (:mod:`jaxbsd.cli.hf_tasks`: windows of text tokens
 compresses every MLP (``compress_model(mlps=None)``) with ``--method``, and writes the compressed
 model: a standard Hugging Face directory (``--out/model``, :func:`jaxbsd.models.save_pretrained`,
 the input directory's other files copied through) where the result is still of its family
-(MLPs of one width: ``prune``, and ``bsd`` on plain MLPs, whose decoupling is an MLP), else the factored checkpoint of ``jb.save_compressed`` (``--out/compressed``,
-reloaded with ``jb.load_compressed`` into ``from_pretrained(MODEL_DIR)``). The fidelity report
+(MLPs of one width: ``prune``, and ``bsd`` on plain MLPs, whose decoupling is an MLP), else the
+factored checkpoint of ``jb.save_compressed`` (``--out/compressed``, reloaded with
+``jb.load_compressed`` into ``from_pretrained(MODEL_DIR)``). The fidelity report
 (``--out/fidelity.json``) compares the compressed model with the original, label-free (encoders:
 embedding agreement and retrieval; causal LMs: bits per token and next-token agreement; image
 classifiers: top-1 agreement and KL divergence), names what calibration and evaluation were drawn

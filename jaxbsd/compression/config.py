@@ -34,10 +34,16 @@ CAPTURES = ("current", "original")
 #: lowest training objective. (``compress_model``'s ``"bsd"`` warm-starts and selects by output error.)
 PAPER_BSD = BSD(config=CMTFConfig(rank=1, basis=BSpline(3, 4), lam=0.25, robust=True, max_iter=300, tol=1e-8),
                 restarts=1, warm_start=False, selection="objective")
-#: What a method name means in a block run (``CompressionConfig(method="bsd")``): the paper's settings
-#: (built on use: ``auto`` is deprecated and warns when one is made).
-_BY_NAME = {"bsd": lambda: PAPER_BSD,
-            "auto": lambda: Auto(bsd=dataclasses.replace(PAPER_BSD, warm_start=None, selection="output"))}
+
+
+def _named(name: str) -> Method:
+    """What a method name means in a block run (``CompressionConfig(method="bsd")``): the paper's
+    settings; ``auto`` of that decoupling is made on use (it is deprecated, and warns when made)."""
+    if name == "bsd":
+        return PAPER_BSD
+    if name == "auto":
+        return Auto(bsd=dataclasses.replace(PAPER_BSD, warm_start=None, selection="output"))
+    return get_method(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +118,7 @@ class CompressionConfig:
         if isinstance(self.method, str):
             if self.method not in METHODS:
                 raise ValueError(f"method must be one of {METHODS} or a method object, got {self.method!r}")
-            object.__setattr__(self, "method", _BY_NAME[self.method]() if self.method in _BY_NAME
-                               else get_method(self.method))
+            object.__setattr__(self, "method", _named(self.method))
         elif not isinstance(self.method, Method):
             raise ValueError(f"method must be one of {METHODS} or a method object (jb.BSD(...), jb.Prune(), ...), "
                              f"got {type(self.method).__name__}")

@@ -187,12 +187,15 @@ def _from_options(config=None, restarts=1, warm_start=None, selection=None, auto
 register("auto", _from_options)
 
 
+#: jaxbsd's own folder: frames whose files are under it are the library's, not the caller's.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
 def _outside_package() -> int:
     """The ``stacklevel`` of the first frame outside jaxbsd (the user's line that asked for ``auto``,
     through ``get_method``, ``CompressionConfig`` or ``compress_model``), seen from :meth:`Auto.__post_init__`."""
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     frame, level = sys._getframe(3), 3  # 1: __post_init__, 2: the dataclass's generated __init__
-    while frame is not None and (frame.f_code.co_filename.startswith(package + os.sep)
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
                                  or frame.f_code.co_name == "__init__" and frame.f_code.co_filename.startswith("<")):
         frame, level = frame.f_back, level + 1
     return level
